@@ -1,0 +1,204 @@
+"""``PackedDataset``: a packed dataset read by path — stat, listdir, read, readlink — without mounting.
+
+The one API under the FUSE adapter, the CLI, the tools and the tests.  Paths may be ``str`` or ``bytes``,
+relative or with a leading ``/``; the root is ``""`` or ``"/"``.  Reads go through a *reader*: the
+:class:`~blockfs.store.BlockStore` itself by default, or a cache in front of it (the mount's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from . import format as fmt
+from .errors import (
+    CorruptBlockError,
+    EntryNotFoundError,
+    FormatError,
+    IsADirectoryEntryError,
+    NotADatasetError,
+    NotASymlinkError,
+    UnsupportedVersionError,
+)
+from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
+from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from .store import BlockStore
+
+PathLike = str | bytes | os.PathLike
+
+
+class FileReader(Protocol):
+    """What serves file bytes: the store, or a cache in front of it."""
+
+    def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class EntryStat:
+    """What ``stat`` returns for one entry."""
+
+    entry: int
+    kind: int
+    mode: int
+    size: int
+    mtime_ns: int
+    ino: int
+    nlink: int
+    label: int
+    block: int
+
+    @property
+    def kind_name(self) -> str:
+        return KIND_NAMES[self.kind]
+
+
+def _to_bytes(path: PathLike) -> bytes:
+    raw = os.fsencode(path)
+    return raw.strip(b"/")
+
+
+def read_metadata(root: str) -> dict:
+    """The dataset's metadata, or a NotADatasetError that says what is wrong and what to do."""
+    meta_path = os.path.join(root, METADATA_NAME)
+    if not os.path.isdir(root):
+        raise NotADatasetError(f"{root!r} is not a directory, so not a packed dataset")
+    if not os.path.exists(meta_path):
+        if os.path.exists(os.path.join(root, PACKING_MARKER)):
+            raise NotADatasetError(
+                f"{root!r} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
+            )
+        raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{meta_path}: unreadable metadata: {e}") from e
+    if meta.get("format") != "blockfs":
+        raise FormatError(f"{meta_path}: not blockfs metadata")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{root!r} was written by blockfs format version {version}; this blockfs reads up to version "
+            f"{fmt.FORMAT_VERSION}: upgrade blockfs"
+        )
+    return meta
+
+
+class PackedDataset:
+    """A packed dataset opened for reading.  Opening is O(1) in the number of files."""
+
+    def __init__(self, root: str | os.PathLike, reader: FileReader | None = None) -> None:
+        self.root = os.fspath(root)
+        self.metadata = read_metadata(self.root)
+        n_blocks = int(self.metadata["n_blocks"])
+        self.index = PackedIndex(os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks)
+        a = self.index.arrays
+        self.store = BlockStore(
+            [block_path(self.root, b) for b in range(n_blocks)], a["block_counts"], a["block_sizes"]
+        )
+        self.reader: FileReader = reader or self.store
+        self._a = a
+
+    # --- metadata ------------------------------------------------------------------------------
+    @property
+    def classes(self) -> list[str] | None:
+        return self.metadata.get("classes")
+
+    @property
+    def n_blocks(self) -> int:
+        return self.index.n_blocks
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Label of every entry (by entry id); -1 for directories, links and unlabelled files."""
+        return self._a["label"]
+
+    @property
+    def file_ids(self) -> np.ndarray:
+        """Entry ids of the regular files."""
+        return np.flatnonzero(self._a["kind"] == KIND_FILE)
+
+    @property
+    def layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """(block_offsets, block_files): block b holds entries ``block_files[off[b]:off[b + 1]]`` in slot order."""
+        return self._a["block_offsets"], self._a["block_files"]
+
+    def path_of(self, entry: int) -> bytes:
+        return self.index.path(entry)
+
+    # --- by path -------------------------------------------------------------------------------
+    def lookup(self, path: PathLike) -> int:
+        return self.index.lookup(_to_bytes(path))
+
+    def stat(self, path: PathLike) -> EntryStat:
+        return self.stat_entry(self.lookup(path))
+
+    def stat_entry(self, e: int) -> EntryStat:
+        a = self._a
+        return EntryStat(
+            entry=e,
+            kind=int(a["kind"][e]),
+            mode=int(a["mode"][e]),
+            size=int(a["size"][e]),
+            mtime_ns=int(a["mtime_ns"][e]),
+            ino=int(a["ino"][e]),
+            nlink=int(a["nlink"][e]),
+            label=int(a["label"][e]),
+            block=int(a["block"][e]),
+        )
+
+    def listdir(self, path: PathLike = "") -> list:
+        """Names in a directory, sorted, as ``str`` or ``bytes`` like the path given (as ``os.listdir``)."""
+        names = self.index.names(self.lookup(path))
+        return names if isinstance(path, bytes) else [os.fsdecode(n) for n in names]
+
+    def readlink(self, path: PathLike) -> str | bytes:
+        e = self.lookup(path)
+        if self.index.kind(e) != KIND_SYMLINK:
+            raise NotASymlinkError(f"not a symbolic link: {os.fsdecode(_to_bytes(path))!r}")
+        target = self.index.link_target(e)
+        return target if isinstance(path, bytes) else os.fsdecode(target)
+
+    def read(self, path: PathLike, offset: int = 0, size: int = -1) -> bytes:
+        """``size`` bytes of a file from ``offset`` (all of it by default); short at the end of the file."""
+        return self.read_entry(self.lookup(path), offset, size)
+
+    def read_entry(self, e: int, offset: int = 0, size: int = -1) -> bytes:
+        a = self._a
+        kind = self.index.kind(e)
+        if kind == KIND_DIR:
+            raise IsADirectoryEntryError(f"is a directory: {os.fsdecode(self.path_of(e))!r}")
+        if kind != KIND_FILE:
+            raise EntryNotFoundError(f"not a regular file: {os.fsdecode(self.path_of(e))!r}")
+        length = int(a["size"][e])
+        if offset >= length or size == 0:
+            return b""
+        if size < 0 or offset + size > length:
+            size = length - offset
+        try:
+            return self.reader.read_file(int(a["block"][e]), int(a["slot"][e]), int(a["crc"][e]), offset, size)
+        except CorruptBlockError as err:
+            raise type(err)(f"{err} (reading {os.fsdecode(self.path_of(e))!r})", block=err.block) from err
+
+    def files_in_block(self, block: int) -> list[bytes]:
+        off, files = self.layout
+        return [self.path_of(int(e)) for e in files[int(off[block]) : int(off[block + 1])]]
+
+    def close(self) -> None:
+        self.store.close()
+        self.index.close()
+
+    def __enter__(self) -> "PackedDataset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_dataset(root: str | os.PathLike, reader: FileReader | None = None) -> PackedDataset:
+    """Open the packed dataset at ``root`` (a directory written by :func:`blockfs.pack`)."""
+    return PackedDataset(root, reader)

@@ -1,0 +1,88 @@
+"""Exceptions raised by blockfs.
+
+Every error is a :class:`BlockfsError` and also the builtin exception that fits it, so callers can catch
+either (``except FileNotFoundError`` works on a missing path inside a packed dataset).  Each carries an
+``errno`` the FUSE adapter hands to the kernel.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class BlockfsError(Exception):
+    """Base class of every error blockfs raises on purpose."""
+
+    errno: int = _errno.EIO
+
+
+class FormatError(BlockfsError, ValueError):
+    """A block, index or metadata file is not what the format says it must be."""
+
+    errno = _errno.EIO
+
+
+class UnsupportedVersionError(FormatError):
+    """The data was written by a newer (or unknown) format version."""
+
+
+class CorruptBlockError(FormatError):
+    """A block's checksum, header or length is wrong: its files must not be served."""
+
+    def __init__(self, message: str, *, block: int | None = None) -> None:
+        super().__init__(message)
+        self.block = block
+
+
+class MissingBlockError(CorruptBlockError):
+    """A block file named by the index does not exist or cannot be read."""
+
+
+class IndexFormatError(FormatError):
+    """The index is damaged or claims something impossible (``..``, a block out of range)."""
+
+
+class NotADatasetError(BlockfsError, FileNotFoundError):
+    """A path given as a packed dataset is not one (or is an unfinished pack)."""
+
+    errno = _errno.ENOENT
+
+
+class EntryNotFoundError(BlockfsError, FileNotFoundError):
+    """No file, directory or link of that path in the packed dataset."""
+
+    errno = _errno.ENOENT
+
+
+class NotADirectoryEntryError(BlockfsError, NotADirectoryError):
+    """A directory operation on something that is not a directory."""
+
+    errno = _errno.ENOTDIR
+
+
+class IsADirectoryEntryError(BlockfsError, IsADirectoryError):
+    """A file operation on a directory."""
+
+    errno = _errno.EISDIR
+
+
+class NotASymlinkError(BlockfsError, OSError):
+    """``readlink`` of something that is not a symbolic link."""
+
+    errno = _errno.EINVAL
+
+
+class PackError(BlockfsError, RuntimeError):
+    """Packing cannot go on: the message names the path and the fix."""
+
+    errno = _errno.EINVAL
+
+
+class SourceError(PackError):
+    """The source given to ``pack`` cannot be read as a tree or container."""
+
+
+class MountError(BlockfsError, RuntimeError):
+    """A mount cannot be started or stopped: the message says why."""
+
+    errno = _errno.EINVAL

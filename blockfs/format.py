@@ -1,0 +1,266 @@
+"""The block file format: one block holds N files back to back behind a small header.
+
+The header is the seed layout — N, N offsets, N sizes, N labels — behind a fixed preamble that adds magic
+bytes, a format version and CRC-32 checksums, so a wrong, truncated or damaged block is detected and named::
+
+    offset  size  field
+    ------  ----  -------------------------------------------------------------------
+         0     8  magic            b"BLKFSBLK"
+         8     2  version          u16, FORMAT_VERSION
+        10     2  flags            u16, bit 0 = WIDE (offsets/sizes are u64 instead of u32)
+        12     4  header_crc       u32, CRC-32 of bytes [0, 12) + [16, data_start)
+        16     4  data_crc         u32, CRC-32 of the data section
+        20     4  block_id         u32, this block's number (catches a misplaced file)
+        24     8  data_size        u64, bytes in the data section
+    --- seed header ------------------------------------------------------------------
+        32     4  N                u32, files in this block
+        36    wN  offsets[N]       u32 (u64 if WIDE), file i's start, relative to data_start
+          ..  wN  sizes[N]         u32 (u64 if WIDE)
+          ..  4N  labels[N]        i32, class label, -1 = none
+    --- only if WIDE -------------------------------------------------------------------
+          ..  4C  chunk_crcs[C]    u32, CRC-32 of each CHUNK_SIZE piece of the data section
+    --- data ---------------------------------------------------------------------------
+    data_start  data_size  the N files' bytes, back to back, in slot order
+
+Everything is little-endian.  A block is WIDE only when its data section reaches 4 GiB (a single file that
+large gets a block of its own); the narrow header costs exactly the seed's 12N+4 bytes plus the 32-byte
+preamble.  WIDE blocks carry per-chunk checksums so a partial read of a huge file is still verified.
+Each file's own CRC-32 lives in the index, so a read of one file from a block that is not cached is
+verified without reading the whole block.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CorruptBlockError, UnsupportedVersionError
+
+BLOCK_MAGIC = b"BLKFSBLK"
+FORMAT_VERSION = 1
+FLAG_WIDE = 1
+KNOWN_FLAGS = FLAG_WIDE
+PREAMBLE_SIZE = 32
+CHUNK_SIZE = 1 << 20  # checksum granularity inside WIDE blocks
+NARROW_LIMIT = 1 << 32  # a data section this large needs u64 offsets
+
+# A packed dataset is a directory: DEST/blockfs.json (metadata, written last), DEST/index.bfi (see
+# index.py) and DEST/blocks/NNNNNNNN.blk.  The marker exists while a pack is unfinished.
+METADATA_NAME = "blockfs.json"
+INDEX_NAME = "index.bfi"
+BLOCKS_DIR = "blocks"
+PACKING_MARKER = ".blockfs-packing"
+
+
+def block_path(dest: str | os.PathLike, block: int) -> str:
+    return os.path.join(os.fspath(dest), BLOCKS_DIR, f"{block:08d}.blk")
+
+
+PREAMBLE_DTYPE = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u2"),
+        ("flags", "<u2"),
+        ("header_crc", "<u4"),
+        ("data_crc", "<u4"),
+        ("block_id", "<u4"),
+        ("data_size", "<u8"),
+    ]
+)
+assert PREAMBLE_DTYPE.itemsize == PREAMBLE_SIZE
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    """A decoded, validated block header.  Arrays are read-only."""
+
+    block_id: int
+    flags: int
+    data_crc: int
+    data_start: int
+    data_size: int
+    offsets: np.ndarray
+    sizes: np.ndarray
+    labels: np.ndarray
+    chunk_crcs: np.ndarray | None  # only for WIDE blocks
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def total_size(self) -> int:
+        """Bytes of the whole block file."""
+        return self.data_start + self.data_size
+
+
+def header_size(count: int, wide: bool, data_size: int = 0) -> int:
+    """Bytes from the start of a block to its data section."""
+    word = 8 if wide else 4
+    size = PREAMBLE_SIZE + 4 + count * (2 * word + 4)
+    if wide:
+        size += 4 * n_chunks(data_size)
+    return size
+
+
+def n_chunks(data_size: int) -> int:
+    return -(-data_size // CHUNK_SIZE)
+
+
+def encode_header(
+    block_id: int,
+    sizes: np.ndarray,
+    labels: np.ndarray,
+    data_crc: int,
+    chunk_crcs: np.ndarray | None = None,
+) -> bytes:
+    """The bytes before a block's data section, for files of ``sizes`` stored back to back."""
+    sizes = np.asarray(sizes, dtype=np.uint64)
+    labels = np.asarray(labels, dtype=np.int64)
+    if sizes.shape != labels.shape:
+        raise ValueError(f"{len(sizes)} sizes but {len(labels)} labels")
+    if labels.size and (labels.min() < -1 or labels.max() > np.iinfo(np.int32).max):
+        raise ValueError("labels must be in [-1, 2**31)")
+    data_size = int(sizes.sum())
+    wide = data_size >= NARROW_LIMIT
+    word = "<u8" if wide else "<u4"
+    offsets = np.zeros(len(sizes), dtype=np.uint64)
+    if len(sizes):
+        np.cumsum(sizes[:-1], out=offsets[1:])
+    if wide:
+        if chunk_crcs is None or len(chunk_crcs) != n_chunks(data_size):
+            raise ValueError("a WIDE block needs one chunk CRC per CHUNK_SIZE of data")
+    parts = [
+        np.array([len(sizes)], dtype="<u4").tobytes(),
+        offsets.astype(word).tobytes(),
+        sizes.astype(word).tobytes(),
+        labels.astype("<i4").tobytes(),
+    ]
+    if wide:
+        parts.append(np.asarray(chunk_crcs, dtype="<u4").tobytes())
+    body = b"".join(parts)
+    preamble = np.zeros(1, dtype=PREAMBLE_DTYPE)
+    preamble["magic"] = BLOCK_MAGIC
+    preamble["version"] = FORMAT_VERSION
+    preamble["flags"] = FLAG_WIDE if wide else 0
+    preamble["data_crc"] = data_crc
+    preamble["block_id"] = block_id
+    preamble["data_size"] = data_size
+    raw = bytearray(preamble.tobytes())
+    crc = zlib.crc32(bytes(raw[16:]) + body, zlib.crc32(bytes(raw[:12])))
+    raw[12:16] = crc.to_bytes(4, "little")
+    return bytes(raw) + body
+
+
+def preamble_fields(buf: bytes | memoryview, where: str) -> tuple[int, int, int]:
+    """Check magic and version of a block's first bytes; return (flags, N, data_size).
+
+    ``where`` names the block in messages (``"block 17 (/data/x/blocks/000017.blk)"``).
+    """
+    if len(buf) < PREAMBLE_SIZE + 4:
+        raise CorruptBlockError(f"{where}: truncated: {len(buf)} bytes, shorter than a block header")
+    pre = np.frombuffer(buf, dtype=PREAMBLE_DTYPE, count=1)[0]
+    if bytes(pre["magic"]) != BLOCK_MAGIC:
+        raise CorruptBlockError(
+            f"{where}: not a blockfs block (magic {bytes(buf[:8])!r}, expected {BLOCK_MAGIC!r})"
+        )
+    version = int(pre["version"])
+    if version > FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{where}: written by block format version {version}; this blockfs reads up to version "
+            f"{FORMAT_VERSION}: upgrade blockfs"
+        )
+    if version < 1:
+        raise CorruptBlockError(f"{where}: invalid block format version {version}")
+    flags = int(pre["flags"])
+    if flags & ~KNOWN_FLAGS:
+        raise CorruptBlockError(f"{where}: unknown flags 0x{flags:04x}")
+    count = int(np.frombuffer(buf, dtype="<u4", count=1, offset=PREAMBLE_SIZE)[0])
+    return flags, count, int(pre["data_size"])
+
+
+def decode_header(buf: bytes | memoryview, where: str, file_size: int | None = None) -> BlockHeader:
+    """Parse and verify a block header from the start of ``buf``.
+
+    ``buf`` must hold at least ``header_size(...)`` bytes (call :func:`preamble_fields` first to learn
+    it).  ``file_size``, when given, is the block file's size on disk: a shorter file is reported as
+    truncated.  Raises :class:`CorruptBlockError` naming ``where`` and the fault.
+    """
+    flags, count, data_size = preamble_fields(buf, where)
+    wide = bool(flags & FLAG_WIDE)
+    start = header_size(count, wide, data_size)
+    if len(buf) < start:
+        raise CorruptBlockError(f"{where}: truncated header: {len(buf)} of {start} bytes")
+    crc = zlib.crc32(bytes(buf[16:start]), zlib.crc32(bytes(buf[:12])))
+    stored = int.from_bytes(bytes(buf[12:16]), "little")
+    if crc != stored:
+        raise CorruptBlockError(
+            f"{where}: header checksum mismatch (expected 0x{stored:08x}, got 0x{crc:08x}); "
+            "run 'blockfs verify'"
+        )
+    pre = np.frombuffer(buf, dtype=PREAMBLE_DTYPE, count=1)[0]
+    word = np.dtype("<u8" if wide else "<u4")
+    pos = PREAMBLE_SIZE + 4
+    offsets = np.frombuffer(buf, dtype=word, count=count, offset=pos).astype(np.uint64)
+    pos += count * word.itemsize
+    sizes = np.frombuffer(buf, dtype=word, count=count, offset=pos).astype(np.uint64)
+    pos += count * word.itemsize
+    labels = np.frombuffer(buf, dtype="<i4", count=count, offset=pos).astype(np.int32)
+    pos += 4 * count
+    chunk_crcs = None
+    if wide:
+        chunk_crcs = np.frombuffer(buf, dtype="<u4", count=n_chunks(data_size), offset=pos).copy()
+    ends = offsets + sizes
+    if count and (int(ends.max()) > data_size or np.any(offsets[1:] < ends[:-1])):
+        raise CorruptBlockError(f"{where}: file offsets or sizes run outside the data section")
+    if file_size is not None and file_size < start + data_size:
+        raise CorruptBlockError(
+            f"{where}: truncated: the file has {file_size} bytes, the header says {start + data_size}"
+        )
+    for arr in (offsets, sizes, labels):
+        arr.flags.writeable = False
+    return BlockHeader(
+        block_id=int(pre["block_id"]),
+        flags=flags,
+        data_crc=int(pre["data_crc"]),
+        data_start=start,
+        data_size=data_size,
+        offsets=offsets,
+        sizes=sizes,
+        labels=labels,
+        chunk_crcs=chunk_crcs,
+    )
+
+
+def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
+    """CRC-32 of each CHUNK_SIZE piece of ``data`` (the WIDE block checksums)."""
+    view = memoryview(data)
+    return np.array(
+        [zlib.crc32(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)], dtype="<u4"
+    )
+
+
+def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarray) -> bytes:
+    """A whole block in memory: header plus data (tests and small tools; the packer streams)."""
+    data = b"".join(files)
+    sizes = np.array([len(f) for f in files], dtype=np.uint64)
+    chunk = chunk_crcs_of(data) if len(data) >= NARROW_LIMIT else None
+    return encode_header(block_id, sizes, np.asarray(labels), zlib.crc32(data), chunk) + data
+
+
+def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> None:
+    """Verify a whole data section against the header's checksum."""
+    if len(data) != header.data_size:
+        raise CorruptBlockError(
+            f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes"
+        )
+    crc = zlib.crc32(data)
+    if crc != header.data_crc:
+        raise CorruptBlockError(
+            f"{where}: data checksum mismatch (expected 0x{header.data_crc:08x}, got 0x{crc:08x}); "
+            "run 'blockfs verify'",
+            block=header.block_id,
+        )

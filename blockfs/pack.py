@@ -1,0 +1,466 @@
+"""``blockfs pack``: plan blocks (pure), write them in parallel, then the index and metadata, atomically.
+
+Crash safety: a marker file ``.blockfs-packing`` exists from the first byte written until the metadata
+file ``blockfs.json`` is renamed into place, and the metadata is what makes a directory open as a dataset.
+A killed pack therefore never leaves anything that opens as complete, and a rerun recognises the marker
+and starts over without ``--force``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import zlib
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import format as fmt
+from .format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from .errors import PackError
+from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, write_index
+from .sources import DirectorySource, Source, SourceEntry
+
+log = logging.getLogger(__name__)
+
+STREAM_PIECE = 16 << 20  # huge files are copied in pieces of this size
+
+ProgressCallback = Callable[[int, int], None]  # (files done, bytes done), called from the packing thread
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack.  Every field has the CLI flag of the same name."""
+
+    block_size: int = 64 << 20
+    files_per_block: int | None = None
+    labels: str = "dirname"  # "dirname", "none", or the path of a CSV of path,label
+    order: str = "shuffled"  # or "directory"
+    seed: int = 0
+    workers: int | None = None  # None: one per core
+    force: bool = False
+    follow_symlinks: bool = False
+    skip_unreadable: bool = False
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.files_per_block is not None and self.files_per_block < 1:
+            raise ValueError(f"files_per_block must be positive, got {self.files_per_block}")
+        if self.order not in ("shuffled", "directory"):
+            raise ValueError(f"order must be 'shuffled' or 'directory', got {self.order!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be positive, got {self.workers}")
+
+
+@dataclass(frozen=True)
+class PackResult:
+    dest: str
+    n_files: int
+    n_dirs: int
+    n_symlinks: int
+    n_blocks: int
+    file_bytes: int
+    skipped_special: list[str]
+    skipped_unreadable: list[str]
+    seconds: float
+
+
+def plan_blocks(sizes: np.ndarray, block_size: int, files_per_block: int | None = None) -> np.ndarray:
+    """Cut files (in packing order) into blocks; return the boundaries, ``len == n_blocks + 1``.
+
+    A block takes files while their total stays within ``block_size`` (and the count within
+    ``files_per_block``); a file larger than ``block_size`` gets a block of its own.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    bounds = [0]
+    i, n = 0, len(sizes)
+    while i < n:
+        j = int(np.searchsorted(ends, ends[i] + block_size, side="right")) - 1
+        j = max(j, i + 1)
+        if files_per_block is not None:
+            j = min(j, i + files_per_block)
+        bounds.append(j)
+        i = j
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def assign_labels(files: list[SourceEntry], spec: str, root_entries: list[SourceEntry]) -> list[str] | None:
+    """Set ``label`` on each file from ``spec``; return the class names, if the labels have names.
+
+    ``dirname`` follows torchvision's ImageFolder exactly: the classes are the directories directly
+    under the root, indexed in sorted order; files outside them get -1.
+    """
+    if spec == "none":
+        for f in files:
+            f.label = -1
+        return None
+    if spec == "dirname":
+        classes = sorted(os.fsdecode(e.path) for e in root_entries if e.kind == KIND_DIR and b"/" not in e.path and e.path)
+        index = {os.fsencode(c): i for i, c in enumerate(classes)}
+        for f in files:
+            top, sep, _ = f.path.partition(b"/")
+            f.label = index.get(top, -1) if sep else -1
+        return classes
+    return _labels_from_csv(files, spec)
+
+
+def _labels_from_csv(files: list[SourceEntry], csv_path: str) -> list[str] | None:
+    try:
+        with open(csv_path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            rows = [r for r in csv.reader(f) if r]
+    except OSError as e:
+        raise PackError(f"cannot read labels file {csv_path!r}: {e.strerror}") from e
+    if rows and rows[0][:2] == ["path", "label"]:
+        rows = rows[1:]
+    bad = [r for r in rows if len(r) != 2]
+    if bad:
+        raise PackError(f"labels file {csv_path!r}: each row must be 'path,label'; got {bad[0]!r}")
+    raw = {os.fsencode(p.strip("/")): lab for p, lab in rows}
+    try:
+        by_path = {p: int(v) for p, v in raw.items()}
+        classes = None
+    except ValueError:
+        classes = sorted(set(raw.values()))
+        by_path = {p: classes.index(v) for p, v in raw.items()}
+    if any(v < -1 for v in by_path.values()):
+        raise PackError(f"labels file {csv_path!r}: labels must be integers >= -1 or class names")
+    known = {f.path for f in files}
+    stray = [p for p in by_path if p not in known]
+    if stray:
+        raise PackError(
+            f"labels file {csv_path!r} names {len(stray)} paths that are not files in the source, "
+            f"e.g. {os.fsdecode(stray[0])!r}; paths must be relative to the source directory"
+        )
+    unlabelled = 0
+    for f in files:
+        f.label = by_path.get(f.path, -1)
+        unlabelled += f.path not in by_path
+    if unlabelled:
+        log.warning("labels file %s gives no label to %d files; they get label -1", csv_path, unlabelled)
+    return classes
+
+
+def _prepare_dest(src: str | None, dest: str, force: bool) -> None:
+    """Refuse a destination that would lose data, then mark it as a pack in progress."""
+    if src is not None:
+        real_src, real_dest = os.path.realpath(src), os.path.realpath(dest)
+        if real_dest == real_src or real_dest.startswith(real_src.rstrip("/") + "/"):
+            raise PackError(f"destination {dest!r} is inside the source {src!r}: choose a path outside it")
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise PackError(f"destination {dest!r} exists and is not a directory")
+    if os.path.isdir(dest) and os.listdir(dest):
+        ours = os.path.exists(os.path.join(dest, PACKING_MARKER))
+        dataset = os.path.exists(os.path.join(dest, METADATA_NAME))
+        if not ours and not dataset:
+            raise PackError(
+                f"destination {dest!r} is not empty and holds no blockfs dataset: choose an empty or new "
+                "directory (--force only replaces an existing blockfs dataset)"
+            )
+        if dataset and not ours and not force:
+            raise PackError(f"destination {dest!r} already holds a packed dataset: pass --force to replace it")
+    os.makedirs(dest, exist_ok=True)
+    # The marker goes down before anything is removed, so no moment exists where DEST looks complete.
+    open(os.path.join(dest, PACKING_MARKER), "wb").close()
+    for name in (METADATA_NAME, INDEX_NAME):
+        if os.path.exists(os.path.join(dest, name)):
+            os.unlink(os.path.join(dest, name))
+    shutil.rmtree(os.path.join(dest, BLOCKS_DIR), ignore_errors=True)
+    os.makedirs(os.path.join(dest, BLOCKS_DIR))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _BlockWriter:
+    """Writes one block at a time per thread; returns per-file CRCs."""
+
+    def __init__(self, source: Source, dest: str, options: PackOptions) -> None:
+        self.source = source
+        self.dest = dest
+        self.options = options
+        self.unreadable: list[bytes] = []
+        self._lock = threading.Lock()
+
+    def write(self, block: int, members: list[SourceEntry]) -> list[int]:
+        tmp = block_path(self.dest, block) + ".tmp"
+        if len(members) == 1 and members[0].size > STREAM_PIECE:
+            crcs = self._write_streamed(block, members[0], tmp)
+        else:
+            crcs = self._write_buffered(block, members, tmp)
+        os.replace(tmp, block_path(self.dest, block))
+        return crcs
+
+    def _read(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> bool:
+        """Fill ``buf`` from the file; False if it is unreadable and --skip-unreadable allows that."""
+        try:
+            n = self.source.read_into(entry, buf, offset)
+        except OSError as e:
+            if self.options.skip_unreadable:
+                with self._lock:
+                    self.unreadable.append(entry.path)
+                return False
+            raise PackError(
+                f"cannot read {os.fsdecode(entry.path)!r} in {self.source.description!r}: {e.strerror}; "
+                "fix its permissions or pass --skip-unreadable"
+            ) from e
+        if n != len(buf):
+            raise PackError(
+                f"{os.fsdecode(entry.path)!r} in {self.source.description!r} changed while packing "
+                f"(expected {entry.size} bytes); pack a tree that is not being written to"
+            )
+        return True
+
+    def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> list[int]:
+        buf = bytearray(sum(m.size for m in members))
+        view = memoryview(buf)
+        pos = 0
+        sizes, labels, crcs = [], [], []
+        for m in members:
+            piece = view[pos : pos + m.size]
+            if self._read(m, piece):
+                crcs.append(zlib.crc32(piece))
+                sizes.append(m.size)
+                labels.append(m.label)
+                pos += m.size
+            else:  # keep the slot so slot numbers stay as planned; it holds nothing
+                crcs.append(0)
+                sizes.append(0)
+                labels.append(-1)
+        data = view[:pos]
+        header = fmt.encode_header(block, np.array(sizes), np.array(labels), zlib.crc32(data))
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(data)
+            if self.options.fsync:
+                os.fsync(f.fileno())
+        return crcs
+
+    def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> list[int]:
+        """One file larger than a block: copy it in pieces, header written last."""
+        size = member.size
+        wide = size >= fmt.NARROW_LIMIT
+        head_len = fmt.header_size(1, wide, size)
+        crc = 0
+        chunk_crcs: list[int] = []
+        buf = memoryview(bytearray(STREAM_PIECE))
+        with open(tmp, "wb") as f:
+            f.write(b"\0" * head_len)
+            done = 0
+            while done < size:
+                piece = buf[: min(STREAM_PIECE, size - done)]
+                if not self._read(member, piece, done):
+                    size = done = 0
+                    f.truncate(head_len)
+                    break
+                crc = zlib.crc32(piece, crc)
+                if wide:
+                    chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
+                f.write(piece)
+                done += len(piece)
+            header = fmt.encode_header(
+                block, np.array([size]), np.array([member.label if size else -1]), crc,
+                np.array(chunk_crcs, dtype=np.uint32) if wide else None,
+            )
+            if len(header) != head_len:  # the file was unreadable: rewrite as an empty block
+                f.truncate(0)
+            f.seek(0)
+            f.write(header)
+            if self.options.fsync:
+                os.fsync(f.fileno())
+        return [crc]
+
+
+def pack(
+    src: str | os.PathLike | Source,
+    dest: str | os.PathLike,
+    options: PackOptions | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+    **overrides: object,
+) -> PackResult:
+    """Pack a directory tree (or any :class:`~blockfs.sources.Source`) into a dataset at ``dest``.
+
+    ``overrides`` are :class:`PackOptions` fields, for ``pack(src, dest, block_size=1 << 20)``.
+    """
+    started = time.monotonic()
+    options = dataclasses.replace(options or PackOptions(), **overrides)
+    dest = os.fspath(dest)
+    source = src if hasattr(src, "entries") else DirectorySource(src, options.follow_symlinks)
+    entries = list(source.entries())
+    if not entries or entries[0].path != b"":
+        entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
+    src_dir = os.fsdecode(source.root) if isinstance(source, DirectorySource) else None
+    _prepare_dest(src_dir, dest, options.force)
+
+    files = [e for e in entries if e.kind == KIND_FILE]
+    classes = assign_labels(files, options.labels, entries) if options.labels else None
+    # Hard links: the first path of each inode holds the bytes; the others point at its slot.
+    primary_of: dict[object, SourceEntry] = {}
+    stored: list[SourceEntry] = []
+    for f in files:
+        if f.hardlink_key is None or f.hardlink_key not in primary_of:
+            stored.append(f)
+            if f.hardlink_key is not None:
+                primary_of[f.hardlink_key] = f
+    if options.order == "shuffled":
+        perm = np.random.default_rng(options.seed).permutation(len(stored))
+        stored = [stored[i] for i in perm]
+    sizes = np.fromiter((f.size for f in stored), dtype=np.int64, count=len(stored))
+    bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
+    n_blocks = len(bounds) - 1
+
+    writer = _BlockWriter(source, dest, options)
+    crc_of: dict[int, int] = {}
+    workers = options.workers or os.cpu_count() or 1
+    done_files = done_bytes = 0
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack") as pool:
+        pending: dict[Future, int] = {}
+        for b in range(n_blocks):
+            # Bound memory: at most two blocks in flight per worker.
+            while len(pending) >= 2 * workers:
+                done_files, done_bytes = _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress)
+            members = stored[bounds[b] : bounds[b + 1]]
+            pending[pool.submit(writer.write, b, members)] = b
+        while pending:
+            done_files, done_bytes = _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress)
+
+    unreadable = set(writer.unreadable)
+    slot_of = {id(f): (b, s) for b in range(n_blocks) for s, f in enumerate(stored[bounds[b] : bounds[b + 1]])}
+    cols = _index_columns(entries, slot_of, crc_of, primary_of, unreadable)
+    block_counts = np.diff(bounds).astype(np.uint32)
+    block_sizes = np.array([os.path.getsize(block_path(dest, b)) for b in range(n_blocks)], dtype=np.uint64)
+    tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
+    write_index(tmp_index, cols, block_counts, block_sizes)
+    os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
+
+    kinds = np.asarray(cols.kind)
+    n_files = int(np.sum(kinds == KIND_FILE))
+    file_bytes = int(np.asarray(cols.size)[kinds == KIND_FILE].sum())
+    metadata = {
+        "format": "blockfs",
+        "format_version": fmt.FORMAT_VERSION,
+        "n_entries": len(cols.paths),
+        "n_files": n_files,
+        "n_dirs": int(np.sum(kinds == KIND_DIR)),
+        "n_symlinks": int(np.sum(kinds == KIND_SYMLINK)),
+        "n_blocks": n_blocks,
+        "file_bytes": file_bytes,
+        "block_bytes": int(block_sizes.sum()),
+        "classes": classes,
+        "index": {"file": INDEX_NAME, "crc32": _file_crc(os.path.join(dest, INDEX_NAME))},
+        "pack": {
+            "block_size": options.block_size,
+            "files_per_block": options.files_per_block,
+            "labels": options.labels if options.labels in ("dirname", "none") else "csv",
+            "order": options.order,
+            "seed": options.seed,
+            "follow_symlinks": options.follow_symlinks,
+        },
+    }
+    if options.fsync:
+        _fsync_dir(os.path.join(dest, BLOCKS_DIR))
+    tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
+    with open(tmp_meta, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2, sort_keys=True)
+        f.write("\n")
+        if options.fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp_meta, os.path.join(dest, METADATA_NAME))
+    os.unlink(os.path.join(dest, PACKING_MARKER))
+    if options.fsync:
+        _fsync_dir(dest)
+
+    special = [os.fsdecode(p) for p in source.skipped()]
+    if special:
+        log.warning("skipped %d sockets, FIFOs or device files: %s", len(special), ", ".join(special))
+    if unreadable:
+        log.warning("skipped %d unreadable files: %s", len(unreadable), ", ".join(sorted(map(os.fsdecode, unreadable))))
+    return PackResult(
+        dest=dest,
+        n_files=n_files,
+        n_dirs=metadata["n_dirs"],
+        n_symlinks=metadata["n_symlinks"],
+        n_blocks=n_blocks,
+        file_bytes=file_bytes,
+        skipped_special=special,
+        skipped_unreadable=sorted(map(os.fsdecode, unreadable)),
+        seconds=time.monotonic() - started,
+    )
+
+
+def _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress):
+    """Wait for at least one block; record its CRCs and report progress."""
+    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+    for fut in finished:
+        b = pending.pop(fut)
+        members = stored[bounds[b] : bounds[b + 1]]
+        for f, crc in zip(members, fut.result()):
+            crc_of[id(f)] = crc
+        done_files += len(members)
+        done_bytes += sum(f.size for f in members)
+        if progress is not None:
+            progress(done_files, done_bytes)
+    return done_files, done_bytes
+
+
+def _primary(entry: SourceEntry, primary_of: dict[object, SourceEntry]) -> SourceEntry:
+    return entry if entry.hardlink_key is None else primary_of.get(entry.hardlink_key, entry)
+
+
+def _index_columns(entries, slot_of, crc_of, primary_of, unreadable) -> IndexColumns:
+    """Index columns for every entry kept (unreadable files and their hard links are dropped)."""
+    kept = [e for e in entries if not (e.kind == KIND_FILE and _primary(e, primary_of).path in unreadable)]
+    n = len(kept)
+    block = np.full(n, -1, dtype=np.int32)
+    slot = np.zeros(n, dtype=np.uint32)
+    crc = np.zeros(n, dtype=np.uint32)
+    links: dict[int, bytes] = {}
+    hardlink_of: dict[int, int] = {}
+    position = {id(e): i for i, e in enumerate(kept)}
+    for i, e in enumerate(kept):
+        if e.kind == KIND_FILE:
+            primary = _primary(e, primary_of)
+            block[i], slot[i] = slot_of[id(primary)]
+            crc[i] = crc_of[id(primary)]
+            if primary is not e:
+                hardlink_of[i] = position[id(primary)]
+        elif e.kind == KIND_SYMLINK:
+            links[i] = e.link_target
+    return IndexColumns(
+        paths=[e.path for e in kept],
+        kind=np.array([e.kind for e in kept], dtype=np.uint8),
+        mode=np.array([e.mode for e in kept], dtype=np.uint32),
+        mtime_ns=np.array([e.mtime_ns for e in kept], dtype=np.int64),
+        size=np.array([e.size if e.kind == KIND_FILE else (len(e.link_target) if e.kind == KIND_SYMLINK else 0) for e in kept], dtype=np.uint64),
+        block=block,
+        slot=slot,
+        label=np.array([e.label if e.kind == KIND_FILE else -1 for e in kept], dtype=np.int32),
+        crc=crc,
+        link_targets=links,
+        hardlink_of=hardlink_of,
+    )
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while piece := f.read(16 << 20):
+            crc = zlib.crc32(piece, crc)
+    return crc

@@ -1,0 +1,95 @@
+"""Whole-dataset checks and summaries: ``blockfs verify`` and ``blockfs info``."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dataset import PackedDataset
+from .errors import BlockfsError
+from .format import INDEX_NAME
+from .index import KIND_FILE
+
+
+@dataclass
+class Problem:
+    """One damaged thing: a block (with the files it takes down) or the index."""
+
+    what: str
+    message: str
+    files: list[str] = field(default_factory=list)
+
+
+def verify(ds: PackedDataset, on_block=None) -> list[Problem]:
+    """Check every checksum: the index file, each block's header and data, each file's CRC.
+
+    ``on_block(block)`` is called after each block (for a progress bar).  Returns the problems found;
+    an empty list means every byte is as packed.
+    """
+    problems: list[Problem] = []
+    index_path = os.path.join(ds.root, INDEX_NAME)
+    expected = ds.metadata.get("index", {}).get("crc32")
+    crc = 0
+    with open(index_path, "rb") as f:
+        while piece := f.read(16 << 20):
+            crc = zlib.crc32(piece, crc)
+    if expected is not None and crc != expected:
+        problems.append(Problem("index", f"{index_path}: checksum mismatch (expected 0x{expected:08x}, got 0x{crc:08x})"))
+    a = ds.index.arrays
+    off, members = ds.layout
+    for b in range(ds.n_blocks):
+        entries = members[int(off[b]) : int(off[b + 1])]
+        try:
+            head = ds.store.header(b)
+            data = ds.store.read_block(b)
+            bad = []
+            for e in entries:
+                start, size = int(head.offsets[a["slot"][e]]), int(head.sizes[a["slot"][e]])
+                if size != int(a["size"][e]) or zlib.crc32(data[start : start + size]) != int(a["crc"][e]):
+                    bad.append(e)
+            if bad:
+                raise BlockfsError(f"{ds.store.where(b)}: {len(bad)} files differ from the index")
+        except BlockfsError as err:
+            problems.append(Problem(f"block {b}", str(err), [os.fsdecode(ds.path_of(int(e))) for e in entries]))
+        if on_block is not None:
+            on_block(b)
+    return problems
+
+
+def summary(ds: PackedDataset) -> dict:
+    """Counts, bytes, block-size spread and label counts, as plain data."""
+    meta = ds.metadata
+    a = ds.index.arrays
+    sizes = a["block_sizes"].astype(np.int64)
+    files = a["kind"] == KIND_FILE
+    labels, counts = np.unique(a["label"][files], return_counts=True)
+    classes = ds.classes
+    n_files = int(files.sum())
+    header_bytes = int(sizes.sum()) - int(a["size"][files][_stored(a, files)].sum()) if n_files else 0
+    return {
+        "path": ds.root,
+        "files": n_files,
+        "directories": meta["n_dirs"],
+        "symlinks": meta["n_symlinks"],
+        "file_bytes": meta["file_bytes"],
+        "blocks": ds.n_blocks,
+        "block_bytes": int(sizes.sum()),
+        "header_bytes": header_bytes,
+        "block_size_min": int(sizes.min()) if sizes.size else 0,
+        "block_size_median": int(np.median(sizes)) if sizes.size else 0,
+        "block_size_max": int(sizes.max()) if sizes.size else 0,
+        "files_per_block_median": int(np.median(a["block_counts"])) if sizes.size else 0,
+        "labels": {
+            (classes[int(lab)] if classes and lab >= 0 else str(int(lab))): int(c) for lab, c in zip(labels, counts)
+        },
+        "pack": meta["pack"],
+    }
+
+
+def _stored(a: dict, files: np.ndarray) -> np.ndarray:
+    """Mask over files of those that hold their own bytes (hard links share their first path's)."""
+    ids = np.flatnonzero(files)
+    return a["ino"][ids] == ids + 1

@@ -73,10 +73,10 @@ class DirectorySource:
     def entries(self) -> Iterator[SourceEntry]:
         st = self._root_stat
         yield SourceEntry(b"", KIND_DIR, st.st_mode, st.st_mtime_ns)
-        visited = {(st.st_dev, st.st_ino)}
-        stack = [b""]
+        # With --follow-symlinks a link may lead back to one of its own ancestors: refuse that cycle.
+        stack = [(b"", ((st.st_dev, st.st_ino),))]
         while stack:
-            rel = stack.pop()
+            rel, ancestors = stack.pop()
             try:
                 with os.scandir(os.path.join(self.root, rel) if rel else self.root) as it:
                     names = sorted(e.name for e in it)
@@ -92,14 +92,12 @@ class DirectorySource:
                     continue
                 yield entry
                 if entry.kind == KIND_DIR:
-                    key = entry.hardlink_key
-                    if key in visited:
+                    if entry.hardlink_key in ancestors:
                         raise PackError(
-                            f"directory cycle through symlink at {os.fsdecode(path)!r}: "
+                            f"directory cycle through a symlink at {os.fsdecode(path)!r}: "
                             "pack without --follow-symlinks"
                         )
-                    visited.add(key)
-                    subdirs.append(path)
+                    subdirs.append((path, ancestors + (entry.hardlink_key,)))
             # Depth-first, in sorted order (the stack pops the last pushed first).
             stack.extend(reversed(subdirs))
 

@@ -1,0 +1,272 @@
+"""The memory plan: how a byte budget is split between retained files and the cache-once block cache.
+
+:func:`make_memory_plan` is a pure function of the file sizes and the budget, vectorised (one stable
+argsort, a cumsum and a searchsorted), so it plans a million files in a fraction of a second and the CLI
+(``blockfs plan``), the mount and the tests all get the same answer.  Reading the budget from the machine
+(:func:`read_mem_available`) and parsing sizes typed by people (:func:`parse_size`) live here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import re
+from decimal import Decimal
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_RETAIN_SHARE",
+    "DEFAULT_STRATEGY",
+    "STRATEGIES",
+    "MemoryPlan",
+    "budget_from_memory_fraction",
+    "format_size",
+    "make_memory_plan",
+    "parse_size",
+    "read_mem_available",
+]
+
+STRATEGIES = ("most-files", "threshold")
+DEFAULT_STRATEGY = "most-files"
+
+# Retention takes the whole budget first; whatever it cannot use is the cache-once block cache.
+# Why not split it, say half and half?  Under a random file order, from the second epoch on:
+# * a retained file always hits, with no waste: it costs exactly its own bytes;
+# * a non-retained file hits only when its block was cached, and a cached block also holds retained files,
+#   whose bytes then sit in memory twice.  A file whose block is not cached is read alone from storage.
+# With budget B, dataset D and R retained bytes, the block cache holds a random (B - R) / D of the blocks,
+# so the byte hit rate is (R + (B - R)(D - R) / D) / D = (B/D)(1 - r(B/D)(1 - r)) with r = R / B: it
+# equals B/D at r = 0 and r = 1 and is lower anywhere between (at D = 2B and r = 1/2, 44 % instead of
+# 50 %, which would read 56 % of the dataset from storage each epoch).  The file hit rate is what retaining
+# the smallest files raises most: for lognormal sizes (sigma 1) at D = 2B it is 84 % at r = 1, 72 % at
+# r = 1/2 and 50 % at r = 0 (tests/test_plan.py simulates this).  So r = 1 is best on both counts; the
+# leftover that no further file fits in (smaller than the next file) goes to blocks and is not wasted.
+DEFAULT_RETAIN_SHARE = 1.0
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_UNITS = {"": 1, "b": 1} | {
+    unit: base**power
+    for power, letter in enumerate("kmgtp", start=1)
+    for unit, base in ((letter, 1024), (letter + "ib", 1024), (letter + "b", 1000))
+}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size typed by a person: ``"123"``, ``"64MiB"``, ``"1.5G"``, ``"10 GB"`` (rounded down).
+
+    K/M/G/T/P and KiB/.../PiB are powers of 1024; KB/MB/GB/TB/PB are powers of 1000; case is ignored.
+    """
+    match = _SIZE_RE.fullmatch(text)
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if unit is None:
+        raise ValueError(
+            f"cannot read {text!r} as a size: write a number of bytes ('123') or a number with a unit, "
+            "K/M/G/T/P or KiB/MiB/GiB/TiB/PiB (powers of 1024) or KB/MB/GB/TB/PB (powers of 1000), "
+            "e.g. '64MiB', '1.5G'"
+        )
+    return int(Decimal(match.group(1)) * unit)
+
+
+def format_size(nbytes: int) -> str:
+    """A size for people, in powers of 1024: ``"9.50 GiB"``; :func:`parse_size` reads it back."""
+    value, power = float(nbytes), 0
+    while abs(value) >= 1024 and power < len(_BINARY_UNITS) - 1:
+        value, power = value / 1024, power + 1
+    return f"{nbytes} B" if power == 0 else f"{value:.2f} {_BINARY_UNITS[power]}"
+
+
+def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
+    """Bytes of memory the kernel says are available now (``MemAvailable``, Linux >= 3.14)."""
+    with open(meminfo, encoding="ascii") as lines:
+        for line in lines:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel writes "kB" and means KiB
+    raise OSError(f"{os.fspath(meminfo)} has no MemAvailable line; give the memory budget in bytes instead")
+
+
+def budget_from_memory_fraction(fraction: float, meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
+    """``fraction`` of the memory available at this moment, in bytes."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"memory fraction must be in (0, 1], not {fraction!r}")
+    return int(fraction * read_mem_available(meminfo))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """What :func:`make_memory_plan` chose.  Hit rates are expected per epoch from the second on.
+
+    ``retained`` is a read-only boolean mask over the files (True: keep the file after its first read);
+    ``threshold`` is the size threshold applied by the ``threshold`` strategy (None otherwise), which is
+    lower than ``requested_threshold`` when the files under the requested one did not fit.
+    """
+
+    budget_bytes: int
+    dataset_bytes: int
+    n_files: int
+    fits: bool
+    strategy: str
+    retain_share: float
+    threshold: int | None
+    requested_threshold: int | None
+    retained_files: int
+    retained_bytes: int
+    block_cache_bytes: int
+    expected_file_hit_rate: float
+    expected_byte_hit_rate: float
+    retained: np.ndarray = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def retained_ids(self) -> np.ndarray:
+        """Ids (positions in the sizes given) of the retained files, ascending."""
+        return np.flatnonzero(self.retained)
+
+    @property
+    def expected_storage_bytes_per_epoch(self) -> int:
+        """Bytes read from storage per epoch once caches are warm: the bytes that miss (read file by file)."""
+        return round(self.dataset_bytes * (1.0 - self.expected_byte_hit_rate))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-ready values (without the per-file mask)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "retained"}
+        return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch}
+
+    def describe(self) -> str:
+        """The plan in a few lines of text for people."""
+        size = format_size
+        lines = [f"memory budget:    {size(self.budget_bytes)}"]
+        dataset = f"dataset:          {size(self.dataset_bytes)} in {self.n_files:,} files"
+        if self.fits:
+            lines.append(f"{dataset}; fits: every block stays in memory after its first read")
+        else:
+            budget_share = _pct(self.budget_bytes, self.dataset_bytes)
+            lines.append(f"{dataset}; does not fit (the budget is {budget_share} of it)")
+            how = "smallest files first" if self.threshold is None else f"files up to {size(self.threshold)}"
+            if self.threshold is not None and self.requested_threshold not in (None, self.threshold):
+                how += f", lowered from {size(self.requested_threshold)} to fit"
+            if self.retain_share < 1:
+                how += f", within {self.retain_share:.0%} of the budget"
+            lines += [
+                f"retained files:   {self.retained_files:,} files ({_pct(self.retained_files, self.n_files)} "
+                f"of them), {size(self.retained_bytes)} ({_pct(self.retained_bytes, self.dataset_bytes)} "
+                f"of the bytes); {self.strategy}: {how}",
+                f"block cache:      {size(self.block_cache_bytes)}, cache-once "
+                f"(about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)",
+            ]
+        lines += [
+            f"expected hits per epoch (from the 2nd): {self.expected_file_hit_rate:.1%} of files, "
+            f"{self.expected_byte_hit_rate:.1%} of bytes",
+            f"storage read per epoch (from the 2nd): about {size(self.expected_storage_bytes_per_epoch)}",
+        ]
+        return "\n".join(lines)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "100.0%"
+
+
+def make_memory_plan(
+    sizes: np.ndarray,
+    budget_bytes: int,
+    *,
+    strategy: str = DEFAULT_STRATEGY,
+    threshold: int | Literal["auto"] | None = None,
+    retain_share: float = DEFAULT_RETAIN_SHARE,
+) -> MemoryPlan:
+    """Plan memory for files of ``sizes`` bytes (file id = position) under ``budget_bytes``.
+
+    If the dataset fits, every block is cached and nothing is retained.  Otherwise the files to retain are
+    chosen within ``retain_share`` of the budget, ties in size broken by id:
+
+    ``most-files``
+        the k smallest files, k as large as fits: no other choice keeps more files, and no further file
+        fits in the leftover.  (Spending the leftover better at the same count is a subset-sum problem;
+        the leftover is not lost, it goes to the block cache.)
+    ``threshold``
+        every file of at most ``threshold`` bytes.  With ``"auto"`` or None, the largest threshold whose
+        files fit; a given threshold whose files do not fit is lowered to that one.
+
+    The rest of the budget is the cache-once block cache.  The expected hit rates assume a random file
+    order every epoch and files assigned to blocks at random: a retained file always hits; any other file
+    hits when its block is cached, with probability ``block_cache_bytes / dataset_bytes``, and never if it
+    is larger than the block cache (its block cannot fit).  See :data:`DEFAULT_RETAIN_SHARE` for why
+    retention takes the whole budget by default.
+    """
+    sizes = np.asarray(sizes)
+    if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+        raise ValueError(f"sizes must be a 1-D array of integers, not {sizes.dtype} of shape {sizes.shape}")
+    sizes = sizes.astype(np.int64, copy=False)
+    if sizes.size and sizes.min() < 0:
+        raise ValueError(f"file {int(np.argmin(sizes))} has a negative size, {int(sizes.min())}")
+    budget_bytes = operator.index(budget_bytes)
+    if budget_bytes < 0:
+        raise ValueError(f"memory budget must be >= 0 bytes, not {budget_bytes}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown retain strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if not 0 <= retain_share <= 1:
+        raise ValueError(f"retain share must be in [0, 1], not {retain_share!r}")
+    requested = None if threshold is None or threshold == "auto" else operator.index(threshold)
+    if requested is not None and (strategy != "threshold" or requested < 0):
+        raise ValueError(
+            f"a retain threshold ({requested}) needs strategy 'threshold' (not {strategy!r}) and must be >= 0"
+        )
+
+    dataset_bytes = int(sizes.sum())
+    fits = dataset_bytes <= budget_bytes
+    if fits:
+        retained, applied, retained_bytes = np.zeros(sizes.size, dtype=bool), None, 0
+    else:
+        share = int(budget_bytes * retain_share)
+        retained, applied, retained_bytes = _select(sizes, share, strategy, requested)
+    retained.flags.writeable = False
+    retained_files = int(np.count_nonzero(retained))
+    block_cache_bytes = budget_bytes - retained_bytes
+    file_hit_rate, byte_hit_rate = 1.0, 1.0
+    if not fits:
+        cached_fraction = block_cache_bytes / dataset_bytes
+        cacheable = ~retained & (sizes <= block_cache_bytes)
+        file_hits = retained_files + cached_fraction * int(np.count_nonzero(cacheable))
+        byte_hits = retained_bytes + cached_fraction * int(sizes[cacheable].sum())
+        file_hit_rate, byte_hit_rate = file_hits / sizes.size, byte_hits / dataset_bytes
+    return MemoryPlan(
+        budget_bytes=budget_bytes,
+        dataset_bytes=dataset_bytes,
+        n_files=int(sizes.size),
+        fits=fits,
+        strategy=strategy,
+        retain_share=float(retain_share),
+        threshold=applied,
+        requested_threshold=requested,
+        retained_files=retained_files,
+        retained_bytes=retained_bytes,
+        block_cache_bytes=block_cache_bytes,
+        expected_file_hit_rate=file_hit_rate,
+        expected_byte_hit_rate=byte_hit_rate,
+        retained=retained,
+    )
+
+
+def _select(
+    sizes: np.ndarray, share: int, strategy: str, requested: int | None
+) -> tuple[np.ndarray, int | None, int]:
+    """(retained mask, threshold applied, retained bytes) for a dataset larger than ``share``."""
+    order = np.argsort(sizes, kind="stable")  # by size, then by id
+    ordered = sizes[order]
+    cumulative = np.cumsum(ordered)
+    # The k smallest files fit exactly when their sum does; k < n since the dataset exceeds the share.
+    count = int(np.searchsorted(cumulative, share, side="right"))
+    applied = None
+    if strategy == "threshold":
+        under = int(np.searchsorted(ordered, requested, side="right")) if requested is not None else None
+        if under is not None and under <= count:
+            count, applied = under, requested
+        else:
+            # Files of one size go in together or not at all: stop before the size that does not fit.
+            count = int(np.searchsorted(ordered, ordered[count], side="left"))
+            applied = int(ordered[count - 1]) if count else 0
+    retained = np.zeros(sizes.size, dtype=bool)
+    retained[order[:count]] = True
+    return retained, applied, int(cumulative[count - 1]) if count else 0

@@ -1,0 +1,291 @@
+"""pack + unpack: fidelity, determinism, labels, order, crash safety and refusals."""
+
+from __future__ import annotations
+
+import filecmp
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import blockfs
+import blockfs.pack  # noqa: F401  (the package's `pack` attribute is the function)
+from blockfs import format as fmt
+from blockfs.errors import NotADatasetError, PackError, SourceError, UnsupportedVersionError
+from blockfs.sources import DirectorySource
+from blockfs.unpack import unpack
+from blockfs.verify import summary, verify
+
+pack_module = sys.modules["blockfs.pack"]
+
+from conftest import make_edge_tree, tree_snapshot
+
+
+def _imagefolder_tree(root, classes=("cat", "dog", "eel"), per_class=30, size=500):
+    rng = np.random.default_rng(1)
+    for c in classes:
+        os.makedirs(root / c, exist_ok=True)
+        for i in range(per_class):
+            (root / c / f"{c}_{i:03d}.jpg").write_bytes(rng.bytes(size))
+    return root
+
+
+def test_edge_tree_round_trips_exactly(tmp_path, caplog):
+    src = make_edge_tree(tmp_path / "src", special=True)
+    with caplog.at_level(logging.WARNING):
+        result = blockfs.pack(src, tmp_path / "packed", block_size=4096)
+    assert sorted(result.skipped_special) == [os.fsdecode(src + b"/a_fifo")[len(src) + 1 :], "a_socket"] or \
+        sorted(result.skipped_special) == ["a_fifo", "a_socket"]
+    assert "skipped 2 sockets, FIFOs or device files" in caplog.text
+    with blockfs.open_dataset(tmp_path / "packed") as ds:
+        assert verify(ds) == []
+        unpack(ds, tmp_path / "out")
+    os.unlink(os.path.join(src, b"a_fifo"))
+    os.unlink(os.path.join(src, b"a_socket"))
+    assert tree_snapshot(tmp_path / "out") == tree_snapshot(src)
+
+
+def test_dataset_api_on_edge_tree(tmp_path, edge_tree):
+    blockfs.pack(edge_tree, tmp_path / "packed")
+    ds = blockfs.open_dataset(tmp_path / "packed")
+    assert ds.listdir("") == sorted(os.listdir(os.fsdecode(edge_tree)))
+    assert ds.listdir(b"/class_b") == sorted(os.listdir(edge_tree + b"/class_b"))
+    assert ds.read(b"class_b/\xff\xfe not utf8.bin") == b"bytes\x00\xff"
+    assert ds.read("class_a/big.bin", 250, 10) == (bytes(range(256)) * 700)[250:260]
+    assert ds.read("class_a/one.txt", 100) == b""
+    assert ds.readlink("class_a/link_rel") == "one.txt"
+    st = ds.stat("class_b/-leading-dash")
+    assert st.mode & 0o7777 == 0o600 and st.size == 4
+    assert ds.stat("class_a/one.txt").ino == ds.stat("class_c/hardlink_to_one").ino
+    assert ds.stat("class_a/one.txt").nlink == 2
+    with pytest.raises(FileNotFoundError):
+        ds.stat("nope")
+    with pytest.raises(IsADirectoryError):
+        ds.read("class_a")
+    with pytest.raises(NotADirectoryError):
+        ds.listdir("class_a/one.txt")
+    ds.close()
+
+
+def test_same_seed_gives_byte_identical_output(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src")
+    for name in ("a", "b"):
+        blockfs.pack(src, tmp_path / name, block_size=5000, workers=2 if name == "a" else 1)
+    cmp = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
+    assert not cmp.diff_files and not cmp.left_only and not cmp.right_only
+    blocks = os.listdir(tmp_path / "a" / "blocks")
+    assert len(blocks) > 5
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "a/blocks", tmp_path / "b/blocks", blocks, shallow=False)
+    assert mismatch == [] and errors == []
+    blockfs.pack(src, tmp_path / "c", block_size=5000, seed=1)
+    assert (tmp_path / "a/blocks" / blocks[0]).read_bytes() != (tmp_path / "c/blocks" / blocks[0]).read_bytes()
+
+
+def imagefolder_labels(root) -> dict[str, int]:
+    """torchvision.datasets.ImageFolder's rule, written out (torchvision is not installable here)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    index = {c: i for i, c in enumerate(classes)}
+    out = {}
+    for c in classes:
+        for dirpath, _, files in os.walk(os.path.join(root, c)):
+            for f in files:
+                out[os.path.relpath(os.path.join(dirpath, f), root)] = index[c]
+    return out
+
+
+def test_dirname_labels_match_imagefolder(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", classes=("zebra", "Apple", "mango", "_under"), per_class=5)
+    (src / "mango" / "sub").mkdir()
+    (src / "mango" / "sub" / "x.jpg").write_bytes(b"x")
+    blockfs.pack(src, tmp_path / "p")
+    ds = blockfs.open_dataset(tmp_path / "p")
+    expected = imagefolder_labels(src)
+    assert {p: ds.stat(p).label for p in expected} == expected
+    assert ds.classes == sorted(["zebra", "Apple", "mango", "_under"])
+    # labels are in the block headers too
+    for path, label in expected.items():
+        st = ds.stat(path)
+        head = ds.store.header(st.block)
+        assert head.labels[ds.index.arrays["slot"][st.entry]] == label
+
+
+def test_csv_labels_by_number_and_by_name(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", per_class=2)
+    (tmp_path / "n.csv").write_text("path,label\ncat/cat_000.jpg,7\ndog/dog_001.jpg,3\n")
+    blockfs.pack(src, tmp_path / "p1", labels=str(tmp_path / "n.csv"))
+    ds = blockfs.open_dataset(tmp_path / "p1")
+    assert ds.stat("cat/cat_000.jpg").label == 7 and ds.stat("dog/dog_001.jpg").label == 3
+    assert ds.stat("eel/eel_000.jpg").label == -1
+    (tmp_path / "s.csv").write_text("cat/cat_000.jpg,tabby\ndog/dog_000.jpg,beagle\n")
+    blockfs.pack(src, tmp_path / "p2", labels=str(tmp_path / "s.csv"))
+    ds = blockfs.open_dataset(tmp_path / "p2")
+    assert ds.classes == ["beagle", "tabby"] and ds.stat("cat/cat_000.jpg").label == 1
+    (tmp_path / "bad.csv").write_text("cat/missing.jpg,1\n")
+    with pytest.raises(PackError, match="not files in the source.*cat/missing.jpg"):
+        blockfs.pack(src, tmp_path / "p3", labels=str(tmp_path / "bad.csv"))
+    blockfs.pack(src, tmp_path / "p4", labels="none")
+    assert blockfs.open_dataset(tmp_path / "p4").stat("cat/cat_000.jpg").label == -1
+
+
+def _classes_per_block(ds) -> list[int]:
+    off, files = ds.layout
+    labels = ds.labels
+    return [len(set(labels[files[off[b] : off[b + 1]]].tolist())) for b in range(ds.n_blocks)]
+
+
+def test_shuffled_order_mixes_classes_and_directory_order_does_not(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", classes=tuple("abcdef"), per_class=40)
+    blockfs.pack(src, tmp_path / "s", files_per_block=40)
+    blockfs.pack(src, tmp_path / "d", files_per_block=40, order="directory")
+    assert min(_classes_per_block(blockfs.open_dataset(tmp_path / "s"))) >= 3
+    assert _classes_per_block(blockfs.open_dataset(tmp_path / "d")) == [1] * 6
+
+
+def test_plan_blocks():
+    sizes = np.array([10, 10, 10, 100, 0, 5, 5])
+    assert pack_module.plan_blocks(sizes, 25).tolist() == [0, 2, 3, 4, 7]
+    assert pack_module.plan_blocks(sizes, 1000, files_per_block=3).tolist() == [0, 3, 6, 7]
+    assert pack_module.plan_blocks(np.array([], dtype=np.int64), 10).tolist() == [0]
+
+
+def test_empty_source(tmp_path):
+    (tmp_path / "src").mkdir()
+    r = blockfs.pack(tmp_path / "src", tmp_path / "p")
+    assert r.n_files == 0 and r.n_blocks == 0
+    ds = blockfs.open_dataset(tmp_path / "p")
+    assert ds.listdir("") == [] and verify(ds) == [] and summary(ds)["files"] == 0
+
+
+def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
+    monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
+    monkeypatch.setattr(pack_module, "STREAM_PIECE", 1 << 18)
+    data = np.random.default_rng(0).bytes(3 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big").write_bytes(data)
+    (tmp_path / "src" / "small").write_bytes(b"s")
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=1 << 20)
+    ds = blockfs.open_dataset(tmp_path / "p")
+    assert ds.store.header(ds.stat("big").block).flags & fmt.FLAG_WIDE
+    for offset, size in ((0, 10), ((1 << 16) - 3, 7), (len(data) - 5, 100), (123_456, 400_000)):
+        assert ds.read("big", offset, size) == data[offset : offset + size]
+    assert verify(ds) == []
+
+
+@pytest.mark.slow
+def test_file_over_4_gib(tmp_path):
+    (tmp_path / "src").mkdir()
+    big = tmp_path / "src" / "huge.bin"
+    size = (4 << 30) + 12345
+    with open(big, "wb") as f:  # sparse: cheap to make, and the ends hold recognisable bytes
+        f.write(b"head")
+        f.seek(size - 4)
+        f.write(b"tail")
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    ds = blockfs.open_dataset(tmp_path / "p")
+    assert ds.stat("huge.bin").size == size
+    assert ds.read("huge.bin", 0, 4) == b"head"
+    assert ds.read("huge.bin", size - 6, 100) == b"\0\0tail"
+    assert ds.read("huge.bin", (1 << 32) - 2, 4) == b"\0" * 4
+
+
+def test_killed_pack_leaves_nothing_that_opens_and_a_rerun_succeeds(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", per_class=200, size=2000)
+    dest = tmp_path / "p"
+    slow = (
+        "import sys, time, blockfs\n"
+        "from blockfs.sources import DirectorySource\n"
+        "class Slow(DirectorySource):\n"
+        "    def read_into(self, e, buf, offset=0):\n"
+        "        time.sleep(0.01)\n"
+        "        return super().read_into(e, buf, offset)\n"
+        "blockfs.pack(Slow(sys.argv[1]), sys.argv[2], block_size=20000, workers=1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", slow, str(src), str(dest)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(os.listdir(dest / "blocks") if (dest / "blocks").exists() else []) < 3:
+            time.sleep(0.02)
+        assert proc.poll() is None, "the pack finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    with pytest.raises(NotADatasetError, match="unfinished pack"):
+        blockfs.open_dataset(dest)
+    blockfs.pack(src, dest, block_size=20000)  # no --force needed for our own unfinished pack
+    assert verify(blockfs.open_dataset(dest)) == []
+
+
+def test_failed_pack_over_an_old_dataset_does_not_leave_it_looking_complete(tmp_path, monkeypatch):
+    src = _imagefolder_tree(tmp_path / "src", per_class=3)
+    blockfs.pack(src, tmp_path / "p")
+
+    def broken(self, entry, buf, offset=0):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(DirectorySource, "read_into", broken)
+    with pytest.raises(RuntimeError):
+        blockfs.pack(src, tmp_path / "p", force=True)
+    with pytest.raises(NotADatasetError):
+        blockfs.open_dataset(tmp_path / "p")
+
+
+def test_refusals(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", per_class=1)
+    with pytest.raises(SourceError, match="does not exist"):
+        blockfs.pack(tmp_path / "missing", tmp_path / "p")
+    with pytest.raises(PackError, match="inside the source"):
+        blockfs.pack(src, src / "packed")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "precious.txt").write_text("keep me")
+    for force in (False, True):
+        with pytest.raises(PackError, match="not empty and holds no blockfs dataset"):
+            blockfs.pack(src, tmp_path / "full", force=force)
+    assert (tmp_path / "full" / "precious.txt").read_text() == "keep me"
+    blockfs.pack(src, tmp_path / "p")
+    with pytest.raises(PackError, match="--force"):
+        blockfs.pack(src, tmp_path / "p")
+    blockfs.pack(src, tmp_path / "p", force=True)
+    with pytest.raises(ValueError, match="block_size"):
+        blockfs.pack(src, tmp_path / "q", block_size=0)
+
+
+def test_newer_dataset_version_is_refused(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", per_class=1)
+    blockfs.pack(src, tmp_path / "p")
+    meta = (tmp_path / "p" / "blockfs.json").read_text()
+    (tmp_path / "p" / "blockfs.json").write_text(meta.replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(UnsupportedVersionError, match="version 99.*upgrade blockfs"):
+        blockfs.open_dataset(tmp_path / "p")
+
+
+def test_unreadable_file_stops_the_pack_or_is_skipped(tmp_path, monkeypatch):
+    src = _imagefolder_tree(tmp_path / "src", per_class=4)
+    original = DirectorySource.read_into
+
+    def read_into(self, entry, buf, offset=0):
+        if entry.path == b"dog/dog_002.jpg":
+            raise PermissionError(13, "Permission denied")
+        return original(self, entry, buf, offset)
+
+    monkeypatch.setattr(DirectorySource, "read_into", read_into)
+    with pytest.raises(PackError, match="dog/dog_002.jpg.*--skip-unreadable"):
+        blockfs.pack(src, tmp_path / "p")
+    r = blockfs.pack(src, tmp_path / "q", skip_unreadable=True)
+    assert r.skipped_unreadable == ["dog/dog_002.jpg"] and r.n_files == 11
+    ds = blockfs.open_dataset(tmp_path / "q")
+    assert "dog_002.jpg" not in ds.listdir("dog") and verify(ds) == []
+    assert ds.read("dog/dog_003.jpg") == (src / "dog" / "dog_003.jpg").read_bytes()
+
+
+def test_follow_symlinks(tmp_path, edge_tree):
+    os.unlink(edge_tree + b"/dangling_abs")
+    blockfs.pack(edge_tree, tmp_path / "p", follow_symlinks=True)
+    ds = blockfs.open_dataset(tmp_path / "p")
+    assert ds.read("class_a/link_rel") == b"hello\n"
+    assert ds.listdir("link_to_dir") == ["er"]

@@ -121,12 +121,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable(name: bytes) -> str:
+    """A name as a terminal can show it: bytes that are not UTF-8 and control characters escaped."""
+    text = name.decode("utf-8", "backslashreplace")
+    return text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+
+
 def _ls_line(ds: PackedDataset, e: int, name: bytes) -> str:
     st = ds.stat_entry(e)
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.mtime_ns / 1e9))
-    line = f"{stat.filemode(st.mode)} {st.nlink:>3} {st.size:>12} {when} {os.fsdecode(name)}"
+    line = f"{stat.filemode(st.mode)} {st.nlink:>3} {st.size:>12} {when} {_printable(name)}"
     if st.kind == KIND_SYMLINK:
-        line += f" -> {os.fsdecode(ds.index.link_target(e))}"
+        line += f" -> {_printable(ds.index.link_target(e))}"
     return line
 
 
@@ -163,6 +169,130 @@ def cmd_unpack(args: argparse.Namespace) -> int:
             bar.close()
     print(f"unpacked {n} entries into {args.out}")
     return 0
+
+
+# --- mount, umount, stats ---------------------------------------------------------------------------
+AUTO_CACHE_FRACTION = 0.5  # --cache-size auto: this share of MemAvailable
+
+
+def _cache_size(text: str) -> tuple[int, str]:
+    """(bytes, how they were chosen) for --cache-size."""
+    if text == "auto":
+        from .plan import read_mem_available
+
+        available = read_mem_available()
+        return int(AUTO_CACHE_FRACTION * available), f"auto: {AUTO_CACHE_FRACTION:.0%} of {_human(available)} available"
+    return parse_size(text), "given"
+
+
+def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
+    dataset = int(meta["file_bytes"])
+    head = (f"memory plan: cache {_human(size)} ({why}), policy {policy}; dataset {_human(dataset)} in "
+            f"{int(meta['n_files']):,} files, {int(meta['n_blocks']):,} blocks: ")
+    if policy == "none":
+        return head + "no caching, every read goes to storage"
+    if dataset <= size:
+        return head + "fits, every block stays in memory after its first read"
+    return head + f"about {size / dataset:.0%} of it stays in memory (the hit rate to expect from the 2nd epoch)"
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from . import mount as mnt
+
+    meta = mnt.check_dest(args.dest)
+    mnt.check_mountpoint(args.mountpoint)
+    size, why = _cache_size(args.cache_size)
+    print(_plan_line(meta, size, why, args.policy), flush=True)
+    if args.foreground:
+        from .fs import MountOptions, serve
+
+        if args.log:
+            logging.basicConfig(
+                filename=args.log, level=logging.DEBUG if args.verbose else logging.INFO, force=True,
+                format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
+            )  # fmt: skip
+        options = MountOptions(
+            cache_bytes=size,
+            policy=args.policy,
+            allow_other=args.allow_other,
+            fuse_options=tuple(args.o or ()),
+            threads=not args.single_threaded,
+            open_mode=args.open_mode,
+            readahead=args.readahead,
+            lock_memory=not args.no_mlock,
+        )
+        serve(args.dest, args.mountpoint, options)
+        return 0
+    log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
+    command = [sys.executable, "-m", "blockfs"] + (["-v"] if args.verbose else []) + [
+        "mount", os.path.abspath(args.dest), os.path.abspath(args.mountpoint), "--foreground",
+        "--cache-size", str(size), "--policy", args.policy, "--open-mode", args.open_mode,
+        "--readahead", str(args.readahead),
+    ]  # fmt: skip
+    command += ["--allow-other"] * args.allow_other + ["--single-threaded"] * args.single_threaded
+    command += ["--no-mlock"] * args.no_mlock
+    for opt in args.o or ():
+        command += ["-o", opt]
+    pid = mnt.start_background(command, args.mountpoint, log_path, timeout=args.timeout)
+    print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
+          f"stop with: blockfs umount {args.mountpoint}")  # fmt: skip
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from .mount import unmount
+
+    unmount(args.mountpoint)
+    print(f"unmounted {args.mountpoint}")
+    return 0
+
+
+def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
+    m, d, c, k = s["mount"], s["dataset"], s["cache"], s["counters"]
+    lines = [
+        f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {m['binding']}/libfuse {m['libfuse']}, "
+        f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
+        f"dataset    {d['files']:,} files ({_human(d['file_bytes'])}) in {d['blocks']:,} blocks",
+        f"cache      {c['policy']}: {_human(c['used_bytes'])} of {_human(c['budget_bytes'])} ({c['fill']:.1%}), "
+        f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
+        f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
+        f"reads      {k['reads']:,} reads, {k['files_served']:,} files served, {_human(k['bytes_served'])}",
+        f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
+        f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
+        f"storage    {_human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
+        f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
+        "epochs     " + ("  ".join(f"{i + 1}: {e['hit_rate']:.1%} of {e['files']:,}" for i, e in enumerate(s["epochs"][-8:]))
+                         or "-"),
+    ]
+    errors = s.get("errors", {})
+    if errors.get("damaged_files_read"):
+        lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
+                     f"{errors['damaged_blocks_reported']}")  # fmt: skip
+    if previous is not None and seconds > 0:
+        p = previous["counters"]
+        files = (k["files_served"] - p["files_served"]) / seconds
+        mbs = (k["bytes_served"] - p["bytes_served"]) / seconds / 1e6
+        lines.append(f"rate       {files:,.0f} files/s, {mbs:,.1f} MB/s served")
+    return "\n".join(lines)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .mount import read_stats
+
+    previous, last = None, time.monotonic()
+    while True:
+        s = read_stats(args.mountpoint)
+        now = time.monotonic()
+        if args.json:
+            print(json.dumps(s, indent=None if args.watch else 2), flush=True)
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\033[H\033[2J", end="")
+            print(_stats_text(s, previous, now - last), flush=True)
+        if not args.watch:
+            return 0
+        previous, last = s, now
+        time.sleep(args.interval)
 
 
 def _human(n: float) -> str:
@@ -219,6 +349,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest")
     p.add_argument("out")
     p.set_defaults(func=cmd_unpack)
+
+    p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
+    p.add_argument("dest", help="the packed dataset")
+    p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument("--cache-size", default="auto",
+                   help=f"memory for cached blocks, e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; default)")
+    p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
+                   help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")
+    p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
+    p.add_argument("--allow-other", action="store_true", help="let other users see the mount (FUSE allow_other)")
+    p.add_argument("-o", action="append", metavar="FUSE_OPTIONS", help="extra libfuse options, comma-separated")
+    p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
+    tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
+    tuning.add_argument("--open-mode", choices=("auto", "enosys", "keep_cache", "none"), default="auto",
+                        help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3)")
+    tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
+    tuning.add_argument("--readahead", type=int, default=2, help="blocks loaded ahead of reads in block order")
+    tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", help="unmount a blockfs mount (also one whose server was killed)")
+    p.add_argument("mountpoint")
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser("stats", help="live statistics of a mount: hits, misses, storage reads, cache fill")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true", help="machine-readable (with --watch: one line per sample)")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between --watch samples (default 1)")
+    p.set_defaults(func=cmd_stats)
     return parser
 
 

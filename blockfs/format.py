@@ -9,7 +9,7 @@ bytes, a format version and CRC-32 checksums, so a wrong, truncated or damaged b
          8     2  version          u16, FORMAT_VERSION
         10     2  flags            u16, bit 0 = WIDE (offsets/sizes are u64 instead of u32)
         12     4  header_crc       u32, CRC-32 of bytes [0, 12) + [16, data_start)
-        16     4  data_crc         u32, CRC-32 of the data section
+        16     4  data_crc         u32, CRC-32 of the N files' CRC-32s (u32 LE, slot order)
         20     4  block_id         u32, this block's number (catches a misplaced file)
         24     8  data_size        u64, bytes in the data section
     --- seed header ------------------------------------------------------------------
@@ -25,8 +25,10 @@ bytes, a format version and CRC-32 checksums, so a wrong, truncated or damaged b
 Everything is little-endian.  A block is WIDE only when its data section reaches 4 GiB (a single file that
 large gets a block of its own); the narrow header costs exactly the seed's 12N+4 bytes plus the 32-byte
 preamble.  WIDE blocks carry per-chunk checksums so a partial read of a huge file is still verified.
-Each file's own CRC-32 lives in the index, so a read of one file from a block that is not cached is
-verified without reading the whole block.
+Each file's own CRC-32 is also in the index, so a read of one file from a block that is not cached is
+verified without reading the whole block.  The block's data checksum is a CRC of those per-file CRCs:
+the packer computes each file's CRC once and no second pass over the data is needed, and a reader that
+checks a whole block gets every file's CRC to compare with the index on the way.
 """
 
 from __future__ import annotations
@@ -243,24 +245,37 @@ def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
     )
 
 
+def crc_of_crcs(crcs) -> int:
+    """The block data checksum: CRC-32 over the files' CRC-32s as little-endian u32, in slot order."""
+    return zlib.crc32(np.asarray(crcs, dtype="<u4").tobytes())
+
+
 def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarray) -> bytes:
     """A whole block in memory: header plus data (tests and small tools; the packer streams)."""
     data = b"".join(files)
     sizes = np.array([len(f) for f in files], dtype=np.uint64)
     chunk = chunk_crcs_of(data) if len(data) >= NARROW_LIMIT else None
-    return encode_header(block_id, sizes, np.asarray(labels), zlib.crc32(data), chunk) + data
+    data_crc = crc_of_crcs([zlib.crc32(f) for f in files])
+    return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
-def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> None:
-    """Verify a whole data section against the header's checksum."""
+def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> np.ndarray:
+    """Verify a whole data section against the header's checksum; return each file's CRC-32."""
     if len(data) != header.data_size:
         raise CorruptBlockError(
             f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes"
         )
-    crc = zlib.crc32(data)
+    view = memoryview(data)
+    file_crcs = np.fromiter(
+        (zlib.crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
+        dtype=np.uint32,
+        count=header.count,
+    )
+    crc = crc_of_crcs(file_crcs)
     if crc != header.data_crc:
         raise CorruptBlockError(
             f"{where}: data checksum mismatch (expected 0x{header.data_crc:08x}, got 0x{crc:08x}); "
             "run 'blockfs verify'",
             block=header.block_id,
         )
+    return file_crcs

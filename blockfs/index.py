@@ -217,6 +217,30 @@ def _write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> Non
         os.fsync(f.fileno())
 
 
+def _find_forbidden_component(blob: np.ndarray, piece: int = 8 << 20) -> int:
+    """Offset of the first empty, "." or ".." component in a NUL-separated path table, or -1.
+
+    Every path p is stored as \\0p\\0 (the root, first, as \\0\\0).  Works in pieces so the
+    temporary masks stay small whatever the table's size.
+    """
+    n = blob.size
+    for lo in range(0, n, piece):
+        b = blob[lo : min(n, lo + piece + 3)]
+        slash = b == 47
+        boundary = slash | (b == 0)
+        dot = b == 46
+        empty = boundary[:-1] & boundary[1:] & (slash[:-1] | slash[1:])  # "//", "\\0/", "/\\0"
+        hits = [np.flatnonzero(empty)]
+        if b.size >= 3:
+            hits.append(np.flatnonzero(boundary[:-2] & dot[1:-1] & boundary[2:]))
+        if b.size >= 4:
+            hits.append(np.flatnonzero(boundary[:-3] & dot[1:-2] & dot[2:-1] & boundary[3:]))
+        first = min((int(h[0]) for h in hits if h.size), default=-1)
+        if first >= 0:
+            return lo + first
+    return -1
+
+
 def _mv(mm: mmap.mmap, offset: int, nbytes: int, fmt: str) -> memoryview:
     """A typed memoryview over the map: scalar indexing far cheaper than numpy's."""
     return memoryview(mm)[offset : offset + nbytes].cast(fmt)
@@ -317,24 +341,28 @@ class PackedIndex:
         if np.any(ends > n) or np.any(a["parent"] >= n):
             raise IndexFormatError(f"{where}: directory ranges out of range")
         off = a["path_offsets"]
-        blob = self._mm
         if off.size != n + 1 or int(off[-1]) != a["paths"].size or int(off[0]) != 1:
             raise IndexFormatError(f"{where}: path table is inconsistent")
         if np.any(a["paths"][off[1:] - 1] != 0) or np.count_nonzero(a["paths"] == 0) != n + 1:
             raise IndexFormatError(f"{where}: path table is inconsistent")
-        start = self._offsets["paths"]
-        end = start + a["paths"].size
-        # Every path p is stored as \0p\0 (the root as \0\0): look for forbidden components.
-        for bad in (b"\0/", b"/\0", b"//", b"\0..\0", b"\0../", b"/../", b"/..\0",
-                    b"\0./", b"/./", b"/.\0", b"\0.\0"):
-            hit = blob.find(bad, start, end)
-            if hit >= 0:
-                raise IndexFormatError(
-                    f"{where}: a path has a forbidden form ({bad.strip(bytes(1))!r} near byte "
-                    f"{hit - start}): absolute paths, '.', '..' and empty components are rejected"
-                )
-        if blob.find(b"\0\0", start + 1, end) >= 0:
+        steps = np.diff(off)
+        if np.any(steps < 1):
+            raise IndexFormatError(f"{where}: path table is inconsistent")
+        if np.any(steps[1:] == 1):
             raise IndexFormatError(f"{where}: an entry other than the root has an empty path")
+        hs, ho = a["hash_start"], a["hash_order"]
+        if hs.size < 2 or (hs.size - 1) & (hs.size - 2) or int(hs[-1]) != n or np.any(np.diff(hs.astype(np.int64)) < 0) \
+                or ho.size != n or (n and int(ho.max()) >= n):
+            raise IndexFormatError(f"{where}: lookup table is inconsistent")
+        start = self._offsets["paths"]
+        bad = _find_forbidden_component(a["paths"])
+        if bad >= 0:
+            raise IndexFormatError(
+                f"{where}: a path has a forbidden form near byte {bad} of the path table: absolute "
+                "paths, '.', '..' and empty components are rejected"
+            )
+        # Validation read every path; give those pages back so an open index costs little memory.
+        self._mm.madvise(mmap.MADV_DONTNEED, start - start % mmap.PAGESIZE, a["paths"].size + start % mmap.PAGESIZE)
 
     # --- lookups -----------------------------------------------------------------------------
     def path(self, entry: int) -> bytes:

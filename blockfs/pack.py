@@ -231,7 +231,7 @@ class _BlockWriter:
         view = memoryview(buf)
         pos = 0
         sizes, labels, crcs = [], [], []
-        for m in members:
+        for m in members:  # the hot loop of a pack of small files: keep it plain
             piece = view[pos : pos + m.size]
             if self._read(m, piece):
                 crcs.append(zlib.crc32(piece))
@@ -242,11 +242,10 @@ class _BlockWriter:
                 crcs.append(0)
                 sizes.append(0)
                 labels.append(-1)
-        data = view[:pos]
-        header = fmt.encode_header(block, np.array(sizes), np.array(labels), zlib.crc32(data))
+        header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
         with open(tmp, "wb") as f:
             f.write(header)
-            f.write(data)
+            f.write(view[:pos])
             if self.options.fsync:
                 os.fsync(f.fileno())
         return crcs
@@ -274,7 +273,7 @@ class _BlockWriter:
                 f.write(piece)
                 done += len(piece)
             header = fmt.encode_header(
-                block, np.array([size]), np.array([member.label if size else -1]), crc,
+                block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
                 np.array(chunk_crcs, dtype=np.uint32) if wide else None,
             )
             if len(header) != head_len:  # the file was unreadable: rewrite as an empty block
@@ -325,10 +324,10 @@ def pack(
     bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
     n_blocks = len(bounds) - 1
 
-    writer = _BlockWriter(source, dest, options)
     crc_of: dict[int, int] = {}
     workers = options.workers or os.cpu_count() or 1
     done_files = done_bytes = 0
+    writer = _BlockWriter(source, dest, options)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack") as pool:
         pending: dict[Future, int] = {}
         for b in range(n_blocks):

@@ -69,6 +69,13 @@ class DirectorySource:
                 "sources are not supported by this version)"
             )
         self._root_stat = st
+        self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._open_flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_root_fd", None)
+        if fd is not None:
+            os.close(fd)
 
     def entries(self) -> Iterator[SourceEntry]:
         st = self._root_stat
@@ -77,17 +84,16 @@ class DirectorySource:
         stack = [(b"", ((st.st_dev, st.st_ino),))]
         while stack:
             rel, ancestors = stack.pop()
+            where = os.path.join(self.root, rel) if rel else self.root
             try:
-                with os.scandir(os.path.join(self.root, rel) if rel else self.root) as it:
-                    names = sorted(e.name for e in it)
+                with os.scandir(where) as it:
+                    found = sorted(it, key=lambda d: d.name)
             except OSError as e:
-                raise PackError(
-                    f"cannot list directory {os.fsdecode(os.path.join(self.root, rel))!r}: {e.strerror}"
-                ) from e
+                raise PackError(f"cannot list directory {os.fsdecode(where)!r}: {e.strerror}") from e
             subdirs = []
-            for name in names:
-                path = rel + b"/" + name if rel else name
-                entry = self._entry(path)
+            for dirent in found:
+                path = rel + b"/" + dirent.name if rel else dirent.name
+                entry = self._entry(path, dirent)
                 if entry is None:
                     continue
                 yield entry
@@ -101,15 +107,13 @@ class DirectorySource:
             # Depth-first, in sorted order (the stack pops the last pushed first).
             stack.extend(reversed(subdirs))
 
-    def _entry(self, path: bytes) -> SourceEntry | None:
-        full = os.path.join(self.root, path)
+    def _entry(self, path: bytes, dirent: os.DirEntry) -> SourceEntry | None:
         try:
-            st = os.stat(full) if self.follow_symlinks else os.lstat(full)
+            st = dirent.stat(follow_symlinks=self.follow_symlinks)
         except FileNotFoundError:
-            if self.follow_symlinks:  # a dangling link: keep it as a link
-                st = os.lstat(full)
-            else:
-                raise PackError(f"{os.fsdecode(full)!r} vanished while packing") from None
+            if not self.follow_symlinks:
+                raise PackError(f"{os.fsdecode(dirent.path)!r} vanished while packing") from None
+            st = dirent.stat(follow_symlinks=False)  # a dangling link: keep it as a link
         mode = st.st_mode
         if stat.S_ISREG(mode):
             key = (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
@@ -117,16 +121,16 @@ class DirectorySource:
         if stat.S_ISDIR(mode):
             return SourceEntry(path, KIND_DIR, mode, st.st_mtime_ns, hardlink_key=(st.st_dev, st.st_ino))
         if stat.S_ISLNK(mode):
-            return SourceEntry(path, KIND_SYMLINK, mode, st.st_mtime_ns, link_target=os.readlink(full))
+            return SourceEntry(path, KIND_SYMLINK, mode, st.st_mtime_ns, link_target=os.readlink(dirent.path))
         self._skipped.append(path)
         return None
 
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
-        flags = os.O_RDONLY | (0 if self.follow_symlinks else os.O_NOFOLLOW)
-        fd = os.open(os.path.join(self.root, entry.path), flags)
+        # Relative to the root's descriptor: no path joining, and a shorter lookup in the kernel.
+        fd = os.open(entry.path, self._open_flags, dir_fd=self._root_fd)
         try:
-            done = 0
-            while done < len(buf):
+            done = os.preadv(fd, [buf], offset)
+            while 0 < done < len(buf):
                 n = os.preadv(fd, [buf[done:]], offset + done)
                 if n == 0:
                     break

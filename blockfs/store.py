@@ -122,10 +122,16 @@ class BlockStore:
 
     def read_block(self, block: int) -> bytes:
         """The whole data section of a block, verified by its CRC."""
+        return self._read_verified(block)[0]
+
+    def verified_crcs(self, block: int) -> np.ndarray:
+        """Read and verify a whole block; return its files' CRC-32s by slot (for ``verify``)."""
+        return self._read_verified(block)[1]
+
+    def _read_verified(self, block: int) -> tuple[bytes, np.ndarray]:
         head = self.header(block)
         data = self._pread(block, head.data_size, head.data_start)
-        fmt.check_data(head, data, self.where(block))
-        return data
+        return data, fmt.check_data(head, data, self.where(block))
 
     def file_range(self, block: int, slot: int) -> tuple[int, int]:
         """(offset inside the data section, size) of the file in ``slot``."""

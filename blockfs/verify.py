@@ -43,15 +43,11 @@ def verify(ds: PackedDataset, on_block=None) -> list[Problem]:
     for b in range(ds.n_blocks):
         entries = members[int(off[b]) : int(off[b + 1])]
         try:
-            head = ds.store.header(b)
-            data = ds.store.read_block(b)
-            bad = []
-            for e in entries:
-                start, size = int(head.offsets[a["slot"][e]]), int(head.sizes[a["slot"][e]])
-                if size != int(a["size"][e]) or zlib.crc32(data[start : start + size]) != int(a["crc"][e]):
-                    bad.append(e)
-            if bad:
-                raise BlockfsError(f"{ds.store.where(b)}: {len(bad)} files differ from the index")
+            file_crcs = ds.store.verified_crcs(b)
+            slots = a["slot"][entries]
+            bad = entries[(file_crcs[slots] != a["crc"][entries]) | (ds.store.header(b).sizes[slots] != a["size"][entries])]
+            if bad.size:
+                raise BlockfsError(f"{ds.store.where(b)}: {bad.size} files differ from the index")
         except BlockfsError as err:
             problems.append(Problem(f"block {b}", str(err), [os.fsdecode(ds.path_of(int(e))) for e in entries]))
         if on_block is not None:

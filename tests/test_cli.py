@@ -1,0 +1,81 @@
+"""The command line: each command's output and every refusal's message and exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from blockfs.cli import main
+
+
+@pytest.fixture
+def packed(tmp_path, edge_tree):
+    assert main(["pack", os.fsdecode(edge_tree), str(tmp_path / "p"), "--block-size", "4KiB"]) == 0
+    return tmp_path / "p"
+
+
+def test_pack_info_verify_ls_cat_unpack(tmp_path, edge_tree, packed, capsys):
+    capsys.readouterr()
+    assert main(["info", str(packed)]) == 0
+    out = capsys.readouterr().out
+    assert "files        11 " in out and "class_a" in out
+    assert main(["info", str(packed), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["files"] == 11 and info["symlinks"] == 3 and info["labels"]["class_b"] == 6
+    assert main(["verify", str(packed)]) == 0
+    assert "ok:" in capsys.readouterr().out
+    assert main(["ls", str(packed), "class_b"]) == 0
+    listing = capsys.readouterr().out
+    assert "-rw-------" in listing and "-leading-dash" in listing
+    assert main(["ls", str(packed)]) == 0
+    assert "link_to_dir -> class_b/deep" in capsys.readouterr().out
+    assert main(["unpack", str(packed), str(tmp_path / "out")]) == 0
+    assert subprocess.run(["diff", "-r", "--no-dereference", os.fsdecode(edge_tree), str(tmp_path / "out")]).returncode == 0
+
+
+def test_cat_writes_exact_bytes(packed, edge_tree):
+    out = subprocess.run(
+        [sys.executable, "-m", "blockfs", "cat", str(packed), "class_a/big.bin"], capture_output=True, check=True
+    ).stdout
+    assert out == open(os.path.join(edge_tree, b"class_a/big.bin"), "rb").read()
+
+
+def test_verify_names_the_bad_block_and_its_files(packed, capsys):
+    from blockfs import open_dataset
+
+    with open_dataset(packed) as ds:
+        block = ds.stat("class_a/big.bin").block
+        victims = {os.fsdecode(p) for p in ds.files_in_block(block)}
+        path = ds.store.block_paths[block]
+    with open(path, "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        f.write(b"XXXXX")
+    capsys.readouterr()
+    assert main(["verify", str(packed)]) == 1
+    out = capsys.readouterr().out
+    assert f"BAD block {block}" in out and "data checksum mismatch" in out
+    assert all(v in out for v in victims)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["pack", "{tmp}/missing", "{tmp}/p"], "does not exist"),
+        (["pack", "{src}", "{src}/inside"], "inside the source"),
+        (["pack", "{src}", "{packed}"], "--force"),
+        (["pack", "{src}", "{tmp}/q", "--block-size", "lots"], "lots"),
+        (["info", "{tmp}"], "not a packed dataset"),
+        (["cat", "{packed}", "no/such/file"], "no such file"),
+        (["unpack", "{packed}", "{src}"], "not an empty directory"),
+    ],
+)
+def test_refusals_exit_2_with_a_one_line_reason(tmp_path, edge_tree, packed, capsys, argv, message):
+    fill = {"tmp": str(tmp_path), "src": os.fsdecode(edge_tree), "packed": str(packed)}
+    capsys.readouterr()
+    assert main([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -41,27 +41,23 @@ def cmd_pack(args: argparse.Namespace) -> int:
         force=args.force,
         follow_symlinks=args.follow_symlinks,
         skip_unreadable=args.skip_unreadable,
+        skip_damaged=args.skip_damaged,
         fsync=not args.no_fsync,
     )
+    src = args.src[0] if len(args.src) == 1 else args.src  # several: WebDataset shards
     bar = None
-    state = {"files": 0}
 
-    def progress(files: int, nbytes: int) -> None:
+    def progress(files: int, nbytes: int, total_files: int, total_bytes: int) -> None:
         nonlocal bar
         if bar is None:
-            return
+            bar = _progress_bar(total_bytes, "B", "pack")
+            if bar is None:
+                return
         bar.update(nbytes - bar.n)
-        bar.set_postfix(files=files, refresh=False)
-        state["files"] = files
+        bar.set_postfix(files=f"{files}/{total_files}", refresh=False)
 
-    if sys.stderr.isatty():
-        from .sources import DirectorySource
-
-        # Size the bar from a quick walk; the packer walks again, which the page cache makes cheap.
-        total = sum(e.size for e in DirectorySource(args.src, args.follow_symlinks).entries())
-        bar = _progress_bar(total, "B", "pack")
     try:
-        result = pack(args.src, args.dest, options, progress=progress)
+        result = pack(src, args.dest, options, progress=progress if sys.stderr.isatty() else None)
     finally:
         if bar is not None:
             bar.close()
@@ -310,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
-    p.add_argument("src", help="directory to pack")
+    p.add_argument("src", nargs="+", metavar="SOURCE",
+                   help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, or WebDataset shards "
+                        "(several files, a quoted glob or a {000..009} range)")
     p.add_argument("dest", help="new directory for the packed dataset")
     p.add_argument("--block-size", default="64MiB", help="target bytes per block (default 64MiB)")
     p.add_argument("--files-per-block", type=int, default=None, help="at most this many files per block")
@@ -323,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing packed dataset at DEST")
     p.add_argument("--follow-symlinks", action="store_true", help="pack what links point to, not the links")
     p.add_argument("--skip-unreadable", action="store_true", help="list and skip unreadable files instead of stopping")
+    p.add_argument("--skip-damaged", action="store_true",
+                   help="pack around damaged records or tar members (listing them) instead of stopping")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync blocks (faster; unsafe on power loss)")
     p.set_defaults(func=cmd_pack)
 

@@ -37,6 +37,7 @@ from .errors import (
 INDEX_MAGIC = b"BLKFSIDX"
 INDEX_VERSION = 1
 ALIGN = 64
+VALIDATE_PIECE = 1 << 18  # entries checked at a time when an index is opened
 
 KIND_FILE = 0
 KIND_DIR = 1
@@ -217,7 +218,7 @@ def _write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> Non
         os.fsync(f.fileno())
 
 
-def _find_forbidden_component(blob: np.ndarray, piece: int = 8 << 20) -> int:
+def _find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20) -> int:
     """Offset of the first empty, "." or ".." component in a NUL-separated path table, or -1.
 
     Every path p is stored as \\0p\\0 (the root, first, as \\0\\0).  Works in pieces so the
@@ -318,51 +319,64 @@ class PackedIndex:
             raise IndexFormatError(f"{where}: entry 0 is not the root directory")
         if n_blocks is not None and n_blocks != self.n_blocks:
             raise IndexFormatError(f"{where}: lists {self.n_blocks} blocks, the metadata {n_blocks}")
-        kind, block, slot = a["kind"], a["block"], a["slot"]
-        if np.any(kind > KIND_SYMLINK):
-            raise IndexFormatError(f"{where}: unknown entry kind")
-        is_file = kind == KIND_FILE
-        fb = block[is_file]
-        if fb.size and (fb.min() < 0 or fb.max() >= self.n_blocks):
-            bad = int(np.flatnonzero(is_file)[(fb < 0) | (fb >= self.n_blocks)][0])
-            raise IndexFormatError(
-                f"{where}: entry {bad} names block {int(block[bad])}, outside 0..{self.n_blocks - 1}"
-            )
-        if fb.size and np.any(slot[is_file] >= a["block_counts"][fb]):
-            bad = int(np.flatnonzero(is_file)[slot[is_file] >= a["block_counts"][fb]][0])
-            raise IndexFormatError(
-                f"{where}: entry {bad} names slot {int(slot[bad])} of block {int(block[bad])}, "
-                f"which has {int(a['block_counts'][block[bad]])} slots"
-            )
-        links = kind == KIND_SYMLINK
-        if np.any(slot[links] >= a["link_offsets"].size - 1):
-            raise IndexFormatError(f"{where}: a symlink names a target out of range")
-        ends = a["child_start"].astype(np.uint64) + a["child_count"]
-        if np.any(ends > n) or np.any(a["parent"] >= n):
-            raise IndexFormatError(f"{where}: directory ranges out of range")
         off = a["path_offsets"]
         if off.size != n + 1 or int(off[-1]) != a["paths"].size or int(off[0]) != 1:
             raise IndexFormatError(f"{where}: path table is inconsistent")
-        if np.any(a["paths"][off[1:] - 1] != 0) or np.count_nonzero(a["paths"] == 0) != n + 1:
-            raise IndexFormatError(f"{where}: path table is inconsistent")
-        steps = np.diff(off)
-        if np.any(steps < 1):
-            raise IndexFormatError(f"{where}: path table is inconsistent")
-        if np.any(steps[1:] == 1):
-            raise IndexFormatError(f"{where}: an entry other than the root has an empty path")
         hs, ho = a["hash_start"], a["hash_order"]
-        if hs.size < 2 or (hs.size - 1) & (hs.size - 2) or int(hs[-1]) != n or np.any(np.diff(hs.astype(np.int64)) < 0) \
-                or ho.size != n or (n and int(ho.max()) >= n):
+        if hs.size < 2 or (hs.size - 1) & (hs.size - 2) or int(hs[-1]) != n:
             raise IndexFormatError(f"{where}: lookup table is inconsistent")
-        start = self._offsets["paths"]
+        # Entry checks run in pieces so their temporary arrays stay small at any index size.
+        for lo in range(0, n, VALIDATE_PIECE):
+            self._validate_entries(where, lo, min(n, lo + VALIDATE_PIECE))
+        for lo in range(0, hs.size - 1, VALIDATE_PIECE):
+            piece = hs[lo : lo + VALIDATE_PIECE + 1]
+            if np.any(piece[1:] < piece[:-1]):
+                raise IndexFormatError(f"{where}: lookup table is inconsistent")
         bad = _find_forbidden_component(a["paths"])
         if bad >= 0:
             raise IndexFormatError(
                 f"{where}: a path has a forbidden form near byte {bad} of the path table: absolute "
                 "paths, '.', '..' and empty components are rejected"
             )
-        # Validation read every path; give those pages back so an open index costs little memory.
-        self._mm.madvise(mmap.MADV_DONTNEED, start - start % mmap.PAGESIZE, a["paths"].size + start % mmap.PAGESIZE)
+        # Validation read the whole file; drop those pages from this process (they stay in the page
+        # cache) so an open index costs memory only for what lookups touch.
+        self._mm.madvise(mmap.MADV_DONTNEED)
+
+    def _validate_entries(self, where: str, lo: int, hi: int) -> None:
+        a = self.arrays
+        n = self.n_entries
+        kind, block, slot = a["kind"][lo:hi], a["block"][lo:hi], a["slot"][lo:hi]
+        if np.any(kind > KIND_SYMLINK):
+            raise IndexFormatError(f"{where}: unknown entry kind")
+        is_file = kind == KIND_FILE
+        fb = block[is_file]
+        if fb.size and (fb.min() < 0 or fb.max() >= self.n_blocks):
+            bad = lo + int(np.flatnonzero(is_file)[(fb < 0) | (fb >= self.n_blocks)][0])
+            raise IndexFormatError(
+                f"{where}: entry {bad} names block {int(a['block'][bad])}, outside 0..{self.n_blocks - 1}"
+            )
+        over = slot[is_file] >= a["block_counts"][fb]
+        if np.any(over):
+            bad = lo + int(np.flatnonzero(is_file)[over][0])
+            raise IndexFormatError(
+                f"{where}: entry {bad} names slot {int(a['slot'][bad])} of block {int(a['block'][bad])}, "
+                f"which has {int(a['block_counts'][a['block'][bad]])} slots"
+            )
+        if np.any(slot[kind == KIND_SYMLINK] >= a["link_offsets"].size - 1):
+            raise IndexFormatError(f"{where}: a symlink names a target out of range")
+        ends = a["child_start"][lo:hi].astype(np.uint64) + a["child_count"][lo:hi]
+        if np.any(ends > n) or np.any(a["parent"][lo:hi] >= n) or np.any(a["hash_order"][lo:hi] >= n):
+            raise IndexFormatError(f"{where}: directory or lookup ranges out of range")
+        off = a["path_offsets"][lo : hi + 1].astype(np.int64)
+        steps = off[1:] - off[:-1]
+        if np.any(steps < 1) or np.any(a["paths"][off[1:] - 1] != 0):
+            raise IndexFormatError(f"{where}: path table is inconsistent")
+        if np.any(steps[(1 if lo == 0 else 0) :] == 1):
+            raise IndexFormatError(f"{where}: an entry other than the root has an empty path")
+        # Every NUL in the table must end a path, or a path could hide a NUL-separated one.
+        nul = np.count_nonzero(a["paths"][off[0] : off[-1]] == 0)
+        if nul != hi - lo:
+            raise IndexFormatError(f"{where}: path table is inconsistent")
 
     # --- lookups -----------------------------------------------------------------------------
     def path(self, entry: int) -> bytes:

@@ -27,13 +27,15 @@ from . import format as fmt
 from .format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
 from .errors import PackError
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, write_index
+from .containers import open_source, spool_dir_for
 from .sources import DirectorySource, Source, SourceEntry
 
 log = logging.getLogger(__name__)
 
 STREAM_PIECE = 16 << 20  # huge files are copied in pieces of this size
 
-ProgressCallback = Callable[[int, int], None]  # (files done, bytes done), called from the packing thread
+# (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros
+ProgressCallback = Callable[[int, int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,14 @@ class PackOptions:
 
     block_size: int = 64 << 20
     files_per_block: int | None = None
-    labels: str = "dirname"  # "dirname", "none", or the path of a CSV of path,label
+    labels: str = "dirname"  # "dirname", "none", "source", or the path of a CSV of path,label
     order: str = "shuffled"  # or "directory"
     seed: int = 0
     workers: int | None = None  # None: one per core
     force: bool = False
     follow_symlinks: bool = False
     skip_unreadable: bool = False
+    skip_damaged: bool = False  # containers: pack around damaged records/members, listing them
     fsync: bool = True
 
     def __post_init__(self) -> None:
@@ -73,6 +76,7 @@ class PackResult:
     skipped_special: list[str]
     skipped_unreadable: list[str]
     seconds: float
+    skipped_damaged: list[str] = dataclasses.field(default_factory=list)
 
 
 def plan_blocks(sizes: np.ndarray, block_size: int, files_per_block: int | None = None) -> np.ndarray:
@@ -300,7 +304,11 @@ def pack(
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
     dest = os.fspath(dest)
-    source = src if hasattr(src, "entries") else DirectorySource(src, options.follow_symlinks)
+    if hasattr(src, "entries"):
+        source = src
+    else:  # a directory, a tar, a RecordIO file or WebDataset shards: chosen by the bytes
+        source = open_source(src, follow_symlinks=options.follow_symlinks, skip_damaged=options.skip_damaged,
+                             spool_dir=spool_dir_for(dest), workers=options.workers)
     entries = list(source.entries())
     if not entries or entries[0].path != b"":
         entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
@@ -308,7 +316,10 @@ def pack(
     _prepare_dest(src_dir, dest, options.force)
 
     files = [e for e in entries if e.kind == KIND_FILE]
-    classes = assign_labels(files, options.labels, entries) if options.labels else None
+    labels = options.labels
+    if labels == "dirname" and getattr(source, "provides_labels", False):
+        labels = "source"  # RecordIO headers, WebDataset .cls: the container's own labels win by default
+    classes = assign_labels(files, labels, entries) if labels and labels != "source" else None
     # Hard links: the first path of each inode holds the bytes; the others point at its slot.
     primary_of: dict[object, SourceEntry] = {}
     stored: list[SourceEntry] = []
@@ -324,20 +335,9 @@ def pack(
     bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
     n_blocks = len(bounds) - 1
 
-    crc_of: dict[int, int] = {}
-    workers = options.workers or os.cpu_count() or 1
-    done_files = done_bytes = 0
     writer = _BlockWriter(source, dest, options)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack") as pool:
-        pending: dict[Future, int] = {}
-        for b in range(n_blocks):
-            # Bound memory: at most two blocks in flight per worker.
-            while len(pending) >= 2 * workers:
-                done_files, done_bytes = _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress)
-            members = stored[bounds[b] : bounds[b + 1]]
-            pending[pool.submit(writer.write, b, members)] = b
-        while pending:
-            done_files, done_bytes = _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress)
+    crcs = _write_blocks(writer, stored, bounds, options.workers or os.cpu_count() or 1, progress)
+    crc_of = {id(f): crc for f, crc in zip(stored, crcs)}
 
     unreadable = set(writer.unreadable)
     slot_of = {id(f): (b, s) for b in range(n_blocks) for s, f in enumerate(stored[bounds[b] : bounds[b + 1]])}
@@ -366,7 +366,7 @@ def pack(
         "pack": {
             "block_size": options.block_size,
             "files_per_block": options.files_per_block,
-            "labels": options.labels if options.labels in ("dirname", "none") else "csv",
+            "labels": labels if labels in ("dirname", "none", "source") else "csv",
             "order": options.order,
             "seed": options.seed,
             "follow_symlinks": options.follow_symlinks,
@@ -374,6 +374,8 @@ def pack(
     }
     if options.fsync:
         _fsync_dir(os.path.join(dest, BLOCKS_DIR))
+    if hasattr(source, "write_metadata"):  # container sources: side files (labels.json) and a description
+        metadata["source"] = source.write_metadata(dest, options.fsync)
     tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
     with open(tmp_meta, "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2, sort_keys=True)
@@ -389,6 +391,9 @@ def pack(
     special = [os.fsdecode(p) for p in source.skipped()]
     if special:
         log.warning("skipped %d sockets, FIFOs or device files: %s", len(special), ", ".join(special))
+    damaged = source.damaged() if hasattr(source, "damaged") else []
+    if damaged:
+        log.warning("skipped %d damaged parts of the source:\n  %s", len(damaged), "\n  ".join(damaged))
     if unreadable:
         log.warning("skipped %d unreadable files: %s", len(unreadable), ", ".join(sorted(map(os.fsdecode, unreadable))))
     return PackResult(
@@ -401,22 +406,37 @@ def pack(
         skipped_special=special,
         skipped_unreadable=sorted(map(os.fsdecode, unreadable)),
         seconds=time.monotonic() - started,
+        skipped_damaged=damaged,
     )
 
 
-def _collect(pending, stored, bounds, crc_of, done_files, done_bytes, progress):
-    """Wait for at least one block; record its CRCs and report progress."""
-    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-    for fut in finished:
-        b = pending.pop(fut)
-        members = stored[bounds[b] : bounds[b + 1]]
-        for f, crc in zip(members, fut.result()):
-            crc_of[id(f)] = crc
-        done_files += len(members)
-        done_bytes += sum(f.size for f in members)
-        if progress is not None:
-            progress(done_files, done_bytes)
-    return done_files, done_bytes
+def _write_blocks(
+    writer: _BlockWriter, stored: list[SourceEntry], bounds: np.ndarray, workers: int,
+    progress: ProgressCallback | None,
+) -> list[int]:
+    """Write every block with ``workers`` threads; return the CRC of each stored file, in order."""
+    crcs = [0] * len(stored)
+    total_bytes = sum(f.size for f in stored)
+    done_files = done_bytes = 0
+    if progress is not None:
+        progress(0, 0, len(stored), total_bytes)
+    n_blocks = len(bounds) - 1
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack") as pool:
+        pending: dict[Future, int] = {}
+        for b in range(n_blocks):
+            pending[pool.submit(writer.write, b, stored[bounds[b] : bounds[b + 1]])] = b
+            # Bound memory: at most two blocks in flight per worker; drain at the end.
+            while pending and (len(pending) >= 2 * workers or b == n_blocks - 1):
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    done = pending.pop(fut)
+                    lo, hi = int(bounds[done]), int(bounds[done + 1])
+                    crcs[lo:hi] = fut.result()
+                    done_files += hi - lo
+                    done_bytes += sum(f.size for f in stored[lo:hi])
+                    if progress is not None:
+                        progress(done_files, done_bytes, len(stored), total_bytes)
+    return crcs
 
 
 def _primary(entry: SourceEntry, primary_of: dict[object, SourceEntry]) -> SourceEntry:

@@ -297,7 +297,8 @@ def pack(
     progress: ProgressCallback | None = None,
     **overrides: object,
 ) -> PackResult:
-    """Pack a directory tree (or any :class:`~blockfs.sources.Source`) into a dataset at ``dest``.
+    """Pack a directory tree, a tar, a RecordIO file or WebDataset shards (picked by
+    :func:`~blockfs.containers.open_source`), or any :class:`~blockfs.sources.Source`, into ``dest``.
 
     ``overrides`` are :class:`PackOptions` fields, for ``pack(src, dest, block_size=1 << 20)``.
     """

@@ -1,0 +1,117 @@
+"""Benchmark ``blockfs pack ARCHIVE`` against ``tar x`` of the same archive to disk, side by side.
+
+A seeded ImageNet-like tree (~110 KiB files) is made and archived with ``tar c`` (plain, and each
+compression asked for).  Each repetition then runs, back to back on the same archive: ``tar xf`` into an
+empty directory, ``tar xf`` followed by ``sync`` (the same durability as pack's fsync of every block),
+``blockfs pack`` (default: fsync) and ``blockfs pack --no-fsync``, each as the command a user would type
+(a fresh process).  The page cache is dropped before every run when allowed (root), so each one starts
+cold; otherwise all run warm.  The table gives medians and the speed of each relative to ``tar x``.
+
+    python tools/bench_tar.py --files 3000 --compressions none,gz --repeat 3 --out results/bench_tar.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_dataset import make_dataset  # noqa: E402
+
+TAR_FLAG = {"none": "", "gz": "z", "bz2": "j", "xz": "J"}
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); False when not allowed."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(cmd: list[str], then_sync: bool = False) -> float:
+    t = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if then_sync:
+        os.sync()
+    seconds = time.perf_counter() - t
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+    return seconds
+
+
+def bench_archive(archive: str, work: str, repeat: int, cold: bool) -> dict:
+    out, dest = os.path.join(work, "x"), os.path.join(work, "packed")
+    pack = [sys.executable, "-m", "blockfs", "pack", archive, dest]
+    runs: dict[str, list[float]] = {"tar x": [], "tar x + sync": [], "pack": [], "pack --no-fsync": []}
+    for _ in range(repeat):
+        for label in runs:
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.sync()
+            if cold:
+                drop_caches()
+            if label.startswith("tar"):
+                os.mkdir(out)
+                runs[label].append(timed(["tar", "xf", archive, "-C", out], then_sync=label.endswith("sync")))
+            else:
+                runs[label].append(timed(pack + (["--no-fsync"] if "no-fsync" in label else [])))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {k: {"seconds": s, "vs_tar_x": med["tar x"] / s, "vs_tar_x_sync": med["tar x + sync"] / s,
+                "all_seconds": runs[k]} for k, s in med.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=3000, help="ImageNet-like files (~110 KiB each)")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--compressions", default="none,gz", help="comma list of none, gz, bz2, xz")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workdir", default=None, help="where trees and archives go (default: a temp dir in /var/tmp)")
+    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    work = tempfile.mkdtemp(prefix="blockfs-bench-tar-", dir=args.workdir or "/var/tmp")
+    cold = drop_caches()
+    results: dict = {"files": args.files, "cores": os.cpu_count(), "cache": "cold" if cold else "warm",
+                     "archives": {}}
+    try:
+        src = os.path.join(work, "src")
+        made = make_dataset(src, "imagenet", args.files, args.classes, seed=0)
+        results["bytes"] = made["bytes"]
+        for comp in args.compressions.split(","):
+            archive = os.path.join(work, "data.tar" + ("" if comp == "none" else "." + comp))
+            subprocess.run(["tar", f"-c{TAR_FLAG[comp]}f", archive, "-C", src, "."], check=True)
+            rows = bench_archive(archive, work, args.repeat, cold)
+            results["archives"][comp] = {"archive_bytes": os.path.getsize(archive), "rows": rows}
+            os.unlink(archive)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{args.files} files, {results['bytes'] / 1e6:.0f} MB, {results['cores']} cores, {results['cache']} cache, "
+          f"median of {args.repeat}")
+    for comp, res in results["archives"].items():
+        print(f"\narchive: tar{'' if comp == 'none' else ' + ' + comp} ({res['archive_bytes'] / 1e6:.0f} MB)")
+        print(f"  {'command':<18} {'seconds':>8} {'MB/s':>7} {'vs tar x':>9} {'vs tar x + sync':>16}")
+        for label, row in res["rows"].items():
+            print(f"  {label:<18} {row['seconds']:>8.2f} {results['bytes'] / row['seconds'] / 1e6:>7.0f} "
+                  f"{row['vs_tar_x']:>8.2f}x {row['vs_tar_x_sync']:>15.2f}x")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -200,6 +200,7 @@ class _BlockWriter:
         self.options = options
         self.unreadable: list[bytes] = []
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def write(self, block: int, members: list[SourceEntry]) -> list[int]:
         tmp = block_path(self.dest, block) + ".tmp"
@@ -230,9 +231,15 @@ class _BlockWriter:
             )
         return True
 
+    def _buffer(self, size: int) -> memoryview:
+        """This thread's block buffer, reused from block to block (zeroing 64 MiB per block costs)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = self._local.buf = bytearray(size)
+        return memoryview(buf)[:size]
+
     def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> list[int]:
-        buf = bytearray(sum(m.size for m in members))
-        view = memoryview(buf)
+        view = self._buffer(sum(m.size for m in members))
         pos = 0
         sizes, labels, crcs = [], [], []
         for m in members:  # the hot loop of a pack of small files: keep it plain

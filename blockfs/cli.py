@@ -215,6 +215,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             threads=not args.single_threaded,
             open_mode=args.open_mode,
             readahead=args.readahead,
+            prefill=not args.no_prefill,
             lock_memory=not args.no_mlock,
         )
         serve(args.dest, args.mountpoint, options)
@@ -226,7 +227,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         "--readahead", str(args.readahead),
     ]  # fmt: skip
     command += ["--allow-other"] * args.allow_other + ["--single-threaded"] * args.single_threaded
-    command += ["--no-mlock"] * args.no_mlock
+    command += ["--no-mlock"] * args.no_mlock + ["--no-prefill"] * args.no_prefill
     for opt in args.o or ():
         command += ["-o", opt]
     pid = mnt.start_background(command, args.mountpoint, log_path, timeout=args.timeout)
@@ -257,8 +258,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {_human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
-        "epochs     " + ("  ".join(f"{i + 1}: {e['hit_rate']:.1%} of {e['files']:,}" for i, e in enumerate(s["epochs"][-8:]))
-                         or "-"),
+        "epochs     " + ("  ".join(f"{e['hit_rate']:.1%} of {e['files']:,}" for e in s["epochs"][-8:]) or "-"),
     ]
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
@@ -353,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
     p.add_argument("dest", help="the packed dataset")
     p.add_argument("mountpoint", help="an empty directory")
-    p.add_argument("--cache-size", default="auto",
-                   help=f"memory for cached blocks, e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; default)")
+    p.add_argument("--cache-size", default="auto", help="memory for cached blocks, e.g. 8GiB, or auto "
+                   f"({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
     p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
                    help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
@@ -367,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3)")
     tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
     tuning.add_argument("--readahead", type=int, default=2, help="blocks loaded ahead of reads in block order")
+    tuning.add_argument("--no-prefill", action="store_true",
+                        help="load blocks only when read (default: fill the budget in the background from mount on)")
     tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
     p.set_defaults(func=cmd_mount)
 

@@ -1,0 +1,224 @@
+"""Mount and unmount processes: start a serving process, wait until it serves, unmount (dead mounts too).
+
+The serving process itself is ``blockfs mount --foreground`` (:func:`blockfs.fs.serve`); this module starts
+it in the background, checks a mount point before and after, clears mounts (also one left behind by a
+serving process killed with SIGKILL, whose mount point then answers ENOTCONN), and reads the live
+statistics a mount publishes.  No FUSE binding is imported here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import time
+from typing import Any, Sequence
+
+from .dataset import read_metadata
+from .errors import MountError
+
+CONTROL_XATTR = "user.blockfs.control"
+STATS_XATTR = "user.blockfs.stats"
+FSTYPE = "fuse.blockfs"
+
+
+def _unescape(field: str) -> str:
+    """A /proc/self/mountinfo path field: spaces, tabs, newlines and backslashes are octal escapes."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _canonical(path: str | os.PathLike) -> str:
+    """An absolute path with the parent resolved, without touching the last component (maybe a dead mount)."""
+    path = os.path.abspath(os.fspath(path))
+    parent, leaf = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), leaf)
+
+
+def mount_entry(mountpoint: str | os.PathLike) -> dict[str, str] | None:
+    """The mount table's entry for ``mountpoint`` (fstype, source), or None; works on dead FUSE mounts."""
+    target = _canonical(mountpoint)
+    with open("/proc/self/mountinfo", "rb") as f:
+        lines = f.read().decode("utf-8", "surrogateescape").splitlines()
+    found = None
+    for line in lines:
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-")
+        except ValueError:
+            continue
+        if _unescape(fields[4]) == target:
+            found = {"fstype": fields[sep + 1], "source": _unescape(fields[sep + 2])}
+    return found  # the last one wins: it is the mount on top
+
+
+def is_mounted(mountpoint: str | os.PathLike) -> bool:
+    return mount_entry(mountpoint) is not None
+
+
+def check_dest(dest: str | os.PathLike) -> dict:
+    """The dataset's metadata, or the reason DEST is not a packed dataset."""
+    return read_metadata(os.fspath(dest))
+
+
+def check_mountpoint(mountpoint: str | os.PathLike) -> None:
+    """Refuse, with the reason, a mount point that is missing, not a directory, mounted, or not empty."""
+    path = os.fspath(mountpoint)
+    if is_mounted(path):
+        raise MountError(f"mount point {path!r} is already mounted: run 'blockfs umount {path}' first")
+    if not os.path.exists(path):
+        raise MountError(f"mount point {path!r} does not exist: create an empty directory there")
+    if not os.path.isdir(path):
+        raise MountError(f"mount point {path!r} is not a directory")
+    if os.listdir(path):
+        raise MountError(f"mount point {path!r} is not empty: mounting would hide its files")
+
+
+def wait_until_mounted(
+    mountpoint: str | os.PathLike,
+    proc: subprocess.Popen | None = None,
+    timeout: float = 30.0,
+    log_path: str | None = None,
+    log_offset: int = 0,
+) -> None:
+    """Poll until ``mountpoint`` serves; raise MountError with the server's last words if it exits or stalls.
+
+    ``log_offset``: where this server's part of ``log_path`` starts (the file may hold earlier runs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.ismount(mountpoint) and is_mounted(mountpoint):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise MountError(f"the serving process exited with status {proc.returncode}{_tail(log_path, log_offset)}")
+        time.sleep(0.02)
+    raise MountError(f"{os.fspath(mountpoint)!r} was not mounted after {timeout:g} s{_tail(log_path, log_offset)}")
+
+
+def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return (":\n  " + "\n  ".join(text)) if text else ""
+
+
+def start_background(
+    command: Sequence[str], mountpoint: str | os.PathLike, log_path: str, timeout: float = 30.0
+) -> int:
+    """Run ``command`` (a foreground serving process) detached, logging to ``log_path``; return its pid once
+    ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail."""
+    with open(log_path, "ab") as log_file:
+        offset = log_file.tell()
+        proc = subprocess.Popen(
+            list(command), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True
+        )
+    try:
+        wait_until_mounted(mountpoint, proc, timeout, log_path, offset)
+    except MountError:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+    return proc.pid
+
+
+def default_log_path(mountpoint: str | os.PathLike) -> str:
+    """Where a background mount logs unless told: one file per user and mount point, in the temp dir."""
+    import tempfile
+
+    tag = "".join(c if c.isalnum() else "_" for c in _canonical(mountpoint).strip("/"))[-80:]
+    return os.path.join(tempfile.gettempdir(), f"blockfs-{os.getuid()}-{tag}.log")
+
+
+def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | None:
+    """The pid of the process serving a live mount (None if dead or not answering within ``timeout``)."""
+    result: list[int | None] = [None]
+
+    def ask() -> None:
+        try:
+            result[0] = int(read_stats(mountpoint)["mount"]["pid"])
+        except (OSError, ValueError, KeyError):
+            pass
+
+    import threading
+
+    thread = threading.Thread(target=ask, daemon=True)  # a hung server must not hang umount
+    thread.start()
+    thread.join(timeout)
+    return result[0]
+
+
+def _run(command: list[str]) -> tuple[bool, str]:
+    if shutil.which(command[0]) is None:
+        return False, f"{command[0]}: not installed"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    return done.returncode == 0, (done.stderr or done.stdout).strip()
+
+
+def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
+    """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit."""
+    path = _canonical(mountpoint)
+    entry = mount_entry(path)
+    if entry is None:
+        raise MountError(f"{os.fspath(mountpoint)!r} is not mounted")
+    if not entry["fstype"].startswith("fuse"):
+        raise MountError(f"{os.fspath(mountpoint)!r} is a {entry['fstype']} mount, not a blockfs one")
+    pid = serving_pid(path)
+    reasons = []
+    attempts = (["fusermount3", "-u", path], ["fusermount", "-u", path], ["umount", path],
+                ["fusermount3", "-uz", path], ["fusermount", "-uz", path], ["umount", "-l", path])  # fmt: skip
+    for command in attempts:
+        ok, why = _run(command)
+        if ok and not is_mounted(path):
+            break
+        reasons.append(f"{' '.join(command[:-1])}: {why or 'failed'}")
+    else:
+        raise MountError(f"cannot unmount {path!r}: " + "; ".join(reasons))
+    if pid is not None:
+        _wait_exit(pid, timeout)
+
+
+def _wait_exit(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.02)
+
+
+def control_dir(mountpoint: str | os.PathLike) -> str:
+    """The mount's control directory (its name is the root's ``user.blockfs.control`` attribute)."""
+    path = os.fspath(mountpoint)
+    try:
+        name = os.getxattr(path, CONTROL_XATTR).decode()
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP):
+            raise MountError(f"{path!r} is not a blockfs mount (no {CONTROL_XATTR} attribute)") from None
+        raise MountError(f"{path!r}: {e.strerror}") from None
+    return os.path.join(path, name)
+
+
+def read_stats(mountpoint: str | os.PathLike) -> dict[str, Any]:
+    """The live statistics of a mount (exact: read from an extended attribute the kernel never caches)."""
+    return json.loads(os.getxattr(control_dir(mountpoint), STATS_XATTR))

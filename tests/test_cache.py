@@ -1,0 +1,316 @@
+"""blockfs.cache: what the block cache promises, checked in-process (no FUSE)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import blockfs
+from blockfs.cache import BlockCache
+from blockfs.dataset import PackedDataset
+from blockfs.errors import CorruptBlockError
+from blockfs.policies import POLICIES
+
+
+def _tree(root, files=240, seed=0, sizes=(1000, 5000)) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    contents = {}
+    for i in range(files):
+        rel = f"c{i % 3}/f{i:04d}.bin"
+        data = rng.randbytes(rng.randint(*sizes))
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        contents[rel] = data
+    return contents
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    contents = _tree(root / "src")
+    blockfs.pack(root / "src", root / "p", block_size=64 << 10, fsync=False)
+    return root / "p", contents
+
+
+def open_cached(dest, budget: int, policy: str = "cache-once", **kw) -> tuple[PackedDataset, BlockCache]:
+    ds = PackedDataset(dest)
+    cache = BlockCache(ds.store, budget, policy, n_files=int(ds.metadata["n_files"]), **kw)
+    ds.reader = cache
+    return ds, cache
+
+
+def dataset_bytes(ds: PackedDataset) -> int:
+    return int(ds.metadata["file_bytes"])
+
+
+def block_order(ds: PackedDataset) -> list[bytes]:
+    return [p for b in range(ds.n_blocks) for p in ds.files_in_block(b)]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_serves_every_byte(packed, policy):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)
+    budget = dataset_bytes(ds) // 3
+    cache.close()
+    ds, cache = open_cached(dest, budget, policy)
+    try:
+        names = list(contents)
+        for epoch in range(2):
+            random.Random(epoch).shuffle(names)
+            for name in names:
+                assert ds.read(name) == contents[name]
+        assert cache.stats()["cache"]["used_bytes"] <= budget
+    finally:
+        cache.close()
+
+
+def test_concurrent_misses_of_one_block_read_it_once(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    files = ds.files_in_block(0)
+    barrier = threading.Barrier(len(files))
+    results = {}
+
+    def read(path: bytes) -> None:
+        barrier.wait()
+        results[path] = ds.read(path)
+
+    threads = [threading.Thread(target=read, args=(p,)) for p in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cache.close()
+    assert all(results[p] == contents[os.fsdecode(p)] for p in files)
+    c = cache.stats()["counters"]
+    assert c["block_loads"] == 1
+    assert c["block_bytes_read"] == ds.store.header(0).data_size
+
+
+@pytest.mark.parametrize("order", ["random", "block"])
+def test_storage_reads_stay_within_the_bytes_not_served_from_memory(packed, order):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)
+    total = dataset_bytes(ds)
+    cache.close()
+    ds, cache = open_cached(dest, total // 2)
+    try:
+        names = [os.fsencode(n) for n in contents] if order == "random" else block_order(ds)
+        before = 0
+        for epoch in range(3):
+            if order == "random":
+                random.Random(epoch).shuffle(names)
+            served_from_memory = 0
+            hits_before = cache.stats()["counters"]["file_hits"]
+            for name in names:
+                stats_before = cache.stats()["counters"]["block_hits"]
+                data = ds.read(name)
+                if cache.stats()["counters"]["block_hits"] > stats_before:
+                    served_from_memory += len(data)
+            c = cache.stats()["counters"]
+            storage = c["bytes_from_storage"] - before
+            before = c["bytes_from_storage"]
+            if epoch > 0:  # the first epoch also fills the cache (those bytes are served from memory later)
+                assert storage <= 1.1 * (total - served_from_memory), (epoch, storage, total, served_from_memory)
+                hit_rate = (c["file_hits"] - hits_before) / len(names)
+                assert hit_rate == pytest.approx(0.5, abs=0.1)
+    finally:
+        cache.close()
+
+
+def test_a_refused_block_is_never_read_whole(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)  # cache-once with no room: every block is refused
+    try:
+        for name in list(contents)[:50]:
+            assert ds.read(name) == contents[name]
+        c = cache.stats()["counters"]
+        assert c["block_loads"] == 0
+        assert c["file_bytes_read"] == sum(len(contents[n]) for n in list(contents)[:50])
+    finally:
+        cache.close()
+
+
+def test_reads_in_block_order_load_the_next_blocks_ahead(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30, readahead=2)
+    try:
+        for block in range(3):  # three blocks in order...
+            for name in ds.files_in_block(block):
+                assert ds.read(name) == contents[os.fsdecode(name)]
+        deadline = time.monotonic() + 10
+        while not {3, 4} <= set(cache._blocks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {3, 4} <= set(cache._blocks) and 5 not in cache._blocks  # ...and the next two arrive unasked
+        assert cache.stats()["counters"]["readahead_loads"] == 2
+        for name in block_order(ds):
+            assert ds.read(name) == contents[os.fsdecode(name)]
+        c = cache.stats()["counters"]
+        assert c["block_loads"] == ds.n_blocks  # every block read once, ahead or not
+    finally:
+        cache.close()
+
+
+def test_random_order_does_not_read_ahead(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30, readahead=2)
+    try:
+        names = sorted(contents)
+        random.Random(5).shuffle(names)
+        for name in names:
+            ds.read(name)
+        c = cache.stats()["counters"]
+        assert c["readahead_loads"] <= 2 and c["block_loads"] == ds.n_blocks
+    finally:
+        cache.close()
+
+
+def test_a_file_read_in_pieces_is_read_from_storage_once(tmp_path):
+    data = os.urandom(700_000)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(data)
+    (tmp_path / "src" / "small.bin").write_bytes(b"x")
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    ds, cache = open_cached(tmp_path / "p", 0)
+    try:
+        piece = 128 << 10
+        got = b"".join(ds.read("big.bin", off, piece) for off in range(0, len(data), piece))
+        assert got == data
+        c = cache.stats()["counters"]
+        assert c["file_reads"] == 1 and c["file_bytes_read"] == len(data)
+        assert c["buffer_hits"] == -(-len(data) // piece) - 1
+    finally:
+        cache.close()
+
+
+def _corrupt_one_file(ds: PackedDataset, block: int) -> bytes:
+    """Flip a byte inside the first file of ``block``; return that file's path."""
+    head = ds.store.header(block)
+    pos = head.data_start + int(head.offsets[0]) + 1
+    with open(ds.store.block_paths[block], "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return ds.files_in_block(block)[0]
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_a_damaged_block_fails_only_its_damaged_file(tmp_path, budget):
+    contents = _tree(tmp_path / "src", files=60)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)
+    with PackedDataset(tmp_path / "p") as plain:
+        bad = _corrupt_one_file(plain, 1)
+    ds, cache = open_cached(tmp_path / "p", budget)
+    try:
+        with pytest.raises(CorruptBlockError) as raised:
+            ds.read(bad)
+        assert raised.value.errno == errno.EIO and raised.value.block == 1
+        for name, data in contents.items():
+            if os.fsencode(name) != bad:
+                assert ds.read(name) == data
+        if budget:
+            assert cache.stats()["counters"]["damaged_blocks"] == 1
+            assert 1 not in cache._blocks
+    finally:
+        cache.close()
+
+
+def test_lru_evicts_and_stays_within_budget(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)
+    sizes = [ds.store.header(b).data_size for b in range(ds.n_blocks)]
+    cache.close()
+    ds, cache = open_cached(dest, max(sizes) * 2, "lru", readahead=0)
+    try:
+        for name in block_order(ds):
+            assert ds.read(name) == contents[os.fsdecode(name)]
+        s = cache.stats()
+        assert s["cache"]["evictions"] == ds.n_blocks - s["cache"]["cached_blocks"] > 0
+        assert s["cache"]["used_bytes"] <= max(sizes) * 2
+    finally:
+        cache.close()
+
+
+def test_when_mlock_is_refused_one_warning_and_reads_go_on(packed, caplog):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30)
+
+    def refuse(address, length):
+        ctypes.set_errno(errno.ENOMEM)
+        return -1
+
+    cache._memlock._mlock = refuse
+    try:
+        with caplog.at_level(logging.WARNING, logger="blockfs.cache"):
+            for name, data in contents.items():
+                assert ds.read(name) == data
+        warnings = [r for r in caplog.records if "cannot pin" in r.getMessage()]
+        assert len(warnings) == 1 and "ENOMEM" in warnings[0].getMessage()
+        s = cache.stats()["cache"]
+        assert s["locked_bytes"] == 0 and s["cached_blocks"] == ds.n_blocks
+        assert "ENOMEM" in s["mlock"]
+    finally:
+        cache.close()
+
+
+def test_epochs_are_cut_by_the_file_count(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30)
+    try:
+        for _ in range(3):
+            for name in contents:
+                ds.read(name)
+        epochs = cache.stats()["epochs"]
+        assert [e["files"] for e in epochs] == [len(contents)] * 3
+        assert epochs[1]["hit_rate"] == epochs[2]["hit_rate"] == 1.0
+        assert 0 < epochs[0]["hit_rate"] < 1
+    finally:
+        cache.close()
+
+
+def test_cached_memory_is_anonymous(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30)
+    try:
+        ds.read(next(iter(contents)))
+        block = next(iter(cache._blocks.values()))
+        import mmap
+
+        assert isinstance(block.buf, mmap.mmap) and np.frombuffer(block.buf, np.uint8).size == block.nbytes
+    finally:
+        cache.close()
+
+
+def test_prefill_loads_what_fits_in_order_without_any_read(packed):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)
+    sizes = [ds.store.header(b).data_size for b in range(ds.n_blocks)]
+    cache.close()
+    budget = sum(sizes[:3]) + sizes[3] // 2  # room for three blocks and a half
+    ds, cache = open_cached(dest, budget)
+    try:
+        cache.start_prefill()
+        deadline = time.monotonic() + 10
+        while cache.stats()["counters"]["prefill_loads"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        s = cache.stats()
+        assert s["counters"]["reads"] == 0 and s["counters"]["prefill_loads"] >= 3
+        assert {0, 1, 2} <= set(cache._blocks) and s["cache"]["used_bytes"] <= budget
+        for name, data in contents.items():
+            assert ds.read(name) == data
+        assert cache.stats()["cache"]["evictions"] == 0
+    finally:
+        cache.close()

@@ -1,0 +1,596 @@
+"""The companion loader (blockfs.loader): order, reads, resume, reuse, importance, device, examples.
+
+Most tests read a *fake mount*: the packed tree unpacked into a directory that carries the control
+directory and its ``user.blockfs.control`` attribute exactly as a mount shows them, so the loader's logic
+is tested without FUSE. The tests at the end run through a real mount (tests/mountutil.py, always
+unmounted).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blockfs
+from blockfs.dataset import PackedDataset
+from blockfs.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
+from blockfs.unpack import unpack
+from conftest import has_fuse, require
+from mountutil import mounted
+
+pytestmark = pytest.mark.torch
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+
+import make_dataset as md  # noqa: E402
+
+B = 32
+
+
+def make_fake_mount(packed: Path, out: Path, control: str = ".blockfs") -> Path:
+    """What a mount of ``packed`` shows, as a plain directory: the tree, the control directory, the xattr."""
+    with PackedDataset(packed) as ds:
+        unpack(ds, out)
+    (out / control).mkdir()
+    shutil.copy(packed / "index.bfi", out / control / "index.bfi")
+    shutil.copy(packed / "blockfs.json", out / control / "metadata.json")
+    (out / control / "stats.json").write_text("{}")
+    os.setxattr(out, "user.blockfs.control", control.encode())
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """480 small files in 8 classes, packed in random order into 30 blocks of 16, and its fake mount."""
+    root = tmp_path_factory.mktemp("tiny")
+    md.make_dataset(root / "src", "tiny", files=480, classes=8, seed=0)
+    blockfs.pack(root / "src", root / "packed", files_per_block=16, fsync=False)
+    make_fake_mount(root / "packed", root / "mnt")
+    return root
+
+
+@pytest.fixture
+def bl(torch_module):
+    """The loader module (it imports torch): a skip where torch is missing."""
+    import blockfs.loader
+
+    return blockfs.loader
+
+
+def epoch_ids(loader) -> list[list[int]]:
+    return [ids.tolist() for _, _, ids in loader]
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for b in batches for i in b]
+
+
+def index_of(tiny):
+    from blockfs.index import PackedIndex
+
+    return PackedIndex(tiny / "packed" / "index.bfi")
+
+
+# --- finding the mount, bad input ------------------------------------------------------------------------
+def test_a_path_that_is_not_a_blockfs_mount_is_refused_by_name(bl, tiny, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for path, shown in [(plain, "no 'user.blockfs.control' attribute"), (tmp_path / "missing", "not a directory"),
+                        (tiny / "packed", "it is a packed dataset, not its mount")]:  # fmt: skip
+        with pytest.raises(FileNotFoundError, match=shown) as raised:
+            bl.BlockLoader(path, 8)
+        assert str(path) in str(raised.value)
+    os.setxattr(plain, "user.blockfs.control", b".blockfs")
+    with pytest.raises(blockfs.BlockfsError, match="has no index.bfi"):
+        bl.BlockLoader(plain, 8)
+    os.setxattr(plain, "user.blockfs.control", b"../elsewhere")
+    with pytest.raises(blockfs.BlockfsError, match="'../elsewhere' is not the name of a control directory"):
+        bl.BlockShuffleDataset(plain)
+
+
+@pytest.mark.parametrize(
+    ("kw", "shown"),
+    [
+        (dict(batch_size=0), "batch_size must be an integer of at least 1 \\(got 0\\)"),
+        (dict(batch_size=-3), "got -3"),
+        (dict(batch_size=8, rank=2, world_size=2), "rank must be in \\[0, 2\\) for world_size=2 \\(got 2\\)"),
+        (dict(batch_size=8, rank=-1), "got -1"),
+        (dict(batch_size=8, world_size=0), "world_size must be an integer of at least 1 \\(got 0\\)"),
+        (dict(batch_size=8, num_workers=-1), "num_workers must be an integer of at least 0 \\(got -1\\)"),
+        (dict(batch_size=8, seed=-5), "seed must be an integer of at least 0 \\(got -5\\)"),
+        (dict(batch_size=1, reuse=True), "reuse needs batch_size of at least 2 \\(got 1\\)"),
+    ],
+)
+def test_bad_arguments_name_the_value(bl, tiny, kw, shown):
+    with pytest.raises(ValueError, match=shown):
+        bl.BlockLoader(tiny / "mnt", **kw)
+
+
+def test_report_losses_without_the_importance_option_says_how_to_enable_it(bl, tiny):
+    loader = bl.BlockLoader(tiny / "mnt", B)
+    with pytest.raises(RuntimeError, match="importance=ImportanceConfig"):
+        loader.report_losses([1], [0.5])
+
+
+# --- order and content --------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_yields_every_file_once_with_its_bytes_and_label(bl, tiny, workers):
+    loader = bl.BlockLoader(tiny / "mnt", B, num_workers=workers, device="cpu")
+    classes = loader.classes
+    batches = list(loader)
+    assert len(batches) == len(loader) == 15
+    ids = [i for _, _, b in batches for i in b.tolist()]
+    assert sorted(ids) == sorted(loader.mount.file_ids.tolist())
+    for samples, labels, batch_ids in batches:
+        assert len(samples) == len(labels) == len(batch_ids) == B
+        assert labels.dtype == batch_ids.dtype == __import__("torch").int64
+        for data, label, i in zip(samples, labels.tolist(), batch_ids.tolist()):
+            rel = os.path.relpath(loader.path(i), loader.root)
+            assert data == (tiny / "src" / rel).read_bytes()
+            assert rel.split("/")[0] == classes[label]  # labels come from the index, not from paths
+
+
+def test_epochs_differ_and_the_seed_fixes_the_order(bl, tiny):
+    def order(seed, epoch):
+        loader = bl.BlockLoader(tiny / "mnt", B, seed=seed)
+        loader.set_epoch(epoch)
+        return flat(epoch_ids(loader))
+
+    assert order(0, 1) == order(0, 1)
+    assert order(0, 1) != order(0, 2)
+    assert order(0, 1) != order(1, 1)
+
+
+def test_the_sequence_merges_the_workers_block_orders(bl, tiny):
+    loader = bl.BlockLoader(tiny / "mnt", B, num_workers=2, seed=3)
+    loader.set_epoch(4)
+    layout = loader.mount.layout
+    orders = [block_shuffled_order(layout, seed=3, epoch=4, worker=w, num_workers=2) for w in range(2)]
+    assert flat(epoch_ids(loader)) == bl.merge_worker_orders(orders, B).tolist()
+    # The workers' orders hold disjoint whole blocks.
+    blocks = [set(loader.mount.block_of[o].tolist()) for o in orders]
+    assert not blocks[0] & blocks[1]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_read_disjoint_blocks_and_the_same_number_of_batches(bl, tiny, drop_last, workers):
+    world = 3
+    per_rank = []
+    for rank in range(world):
+        loader = bl.BlockLoader(tiny / "mnt", 24, rank=rank, world_size=world, num_workers=workers,
+                                drop_last=drop_last)  # fmt: skip
+        loader.set_epoch(1)
+        per_rank.append(epoch_ids(loader))
+    assert len({len(batches) for batches in per_rank}) == 1
+    assert len({len(flat(batches)) for batches in per_rank}) == 1
+    block_of = index_of(tiny).arrays["block"]
+    rank_blocks = [set(block_of[flat(b)].tolist()) for b in per_rank]
+    assert all(not rank_blocks[a] & rank_blocks[b] for a in range(world) for b in range(a + 1, world))
+    seen = Counter(i for batches in per_rank for i in flat(batches))
+    if drop_last:
+        assert max(seen.values()) == 1 and all(len(b) == 24 for batches in per_rank for b in batches)
+    else:
+        assert set(seen) == set(np.flatnonzero(index_of(tiny).arrays["kind"] == 0).tolist())
+
+
+def test_block_shuffle_dataset_in_a_dataloader_gives_the_same_order(bl, tiny):
+    import torch
+
+    dataset = bl.BlockShuffleDataset(tiny / "mnt", seed=5)
+    dataset.set_epoch(2)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=B, num_workers=2)
+    ours = bl.BlockLoader(tiny / "mnt", B, seed=5, num_workers=2)
+    ours.set_epoch(2)
+    theirs = [i for _, _, ids in loader for i in ids.tolist()]
+    assert theirs == flat(epoch_ids(ours))
+    assert len(dataset) == len(theirs) == 480
+
+
+def test_batches_mix_classes_as_well_as_a_global_shuffle(bl, tiny):
+    """Mean per-batch class entropy of the loader's batches, against a global shuffle (randomly packed)."""
+    labels = index_of(tiny).arrays["label"]
+    ours, uniform = [], []
+    for epoch in range(4):
+        loader = bl.BlockLoader(tiny / "mnt", B, num_workers=2, seed=epoch)
+        ours.append(batch_class_entropy(np.array(flat(epoch_ids(loader))), labels, B))
+        files = loader.mount.file_ids
+        uniform.append(batch_class_entropy(files[global_shuffled_order(files.size, seed=epoch, epoch=0)], labels, B))
+    assert np.mean(ours) >= 0.95 * np.mean(uniform)
+
+
+# --- batches, device ----------------------------------------------------------------------------------
+def size_and_first_byte(data: bytes):
+    import torch
+
+    return torch.tensor([len(data), data[0]], dtype=torch.float32)
+
+
+def as_array(data: bytes) -> np.ndarray:
+    return np.frombuffer(data[:4], dtype=np.uint8).copy()
+
+
+def test_byte_samples_come_in_one_buffer_that_behaves_as_a_list_of_bytes(bl, tiny):
+    import torch
+
+    with bl.BlockLoader(tiny / "mnt", B, num_workers=2) as loader:
+        samples, _, ids = next(iter(loader))
+        files = [Path(loader.path(i)).read_bytes() for i in ids.tolist()]
+    assert isinstance(samples, bl.ByteBatch) and samples.data.dtype == torch.uint8
+    assert int(samples.offsets[-1]) == samples.data.numel() == sum(map(len, files))
+    assert samples == files and list(samples) == files and samples[-1] == files[-1]
+    rows = np.array([3, 0, 5])
+    assert list(samples.take(rows)) == [files[r] for r in rows]
+    assert list(bl.ByteBatch.cat([samples.take(rows), samples])) == [files[r] for r in rows] + files
+    assert pickle.loads(pickle.dumps(samples)) == samples
+    with pytest.raises(IndexError):
+        samples[B]
+
+
+def test_the_mount_view_pickles_as_its_path_for_spawned_workers(bl, tiny):
+    mount = bl.BlockfsMount(tiny / "mnt")
+    copy = pickle.loads(pickle.dumps(mount))
+    some = int(mount.file_ids[7])
+    assert copy.read(some) == mount.read(some) and copy.path(some) == mount.path(some)
+    np.testing.assert_array_equal(copy.layout.block_files, mount.layout.block_files)
+    mount.close()
+    copy.close()
+
+
+def test_equal_shape_samples_are_stacked_and_ragged_ones_stay_lists(bl, tiny):
+    import torch
+
+    samples, labels, ids = next(iter(bl.BlockLoader(tiny / "mnt", B, size_and_first_byte, "cpu", num_workers=2)))
+    assert isinstance(samples, torch.Tensor) and samples.shape == (B, 2)
+    samples, _, _ = next(iter(bl.BlockLoader(tiny / "mnt", B, as_array, "cpu")))
+    assert isinstance(samples, torch.Tensor) and samples.dtype == torch.uint8 and samples.shape == (B, 4)
+    ragged, _, _ = next(iter(bl.BlockLoader(tiny / "mnt", B, lambda d: torch.zeros(len(d)), "cpu")))
+    assert isinstance(ragged, list) and len(ragged) == B
+    fields, _, _ = next(iter(bl.BlockLoader(tiny / "mnt", B, lambda d: (len(d), d), "cpu")))
+    assert isinstance(fields[0], torch.Tensor) and isinstance(fields[1], list)
+
+
+def test_cuda_without_cuda_warns_once_and_runs_on_the_cpu(bl, tiny):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.warns(RuntimeWarning, match="CUDA is not available") as caught:
+        loader = bl.BlockLoader(tiny / "mnt", B, size_and_first_byte, "cuda")
+        samples, labels, _ = next(iter(loader))
+        list(loader)
+    assert len(caught) == 1
+    assert samples.device.type == labels.device.type == "cpu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bl.BlockLoader(tiny / "mnt", B).device.type == "cpu"  # device=None: the best there is
+
+
+# --- resume -------------------------------------------------------------------------------------------
+def roundtrip(state: dict) -> dict:
+    """Through torch.save / torch.load(weights_only=True), as a checkpoint goes."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def interrupted(make, epoch: int, stop: int) -> tuple[list, list]:
+    """Batches of one uninterrupted epoch, and of the same epoch stopped after ``stop`` batches, then
+    restored into a new loader."""
+    with make() as full:
+        full.set_epoch(epoch)
+        expected = [(ids.tolist(), s) for s, _, ids in full]
+    with make() as first:
+        first.set_epoch(epoch)
+        got = []
+        for samples, _, ids in first:
+            got.append((ids.tolist(), samples))
+            if len(got) == stop:
+                break
+        state = roundtrip(first.state_dict())
+    assert state["batches_done"] == stop
+    with make() as again:
+        again.load_state_dict(state)
+        again.set_epoch(epoch)  # the epoch of the state keeps its resume point
+        got += [(ids.tolist(), s) for s, _, ids in again]
+    return expected, got
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_gives_the_rest_of_the_epoch_exactly(bl, tiny, workers, reuse):
+    def make():
+        return bl.BlockLoader(tiny / "mnt", 20, num_workers=workers, seed=1, reuse=reuse)
+
+    expected, got = interrupted(make, epoch=3, stop=7)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    assert [s for _, s in got] == [s for _, s in expected]
+
+
+def test_resume_under_ddp_restores_each_rank(bl, tiny):
+    for rank in range(2):
+        def make(rank=rank):
+            return bl.BlockLoader(tiny / "mnt", 16, rank=rank, world_size=2, num_workers=2, seed=2)
+
+        expected, got = interrupted(make, epoch=1, stop=5)
+        assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    rank0 = bl.BlockLoader(tiny / "mnt", 16, rank=0, world_size=2)
+    rank1 = bl.BlockLoader(tiny / "mnt", 16, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="saved with rank=0, this loader has rank=1"):
+        rank1.load_state_dict(rank0.state_dict())
+
+
+def test_resume_needs_the_same_arguments(bl, tiny):
+    state = bl.BlockLoader(tiny / "mnt", B, num_workers=2).state_dict()
+    with pytest.raises(ValueError, match="saved with num_workers=2, this loader has num_workers=0"):
+        bl.BlockLoader(tiny / "mnt", B).load_state_dict(state)
+
+
+def test_a_state_taken_after_an_epoch_resumes_with_the_next_one(bl, tiny):
+    loader = bl.BlockLoader(tiny / "mnt", B)
+    loader.set_epoch(2)
+    list(loader)
+    again = bl.BlockLoader(tiny / "mnt", B)
+    again.load_state_dict(loader.state_dict())
+    again.set_epoch(2)
+    assert list(again) == []
+    again.set_epoch(3)
+    loader.set_epoch(3)
+    assert epoch_ids(again) == epoch_ids(loader)
+
+
+# --- reuse --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_reuse_reads_half_of_each_batch_and_yields_every_sample_twice(bl, tiny, workers):
+    reads = []
+
+    def counting(data: bytes) -> bytes:
+        reads.append(1)  # counted in this process only when there are no workers
+        return data
+
+    loader = bl.BlockLoader(tiny / "mnt", B, counting, num_workers=workers, reuse=True)
+    batches = list(loader)
+    ids = flat([b.tolist() for _, _, b in batches])
+    assert Counter(Counter(ids).values()) == {2: 480}  # every sample exactly twice per epoch
+    assert len(batches) == len(loader) == 2 * 480 // B
+    for samples, _, batch_ids in batches:  # a reused sample is the same sample
+        for data, i in zip(samples, batch_ids.tolist()):
+            assert data == Path(loader.path(i)).read_bytes()
+    if workers == 0:
+        assert len(reads) == 480  # each sample read once: B/2 reads per step instead of B
+
+
+# --- importance ---------------------------------------------------------------------------------------
+class PrefetchListener:
+    """A stand-in for the mount's prefetch socket: collects each announcement (block ids, in order)."""
+
+    def __init__(self, path: Path) -> None:
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(os.fspath(path))
+        self.server.listen()
+        self.announcements: list[list[int]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+            self.announcements.append([int(x) for x in data.split()])
+
+    def wait(self, count: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(self.announcements) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def synthetic_losses(ids: np.ndarray, epoch: int, volatile: set, hard: set) -> np.ndarray:
+    """Volatile samples jump between 4 and 0.2 from epoch to epoch, hard ones stay at 3, the rest at 0.1."""
+    out = np.full(ids.size, 0.1)
+    out[[i in hard for i in ids.tolist()]] = 3.0
+    out[[i in volatile for i in ids.tolist()]] = 4.0 if epoch % 2 == 0 else 0.2
+    return out + 1e-3 * (ids % 7)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_importance_trains_on_the_volatile_and_hardest_samples_in_block_order(bl, tiny, tmp_path, workers):
+    files = bl.BlockfsMount(tiny / "mnt").file_ids
+    rng = np.random.default_rng(0)
+    picked = rng.permutation(files)
+    volatile, hard = set(picked[:48].tolist()), set(picked[48:144].tolist())
+
+    listener = PrefetchListener(tmp_path / "prefetch.sock")
+    os.setxattr(tiny / "mnt" / ".blockfs", "user.blockfs.prefetch", os.fsencode(tmp_path / "prefetch.sock"))
+    try:
+        config = bl.ImportanceConfig(fraction=0.25, warmup_epochs=2)
+        loader = bl.BlockLoader(tiny / "mnt", 16, num_workers=workers, importance=config, seed=4)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            seen = []
+            for _, _, ids in loader:
+                loader.report_losses(ids, synthetic_losses(ids.numpy(), epoch, volatile, hard))
+                seen += ids.tolist()
+            if epoch < 2:
+                assert sorted(seen) == sorted(files.tolist())  # warm-up: full epochs
+        listener.wait(3)
+    finally:
+        os.removexattr(tiny / "mnt" / ".blockfs", "user.blockfs.prefetch")
+        listener.close()
+
+    chosen = set(seen)
+    assert len(seen) == len(chosen) == 120  # a quarter of 480, each once
+    assert volatile <= chosen and chosen - volatile <= hard
+    np.testing.assert_array_equal(np.sort(loader.selected), np.sort(seen))
+    # Still block order: the block-shuffled order of the layout cut down to the selected files.
+    keep = np.zeros(loader.mount.n_entries, dtype=bool)
+    keep[loader.selected] = True
+    from blockfs.importance import subset_layout
+
+    sub = subset_layout(loader.mount.layout, keep)
+    w = max(1, workers)
+    orders = [block_shuffled_order(sub, seed=4, epoch=2, worker=k, num_workers=w) for k in range(w)]
+    assert seen == bl.merge_worker_orders(orders, 16).tolist()
+    # Announced ahead: epoch 2's blocks are those of the selected files, first needed first.
+    block_of = loader.mount.block_of
+    first_use = list(dict.fromkeys(block_of[seen].tolist()))
+    assert listener.announcements[-1] == first_use
+    assert len(listener.announcements) == 3 and len(listener.announcements[0]) == 30
+
+
+def test_importance_state_resumes_the_selected_epoch_exactly(bl, tiny):
+    files = bl.BlockfsMount(tiny / "mnt").file_ids
+    volatile, hard = set(files[::9].tolist()), set(files[1::5].tolist())
+
+    def make():
+        return bl.BlockLoader(tiny / "mnt", 16, importance=bl.ImportanceConfig(0.5, 2), num_workers=2)
+
+    loader = make()
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for _, _, ids in loader:
+            loader.report_losses(ids, synthetic_losses(ids.numpy(), epoch, volatile, hard))
+    loader.set_epoch(2)
+    expected = epoch_ids(loader)
+    # The same run, interrupted after 4 batches of epoch 2 and restored into a new loader.
+    first = make()
+    for epoch in range(2):
+        first.set_epoch(epoch)
+        for _, _, ids in first:
+            first.report_losses(ids, synthetic_losses(ids.numpy(), epoch, volatile, hard))
+    first.set_epoch(2)
+    got = []
+    for _, _, ids in first:
+        got.append(ids.tolist())
+        first.report_losses(ids, synthetic_losses(ids.numpy(), 2, volatile, hard))
+        if len(got) == 4:
+            break
+    again = make()
+    again.load_state_dict(roundtrip(first.state_dict()))
+    again.set_epoch(2)
+    assert got + epoch_ids(again) == expected
+    assert len(flat(expected)) == 240
+
+
+def test_importance_without_losses_reads_everything_and_says_why(bl, tiny):
+    loader = bl.BlockLoader(tiny / "mnt", B, importance=bl.ImportanceConfig(0.5, 1))
+    loader.set_epoch(1)
+    with pytest.warns(RuntimeWarning, match="no losses were reported"):
+        assert len(flat(epoch_ids(loader))) == 480
+
+
+# --- the examples -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learnable")
+    md.make_dataset(root / "src", "learnable", files=256, classes=4, seed=1)
+    blockfs.pack(root / "src", root / "packed", block_size=64 << 10, fsync=False)
+    make_fake_mount(root / "packed", root / "mnt")
+    return root
+
+
+def run_example(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "examples" / script), *map(str, args)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.mark.slow
+def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learnable, tmp_path):
+    common = (learnable / "mnt", "--epochs", "3", "--seed", "1", "--workers", "2")
+    run_example("train_block_loader.py", *common, "--out", tmp_path / "a.json")
+    run_example("train_block_loader.py", *common, "--out", tmp_path / "b.json", "--resume-at", "13")
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["losses"] == b["losses"] and a["steps"] == 3 * 256 // B
+    assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
+    assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
+
+
+@pytest.mark.slow
+def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
+    start = time.monotonic()
+    out = tmp_path / "ddp.json"
+    run_example("ddp_train.py", tiny / "mnt", "--world-size", "2", "--epochs", "2", "--batch-size", "16",
+                "--workers", "1", "--importance", "0.5", "--warmup", "1", "--out", out, timeout=60)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert time.monotonic() - start < 60
+    ranks = result["ranks"]
+    assert len(ranks) == 2
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+    for epoch in range(2):
+        seen = [set(r["ids"][epoch]) for r in ranks]
+        assert not seen[0] & seen[1]  # disjoint blocks, so disjoint samples
+        if epoch == 0:
+            assert len(seen[0] | seen[1]) == 480
+        else:  # both ranks selected from the same (all-reduced) losses: half of the data, split
+            assert len(seen[0] | seen[1]) == 240
+    assert ranks[0]["final_params"] == pytest.approx(ranks[1]["final_params"])  # DDP kept them in step
+
+
+# --- through a real mount -----------------------------------------------------------------------------
+@pytest.fixture
+def fuse_ok():
+    require(has_fuse(), "/dev/fuse")
+
+
+@pytest.mark.fuse
+def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_path, fuse_ok):
+    with mounted(tiny / "packed", tmp_path / "mnt", "--cache-size", "64MiB") as m:
+        def make():
+            return bl.BlockLoader(m.path, B, num_workers=2, seed=1)
+
+        with make() as loader:
+            batches = list(loader)
+            ids = [i for _, _, b in batches for i in b.tolist()]
+            assert sorted(ids) == sorted(loader.mount.file_ids.tolist())
+            for samples, _, batch_ids in batches[:3]:
+                for data, i in zip(samples, batch_ids.tolist()):
+                    assert data == (tiny / "src" / os.path.relpath(loader.path(i), loader.root)).read_bytes()
+            stats = loader.mount.stats()
+        expected, got = interrupted(make, epoch=1, stop=6)
+        assert got == expected
+        started = time.monotonic()
+    # The loaders are closed, so nothing holds the mount: it unmounts at once.
+    assert time.monotonic() - started < 5
+    # Block order: each block was read from storage once, the rest were memory hits.
+    assert stats["counters"]["block_loads"] == 30
+    assert stats["counters"]["files_served"] >= 480
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_the_training_example_through_a_real_mount(bl, learnable, tmp_path, fuse_ok):
+    with mounted(learnable / "packed", tmp_path / "mnt", "--cache-size", "64MiB") as m:
+        run_example("train_block_loader.py", m.path, "--epochs", "3", "--seed", "1", "--workers", "2",
+                    "--out", tmp_path / "mount.json")  # fmt: skip
+    run_example("train_block_loader.py", learnable / "mnt", "--epochs", "3", "--seed", "1", "--workers", "2",
+                "--out", tmp_path / "fake.json")  # fmt: skip
+    mount, fake = (json.loads((tmp_path / name).read_text()) for name in ("mount.json", "fake.json"))
+    assert mount["losses"] == fake["losses"]  # the same bytes, labels and order through either
+    assert mount["final_accuracy"] > 0.4

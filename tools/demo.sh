@@ -11,25 +11,25 @@ DEMO=${BLOCKFS_DEMO_DIR:-.demo}
 SRC=$DEMO/src PACKED=$DEMO/packed MNT=$DEMO/mnt
 mkdir -p "$DEMO" "$MNT"
 # A mount left by an interrupted earlier run would make the mount point busy: clear it first.
-if mountpoint -q "$MNT"; then blockfs umount "$MNT"; fi
+if mountpoint -q "$MNT"; then "$PYTHON" -m blockfs umount "$MNT"; fi
 
 echo "== generate: 2,000 learnable 32x32 images in 4 classes"
 "$PYTHON" tools/make_dataset.py "$SRC" --mode learnable --files 2000 --classes 4 --seed 0 --force
 echo "== pack"
-blockfs pack "$SRC" "$PACKED" --block-size 1MiB --force
-blockfs verify "$PACKED"
-blockfs info "$PACKED"
+"$PYTHON" -m blockfs pack "$SRC" "$PACKED" --block-size 1MiB --force
+"$PYTHON" -m blockfs verify "$PACKED"
+"$PYTHON" -m blockfs info "$PACKED"
 
 echo "== mount"
-blockfs mount "$PACKED" "$MNT" --cache-size 64MiB
-trap 'blockfs umount "$MNT" 2>/dev/null || true' EXIT
+"$PYTHON" -m blockfs mount "$PACKED" "$MNT" --cache-size 64MiB
+trap '"$PYTHON" -m blockfs umount "$MNT" 2>/dev/null || true' EXIT
 diff -r "$SRC" "$MNT" && echo "diff -r $SRC $MNT: identical"
 
 echo "== train the unmodified example script on the mount"
 "$PYTHON" examples/train_imagefolder.py "$MNT" --epochs 3 --seed 0
 
 echo "== mount statistics"
-blockfs stats "$MNT"
-blockfs umount "$MNT"
+"$PYTHON" -m blockfs stats "$MNT"
+"$PYTHON" -m blockfs umount "$MNT"
 trap - EXIT
 echo "== done: unmounted $MNT"

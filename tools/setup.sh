@@ -12,7 +12,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
-ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
+ldconfig -p 2>/dev/null | grep 'libfuse\.so\.2' >/dev/null || missing+=(libfuse2)  # no grep -q: pipefail + SIGPIPE
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} (apt-get)"
   as_root apt-get update -qq
@@ -24,8 +24,10 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] !
   "$PYTHON" -m pip install -q "torch==$TORCH_VERSION"
 fi
 
-if ! "$PYTHON" -c "import blockfs, hypothesis, PIL, fuse, mfusepy" 2>/dev/null \
-   || ! "$PYTHON" -m pip show -q blockfs >/dev/null 2>&1; then
+# Reinstall when blockfs is missing, or installed from another checkout than this one.
+here=$PWD
+if ! (cd / && "$PYTHON" -c "import blockfs, hypothesis, PIL, fuse, mfusepy, os, sys
+sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$here") 2>/dev/null; then
   echo "setup: installing blockfs and its test extras"
   "$PYTHON" -m pip install -q -e ".[torch,test]"
 fi

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import drop_caches  # noqa: E402
 
 import make_dataset as md  # noqa: E402
 
@@ -100,15 +101,6 @@ def write_shards(src: Path, shards: Path, per_shard: int, seed: int) -> None:
                 tar.addfile(info, io.BytesIO(cls))
 
 
-def drop_caches() -> bool:
-    """Empty the kernel's page cache so the next reads come from the disk; False where not allowed."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        return False
-    return True
 
 
 @contextlib.contextmanager

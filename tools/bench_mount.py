@@ -42,6 +42,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from benchutil import drop_caches  # noqa: E402
 
 import make_dataset as md  # noqa: E402
 
@@ -58,15 +59,6 @@ SIM_EPOCHS = 4
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def drop_caches(level: int = 3) -> bool:
-    """Drop the kernel's page cache (1), dentries and inodes (2) or both (3); False when not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write(str(level))
-        return True
-    except OSError:
-        return False
 
 
 def file_list(root: Path) -> list[str]:

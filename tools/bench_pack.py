@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import drop_caches  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 import blockfs  # noqa: E402
@@ -31,15 +32,6 @@ from blockfs.index import KIND_DIR, KIND_FILE, IndexColumns, write_index  # noqa
 from blockfs.verify import summary  # noqa: E402
 
 
-def drop_caches() -> bool:
-    """Drop the page cache (root only); False when not allowed."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def tree_bytes(root: str) -> int:

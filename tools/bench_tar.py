@@ -23,20 +23,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import drop_caches  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 TAR_FLAG = {"none": "", "gz": "z", "bz2": "j", "xz": "J"}
 
 
-def drop_caches() -> bool:
-    """Drop the page cache (root only); False when not allowed."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def timed(cmd: list[str], then_sync: bool = False) -> float:

@@ -19,7 +19,7 @@ from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class SourceEntry:
     """One node of the tree to pack.  ``path`` is relative, "/"-separated bytes; b"" is the root."""
 

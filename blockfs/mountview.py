@@ -1,0 +1,185 @@
+"""The loader's view of a blockfs mount: the index, labels, paths, reads, stats and prefetch hints -- no torch.
+
+**Finding the data.** The mount root carries the extended attribute ``user.blockfs.control``, the name of a
+hidden control directory at the root; in it ``index.bfi`` is the dataset's index (block layout, labels,
+sizes, paths), ``metadata.json`` its metadata and ``stats.json`` the mount's live statistics. Files are read
+with plain ``open``/``read`` through the mount, in block order, so the mount reads each block from storage
+once and serves the rest of its files from memory. Labels come from the index, never from paths.
+
+**Prefetch announcements.** At the start of every epoch the loader tells the mount which blocks its rank
+will read, first needed first (with ``importance=``, only the blocks of the selected samples), so the mount
+can fetch them ahead of the reader. The mount is read-only (and in its ``enosys`` open mode the kernel
+sends no ``open`` at all), so the channel is not a file in it: when the control directory has the extended
+attribute ``user.blockfs.prefetch``, its value is the path of a Unix stream socket the mount listens on;
+the loader connects, sends the block ids as ASCII decimal numbers, one per line (``b"17\\n3\\n42\\n"``),
+and closes the connection (end of the announcement). It is a hint: the mount may cut it short or ignore it,
+and the loader does not wait for an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import warnings
+
+import numpy as np
+
+from .errors import FormatError, NotADatasetError
+from .index import KIND_FILE, PackedIndex
+from .order import BlockLayout
+
+__all__ = ["BlockfsMount"]
+
+CONTROL_XATTR = "user.blockfs.control"
+INDEX_FILE = "index.bfi"
+METADATA_FILE = "metadata.json"
+STATS_FILE = "stats.json"
+PREFETCH_XATTR = "user.blockfs.prefetch"
+ANNOUNCE_TIMEOUT_S = 5.0
+
+
+class BlockfsMount:
+    """What the loader needs from a mounted dataset: the layout, labels, paths, reads, stats and hints.
+
+    Pickles as its root path only (a worker process reopens the index), so it can go to spawned workers.
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.control = _control_dir(self.root)
+        self._open()
+
+    def _open(self) -> None:
+        control = os.path.join(self.root, self.control)
+        self.index = _open_index(os.path.join(control, INDEX_FILE))
+        try:
+            with open(os.path.join(control, METADATA_FILE), encoding="utf-8") as f:
+                self.metadata: dict = json.load(f)
+        except FileNotFoundError:
+            self.metadata = {}
+        except (OSError, ValueError) as e:
+            raise FormatError(f"{control}/{METADATA_FILE}: unreadable metadata: {e}") from e
+        a = self.index.arrays
+        self._root_bytes = os.fsencode(self.root)
+        # Copies, not views of the map, so that close() can unmap the index at once.
+        self.sizes: np.ndarray = a["size"].astype(np.int64)
+        self.labels: np.ndarray = a["label"].astype(np.int64)
+        self.block_of: np.ndarray = a["block"].astype(np.int64)
+        self.layout = BlockLayout(a["block_offsets"], a["block_files"])
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "control": self.control}
+
+    def __setstate__(self, state: dict) -> None:
+        self.root, self.control = state["root"], state["control"]
+        self._open()
+
+    @property
+    def n_entries(self) -> int:
+        """Size of the id space (every entry of the tree; only regular files are samples)."""
+        return self.index.n_entries
+
+    @property
+    def file_ids(self) -> np.ndarray:
+        return np.flatnonzero(self.index.arrays["kind"] == KIND_FILE)
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.metadata.get("classes")
+
+    def path(self, entry: int) -> str:
+        """The file's path in the mount."""
+        return os.path.join(self.root, os.fsdecode(self.index.path(int(entry))))
+
+    def read(self, entry: int) -> bytes:
+        """The file's bytes, read through the mount."""
+        data = bytearray(int(self.sizes[entry]))
+        self.read_into(entry, memoryview(data))
+        return bytes(data)
+
+    def read_into(self, entry: int, buffer: memoryview) -> None:
+        """Read the file, through the mount, into ``buffer`` (exactly its size)."""
+        path = self._root_bytes + b"/" + self.index.path(entry)
+        size = len(buffer)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            done = 0
+            while done < size:  # a short read is legal; the index says how much there is
+                n = os.readv(fd, [buffer[done:]])
+                if n == 0:
+                    raise FormatError(
+                        f"{os.fsdecode(path)}: {done} bytes, but the index says {size}: is the mount "
+                        "serving another dataset than its control directory describes?"
+                    )
+                done += n
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Unmap the index: while it is mapped, the mount is busy and cannot be unmounted."""
+        self.index.close()
+
+    def stats(self) -> dict:
+        """The mount's live statistics (``stats.json`` of the control directory)."""
+        with open(os.path.join(self.root, self.control, STATS_FILE), encoding="utf-8") as f:
+            return json.load(f)
+
+    def announce(self, blocks: np.ndarray) -> bool:
+        """Tell the mount which blocks come next, first needed first; False when it takes no hints."""
+        control = os.path.join(self.root, self.control)
+        try:
+            address = os.getxattr(control, PREFETCH_XATTR)
+        except OSError:
+            return False
+        payload = "".join(f"{b}\n" for b in np.asarray(blocks).tolist()).encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+                channel.settimeout(ANNOUNCE_TIMEOUT_S)
+                channel.connect(address)
+                channel.sendall(payload)
+        except OSError as e:
+            warnings.warn(
+                f"cannot announce the epoch's blocks to the mount at {self.root} ({os.fsdecode(address)}): {e}",
+                RuntimeWarning,
+                stacklevel=4,  # announce <- BlockLoader._epoch_plan <- len()/iter() <- the caller
+            )
+            return False
+        return True
+
+
+def _control_dir(root: str) -> str:
+    hint = f"mount a packed dataset there first: blockfs mount DATASET {root}"
+    if not os.path.isdir(root):
+        raise NotADatasetError(f"{root!r} is not a blockfs mount: it is not a directory ({hint})")
+    try:
+        name = os.fsdecode(os.getxattr(root, CONTROL_XATTR))
+    except OSError as e:
+        if os.path.exists(os.path.join(root, "blockfs.json")):
+            hint = f"it is a packed dataset, not its mount: blockfs mount {root} MOUNTPOINT"
+        raise NotADatasetError(
+            f"{root!r} is not a blockfs mount: it has no {CONTROL_XATTR!r} attribute ({e.strerror}); {hint}"
+        ) from None
+    if not name or "/" in name or name in (".", ".."):
+        raise NotADatasetError(f"{root!r}: {CONTROL_XATTR}={name!r} is not the name of a control directory")
+    if not os.path.isfile(os.path.join(root, name, INDEX_FILE)):
+        raise NotADatasetError(
+            f"{root!r} is not a blockfs mount: its control directory {name!r} has no {INDEX_FILE}"
+        )
+    return name
+
+
+def _open_index(path: str) -> PackedIndex:
+    try:
+        return PackedIndex(path)
+    except OSError:
+        # The mount may not support mmap (direct I/O): map a private copy instead.
+        fd, copy = tempfile.mkstemp(prefix="blockfs-index-", suffix=".bfi")
+        try:
+            with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 << 20)
+            return PackedIndex(copy)
+        finally:
+            os.unlink(copy)  # the map keeps the bytes

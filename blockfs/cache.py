@@ -15,8 +15,8 @@ What it promises (the mount's serving rules):
 * A block whose data checksum fails is never cached; its files are then read one by one, each verified
   by its own CRC, so only the files whose bytes are damaged fail.
 
-The cache holds blocks only.  Retained small files (the memory plan's other half) are meant to sit in a
-store of their own, consulted before the blocks and funded from the same budget by the plan.
+The cache holds blocks only.  Retained small files (the memory plan's other half) sit in a store of their
+own (:mod:`blockfs.retain`), consulted before the blocks and funded from the same budget by the plan.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from . import format as fmt
 from .errors import CorruptBlockError, MissingBlockError
@@ -177,6 +177,27 @@ class BlockCache:
             return data
         return self._read_miss(block, slot, crc, offset, size)
 
+    def note_hit(self, offset: int, nbytes: int) -> None:
+        """Count a read served from memory outside the blocks (a retained file) in the same statistics."""
+        with self._lock:
+            c = self._c
+            c["reads"] += 1
+            c["bytes_served"] += nbytes
+            c["block_hits"] += 1
+            if offset == 0:
+                c["files_served"] += 1
+                c["file_hits"] += 1
+                self._epoch_file(hit=True)
+
+    def _epoch_file(self, hit: bool) -> None:
+        epoch = self._epochs[-1]
+        if self._n_files and epoch[0] >= self._n_files:
+            epoch = [0, 0]
+            self._epochs.append(epoch)
+            del self._epochs[:-EPOCHS_KEPT]
+        epoch[0] += 1
+        epoch[1] += hit
+
     def _read_miss(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
         head = self._store.header(block)  # small; raises for a missing, truncated or damaged header
         with self._lock:
@@ -222,13 +243,7 @@ class BlockCache:
         if offset == 0:  # a file's first read: count it once as a file served
             c["files_served"] += 1
             c["file_hits" if hit else "file_misses"] += 1
-            epoch = self._epochs[-1]
-            if self._n_files and epoch[0] >= self._n_files:
-                epoch = [0, 0]
-                self._epochs.append(epoch)
-                del self._epochs[:-EPOCHS_KEPT]
-            epoch[0] += 1
-            epoch[1] += hit
+            self._epoch_file(hit)
         if block != self._last_block:
             # Two steps forward in a row mean reads in block order (one step is often chance).
             self._run = self._run + 1 if block == self._last_block + 1 else 0
@@ -322,7 +337,11 @@ class BlockCache:
         if not self._closed:
             self._pool.submit(self._prefill)
 
-    def _prefill(self) -> None:
+    def preload(self, on_block: Callable[[int], None] | None = None) -> None:
+        """What :meth:`start_prefill` does, now, in this thread (``on_block(bytes)`` after each block)."""
+        self._prefill(on_block)
+
+    def _prefill(self, on_block: Callable[[int], None] | None = None) -> None:
         for block in range(self._store.n_blocks):
             if self._closed:
                 return
@@ -344,6 +363,8 @@ class BlockCache:
                 future, _mine = self._claim(block, head)
                 self._c["prefill_loads"] += 1
             self._load(block, head, future)
+            if on_block is not None:
+                on_block(head.data_size)
 
     def _read_ahead_locked(self, block: int) -> None:
         if self._closed:

@@ -181,6 +181,43 @@ def _cache_size(text: str) -> tuple[int, str]:
     return parse_size(text), "given"
 
 
+def _budget(args: argparse.Namespace) -> tuple[int, str]:
+    """(bytes, how they were chosen) from --memory-fraction or --cache-size."""
+    if getattr(args, "memory_fraction", None) is not None:
+        from .plan import budget_from_memory_fraction, read_mem_available
+
+        size = budget_from_memory_fraction(args.memory_fraction)
+        return size, f"{args.memory_fraction:g} of {_human(read_mem_available())} available"
+    return _cache_size(args.cache_size)
+
+
+def _threshold(text: str | None) -> int | str | None:
+    return None if text is None else ("auto" if text == "auto" else parse_size(text))
+
+
+def _memory_plan(args: argparse.Namespace, size: int):
+    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.retain.plan_dataset)."""
+    from .retain import plan_dataset
+
+    with open_dataset(args.dest) as ds:
+        plan, _files = plan_dataset(
+            ds.index.arrays, size, strategy=args.retain_strategy, threshold=_threshold(args.retain_threshold),
+            retain=not args.no_retain and getattr(args, "policy", "cache-once") != "none",
+        )  # fmt: skip
+    return plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    size, why = _budget(args)
+    plan = _memory_plan(args, size)
+    if args.json:
+        print(json.dumps(plan.to_dict() | {"budget_from": why}, indent=2))
+    else:
+        print(f"budget from:      {why}")
+        print(plan.describe())
+    return 0
+
+
 def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
     dataset = int(meta["file_bytes"])
     head = (f"memory plan: cache {_human(size)} ({why}), policy {policy}; dataset {_human(dataset)} in "
@@ -195,10 +232,14 @@ def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
 def cmd_mount(args: argparse.Namespace) -> int:
     from . import mount as mnt
 
+    # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
+    args.dest, args.mountpoint = os.path.abspath(args.dest), os.path.abspath(args.mountpoint)
     meta = mnt.check_dest(args.dest)
     mnt.check_mountpoint(args.mountpoint)
-    size, why = _cache_size(args.cache_size)
+    size, why = _budget(args)
     print(_plan_line(meta, size, why, args.policy), flush=True)
+    if args.policy != "none":
+        print(_memory_plan(args, size).describe(), flush=True)
     if args.foreground:
         from .fs import MountOptions, serve
 
@@ -217,8 +258,20 @@ def cmd_mount(args: argparse.Namespace) -> int:
             readahead=args.readahead,
             prefill=not args.no_prefill,
             lock_memory=not args.no_mlock,
+            retain=not args.no_retain,
+            retain_strategy=args.retain_strategy,
+            retain_threshold=_threshold(args.retain_threshold),
+            preload=args.preload,
         )
-        serve(args.dest, args.mountpoint, options)
+        bar = _progress_bar(1, "B", "preload") if args.preload else None
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        serve(args.dest, args.mountpoint, options, progress if bar else None)
+        if bar:
+            bar.close()
         return 0
     log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
     command = [sys.executable, "-m", "blockfs"] + (["-v"] if args.verbose else []) + [
@@ -228,9 +281,16 @@ def cmd_mount(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     command += ["--allow-other"] * args.allow_other + ["--single-threaded"] * args.single_threaded
     command += ["--no-mlock"] * args.no_mlock + ["--no-prefill"] * args.no_prefill
+    command += ["--no-retain"] * args.no_retain + ["--preload"] * args.preload
+    if args.retain_strategy:
+        command += ["--retain-strategy", args.retain_strategy]
+    if args.retain_threshold:
+        command += ["--retain-threshold", args.retain_threshold]
     for opt in args.o or ():
         command += ["-o", opt]
-    pid = mnt.start_background(command, args.mountpoint, log_path, timeout=args.timeout)
+    # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
+    timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
+    pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
     print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
           f"stop with: blockfs umount {args.mountpoint}")  # fmt: skip
     return 0
@@ -260,6 +320,13 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
         "epochs     " + ("  ".join(f"{e['hit_rate']:.1%} of {e['files']:,}" for e in s["epochs"][-8:]) or "-"),
     ]
+    r = s.get("retained")
+    if r:
+        lines.append(
+            f"retained   {r['retained_files']:,} of {r['target_files']:,} target files, {_human(r['retained_bytes'])} "
+            f"of {_human(r['target_bytes'])}; {r['retained_hits']:,} hits, "
+            f"{_human(r['storage_bytes_avoided'])} not read again; mlock: {r['mlock']}"
+        )
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
         lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
@@ -297,6 +364,17 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _retain_arguments(p: argparse.ArgumentParser) -> None:
+    from .plan import STRATEGIES
+
+    p.add_argument("--retain-strategy", choices=STRATEGIES, default=None,
+                   help="which files stay in memory after their first read when the dataset does not fit: "
+                        "most-files (the default: as many as fit, smallest first) or threshold")
+    p.add_argument("--retain-threshold", metavar="SIZE|auto", default=None,
+                   help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)")
+    p.add_argument("--no-retain", action="store_true", help="no retained files: the whole budget caches blocks")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,11 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.set_defaults(func=cmd_unpack)
 
+    p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
+    p.add_argument("dest", help="the packed dataset")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--cache-size", default="auto", help="the memory budget, e.g. 8GiB, or auto (the default)")
+    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
+    _retain_arguments(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
     p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
     p.add_argument("dest", help="the packed dataset")
     p.add_argument("mountpoint", help="an empty directory")
-    p.add_argument("--cache-size", default="auto", help="memory for cached blocks, e.g. 8GiB, or auto "
-                   f"({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
+                        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
+    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
+    _retain_arguments(p)
+    p.add_argument("--preload", action="store_true", help="read what the plan keeps before serving")
     p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
                    help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")

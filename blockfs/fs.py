@@ -50,12 +50,16 @@ from ctypes.util import find_library
 from types import ModuleType
 from typing import Any, Callable
 
+import numpy as np
+
 from .cache import READAHEAD_BLOCKS, BlockCache
 from .dataset import PackedDataset
 from .errors import BlockfsError, CorruptBlockError, MountError
 from .format import INDEX_NAME, METADATA_NAME
 from .index import KIND_FILE, KIND_SYMLINK
+from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
+from .retain import RetainingReader, plan_dataset
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,11 @@ class MountOptions:
     prefill: bool = True  # load the blocks the budget will hold in the background, from mount on
     lock_memory: bool = True
     control_name: str = DEFAULT_CONTROL
+    # The memory plan: ``cache_bytes`` is the whole budget, split between retained files and blocks.
+    retain: bool = True
+    retain_strategy: str | None = None  # plan.DEFAULT_STRATEGY
+    retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
+    preload: bool = False  # read what the plan keeps before serving
 
     def __post_init__(self) -> None:
         if self.open_mode not in OPEN_MODES:
@@ -188,9 +197,19 @@ class BlockFS(binding.Operations):
     chmod = chown = create = link = mkdir = mknod = rename = rmdir = symlink = unlink = write = _refuse
     truncate = utimens = setxattr = removexattr = _refuse
 
-    def __init__(self, ds: PackedDataset, cache: BlockCache, options: MountOptions, mountpoint: str = "") -> None:
+    def __init__(
+        self,
+        ds: PackedDataset,
+        cache: BlockCache,
+        options: MountOptions,
+        mountpoint: str = "",
+        plan: MemoryPlan | None = None,
+        retainer: RetainingReader | None = None,
+    ) -> None:
         self._ds = ds
         self._cache = cache
+        self._plan = plan
+        self._retainer = retainer
         self._a = ds.index.arrays
         self._open_mode = options.resolved_open_mode
         self._options = options
@@ -381,12 +400,13 @@ class BlockFS(binding.Operations):
                 "blocks": int(meta["n_blocks"]),
                 "block_bytes": int(meta["block_bytes"]),
             },
-            "plan": {
+            "plan": self._plan.to_dict() if self._plan is not None else {
                 "budget_bytes": budget,
                 "dataset_bytes": dataset_bytes,
                 "fits": dataset_bytes <= budget,
                 "expected_hit_rate": min(1.0, budget / dataset_bytes) if dataset_bytes else 1.0,
             },
+            "retained": self._retainer.stats() if self._retainer is not None else None,
             **self._cache.stats(),
             "requests": dict(self.requests),
             "errors": {"damaged_files_read": self._errors, "damaged_blocks_reported": sorted(
@@ -529,22 +549,69 @@ def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     return kwargs
 
 
-def serve(dest: str | os.PathLike, mountpoint: str | os.PathLike, options: MountOptions) -> None:
-    """Mount ``dest`` at ``mountpoint`` and serve it until unmounted (or SIGINT/SIGTERM); blocks."""
+def _preload(
+    ds: PackedDataset,
+    cache: BlockCache,
+    retainer: RetainingReader | None,
+    plan: MemoryPlan,
+    on_progress: Callable[[int, int], None] | None,
+) -> None:
+    """Read what the plan keeps before serving: the blocks the cache holds, then the retained files."""
+    total = plan.dataset_bytes if plan.fits else plan.block_cache_bytes + plan.retained_bytes
+    done = [0]
+
+    def step(nbytes: int) -> None:
+        done[0] += nbytes
+        if on_progress is not None:
+            on_progress(done[0], total)
+
+    started = time.monotonic()
+    cache.preload(step)
+    if retainer is not None:
+        a = ds.index.arrays
+        files = np.flatnonzero(a["kind"] == KIND_FILE)
+        crcs = {(int(b), int(s)): int(c) for b, s, c in zip(a["block"][files], a["slot"][files], a["crc"][files])}
+        retainer.preload(crcs, step)
+    log.info("preloaded %d bytes in %.1f s", done[0], time.monotonic() - started)
+
+
+def serve(
+    dest: str | os.PathLike,
+    mountpoint: str | os.PathLike,
+    options: MountOptions,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Mount ``dest`` at ``mountpoint`` and serve it until unmounted (or SIGINT/SIGTERM); blocks.
+
+    ``on_progress(done, total)``: bytes read so far by ``options.preload``, before mounting."""
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = os.path.abspath(os.fspath(dest)), os.path.abspath(os.fspath(mountpoint))
     ds = PackedDataset(dest)
+    retain = options.retain and options.policy != "none"
+    plan, (blocks, slots, sizes) = plan_dataset(
+        ds.index.arrays, options.cache_bytes, strategy=options.retain_strategy,
+        threshold=options.retain_threshold, retain=retain,
+    )  # fmt: skip
+    log.info("memory plan:\n%s", plan.describe())
     cache = BlockCache(
         ds.store,
-        options.cache_bytes,
+        plan.block_cache_bytes if retain else options.cache_bytes,
         options.policy,
         readahead=options.readahead,
         lock_memory=options.lock_memory,
-        n_files=int(ds.metadata["n_files"]),
+        n_files=len(sizes),
     )
-    ds.reader = cache
-    fs = BlockFS(ds, cache, options, mountpoint)
+    retainer = None
+    if retain and plan.retained_files:
+        mask = plan.retained
+        retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask], lock_memory=options.lock_memory)
+        ds.reader = retainer
+    else:
+        ds.reader = cache
+    fs = BlockFS(ds, cache, options, mountpoint, plan, retainer)
     try:
+        if options.preload:
+            _preload(ds, cache, retainer, plan, on_progress)
         binding.FUSE(
             fs,
             os.fsencode(mountpoint).decode(ENCODING),
@@ -560,6 +627,8 @@ def serve(dest: str | os.PathLike, mountpoint: str | os.PathLike, options: Mount
     finally:
         fs._stop.set()
         cache.close()
+        if retainer is not None:
+            retainer.close()
         fs.control.close()
         ds.close()
     log.info("unmounted %s", mountpoint)

@@ -299,7 +299,8 @@ def test_eight_threads_and_two_processes_read_random_files(tiny, binding):
     names = [os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs]
     ds_bytes = json.loads((tiny / "packed" / "blockfs.json").read_text())["file_bytes"]
     # Half the dataset cached, no page-cache reuse: reads hit the cache and storage alike.
-    args = ("--cache-size", str(ds_bytes // 2), "--open-mode", "none")
+    # Block caching only (--no-retain): retained files would take the whole budget and load no block.
+    args = ("--cache-size", str(ds_bytes // 2), "--open-mode", "none", "--no-retain")
     with mounted(tiny / "packed", tiny / f"mnt-rw-{binding}", *args, binding=binding) as m:
         errors: list[BaseException] = []
         counts: list[int] = []
@@ -332,7 +333,8 @@ def test_memory_stays_within_budget_and_cache_once_hits_budget_over_dataset(tmp_
     budget = total // 3
     src = str(tmp_path / "src")
     names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
-    with mounted(tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "none") as m:
+    with mounted(tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "none",
+                 "--no-retain") as m:  # fmt: skip  (blocks only; tests/test_retain.py covers retention)
         for name in names[:50]:  # warm up the interpreter's own allocations
             (m.path / name).read_bytes()
         baseline = m.rss_bytes()

@@ -1,0 +1,138 @@
+"""``RetainingReader``: the memory plan's retained target files, kept in memory after their first read.
+
+It sits in front of a :class:`BlockCache` (same ``read_file`` interface).  A target file's first read
+reads the whole file through the cache (from a cached block or alone from storage, verified either way)
+and copies it into a slot of one anonymous arena sized exactly to the plan's retained bytes; every later
+read of it is a memory copy, whatever happened to its block since (evicted, never cached, even deleted).
+
+One arena rather than one map per file: small files would each round up to a page, and the offsets of
+every target are known from the plan, so no allocator is needed.  The arena is an anonymous map (never
+file-backed, which the kernel would reclaim like page cache); its pages become resident as files arrive,
+and it is ``mlock``-ed where the process may (see :class:`blockfs.cache._MemoryLock`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .cache import BlockCache, _MemoryLock
+from .index import KIND_FILE
+
+
+def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(block, slot, size) of each distinct file of an index, hard links counted once, in entry order."""
+    files = np.flatnonzero(arrays["kind"] == KIND_FILE)
+    block = arrays["block"][files].astype(np.int64)
+    slot = arrays["slot"][files].astype(np.int64)
+    _, first = np.unique(np.stack([block, slot], axis=1), axis=0, return_index=True)
+    first.sort()
+    return block[first], slot[first], arrays["size"][files][first].astype(np.int64)
+
+
+class RetainingReader:
+    """Serves target files from memory after their first read; everything else from ``cache``.
+
+    ``blocks``, ``slots``, ``sizes``: the target files (the plan's ``retained`` mask applied to
+    :func:`unique_files`).  Thread-safe.
+    """
+
+    def __init__(
+        self,
+        cache: BlockCache,
+        blocks: np.ndarray,
+        slots: np.ndarray,
+        sizes: np.ndarray,
+        *,
+        lock_memory: bool = True,
+    ) -> None:
+        self._cache = cache
+        sizes = np.asarray(sizes, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if sizes.size else sizes
+        self.capacity = int(sizes.sum())
+        # key -> (start in the arena, size); a plain dict: one hash lookup per read.
+        self._where: dict[tuple[int, int], tuple[int, int]] = {
+            (b, s): (o, n) for b, s, o, n in zip(blocks.tolist(), slots.tolist(), starts.tolist(), sizes.tolist())
+        }
+        self._arena = mmap.mmap(-1, max(self.capacity, 1))
+        self._memlock = _MemoryLock(lock_memory and self.capacity > 0)
+        self._locked = self._memlock.lock(self._arena) if self.capacity else False
+        self._held: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._c = {"retained_files": 0, "retained_bytes": 0, "retained_hits": 0, "retained_reads": 0,
+                   "storage_bytes_avoided": 0}  # fmt: skip
+
+    def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
+        key = (block, slot)
+        where = self._where.get(key)
+        if where is None:
+            return self._cache.read_file(block, slot, crc, offset, size)
+        start, length = where
+        if size < 0 or offset + size > length:
+            size = max(0, length - offset)
+        if key in self._held:
+            with self._lock:
+                self._c["retained_reads"] += 1
+                self._c["storage_bytes_avoided"] += size
+                if offset == 0:
+                    self._c["retained_hits"] += 1
+            self._cache.note_hit(offset, size)
+            return self._arena[start + offset : start + offset + size]
+        data = self._cache.read_file(block, slot, crc, 0, length)  # the whole file, once, verified
+        if len(data) == length:
+            self._arena[start : start + length] = data  # concurrent first reads write the same bytes
+            with self._lock:
+                if key not in self._held:
+                    self._held.add(key)
+                    self._c["retained_files"] += 1
+                    self._c["retained_bytes"] += length
+        return data[offset : offset + size]
+
+    def preload(self, crcs: dict[tuple[int, int], int], on_file: Callable[[int], None] | None = None) -> None:
+        """Read every target file now (``crcs``: key -> CRC); ``on_file(bytes)`` after each."""
+        for (block, slot), crc in crcs.items():
+            if (block, slot) in self._where and (block, slot) not in self._held:
+                data = self.read_file(block, slot, crc)
+                if on_file:
+                    on_file(len(data))
+
+    @property
+    def targets(self) -> int:
+        return len(self._where)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            c = dict(self._c)
+        return {**c, "target_files": len(self._where), "target_bytes": self.capacity,
+                "locked": self._locked, "mlock": self._memlock.failure or ("locked" if self._locked else "off")}  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            self._held.clear()
+        self._arena.close()
+
+
+def plan_dataset(
+    arrays: Any,
+    budget_bytes: int,
+    *,
+    strategy: str | None = None,
+    threshold: int | str | None = None,
+    retain: bool = True,
+) -> tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The memory plan of a dataset's index (``blockfs plan`` and the mount share it) and its files.
+
+    Returns ``(plan, (blocks, slots, sizes))`` with the distinct files in plan id order; ``retain=False``
+    gives every byte of the budget to the block cache (for comparisons)."""
+    from .plan import DEFAULT_STRATEGY, make_memory_plan
+
+    blocks, slots, sizes = unique_files(arrays)
+    strategy = strategy or ("threshold" if threshold is not None else DEFAULT_STRATEGY)
+    if strategy != "threshold":
+        threshold = None
+    plan = make_memory_plan(sizes, budget_bytes, strategy=strategy, threshold=threshold,
+                            retain_share=1.0 if retain else 0.0)  # fmt: skip
+    return plan, (blocks, slots, sizes)

@@ -1,0 +1,162 @@
+"""Retained target files on the mount (issue 4): kept in memory after their first read, whatever happens to
+their blocks; the mount's plan equals ``blockfs plan``; memory stays within the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blockfs
+from blockfs.cache import FILE_BUFFER_BYTES
+from blockfs.dataset import PackedDataset
+from blockfs.format import BLOCKS_DIR
+from blockfs.mount import read_stats
+from blockfs.retain import plan_dataset, unique_files
+from conftest import has_fuse, require
+from mountutil import mounted, release
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+
+import make_dataset as md  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retain")
+    md.make_dataset(root / "src", "imagenet", files=480, classes=4, seed=3)  # ~52 MiB, lognormal sizes
+    blockfs.pack(root / "src", root / "p", block_size=1 << 20, fsync=False)
+    return root
+
+
+def _names(src: Path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
+
+
+def test_unique_files_counts_hard_links_once(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"x" * 100)
+    os.link(tmp_path / "src" / "a", tmp_path / "src" / "b")
+    (tmp_path / "src" / "c").write_bytes(b"y" * 7)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    with PackedDataset(tmp_path / "p") as ds:
+        _blocks, _slots, sizes = unique_files(ds.index.arrays)
+    assert sorted(sizes.tolist()) == [7, 100]
+
+
+@pytest.mark.fuse
+def test_retained_files_survive_their_blocks_and_memory_stays_in_budget(packed, tmp_path):
+    require(has_fuse(), "needs FUSE")
+    dest, src = packed / "p", packed / "src"
+    total = json.loads((dest / "blockfs.json").read_text())["file_bytes"]
+    budget = total // 4
+    names = _names(src)
+    planned = json.loads(subprocess.run(
+        [sys.executable, "-m", "blockfs", "plan", str(dest), "--cache-size", str(budget), "--json"],
+        check=True, capture_output=True, text=True,
+    ).stdout)  # fmt: skip
+    with PackedDataset(dest) as ds:
+        plan, (blocks, slots, _sizes) = plan_dataset(ds.index.arrays, budget)
+        a = ds.index.arrays
+        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist()))
+        is_retained = {
+            name: (int(a["block"][e]), int(a["slot"][e])) in retained_keys
+            for name in names
+            for e in [ds.lookup(name)]
+        }
+    assert 0 < sum(is_retained.values()) < len(names)
+    # Work on a copy of the blocks: the test destroys them.
+    work = tmp_path / "p"
+    subprocess.run(["cp", "-r", str(dest), str(work)], check=True)
+    with mounted(work, tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "none") as m:
+        for name in names[:20]:
+            (m.path / name).read_bytes()
+        baseline = m.rss_bytes()
+        for epoch in range(2):
+            random.Random(epoch).shuffle(names)
+            for name in names:
+                assert (m.path / name).read_bytes() == (src / name).read_bytes()
+        growth = m.rss_bytes() - baseline
+        stats = read_stats(m.path)
+        # The plan the mount uses is the one `blockfs plan` prints.
+        for key in ("budget_bytes", "dataset_bytes", "retained_files", "retained_bytes", "block_cache_bytes"):
+            assert stats["plan"][key] == planned[key], key
+        r = stats["retained"]
+        assert r["retained_files"] == planned["retained_files"] and r["retained_bytes"] == planned["retained_bytes"]
+        assert r["retained_hits"] >= planned["retained_files"]  # every target hit in the 2nd epoch
+        assert r["storage_bytes_avoided"] >= planned["retained_bytes"]
+        # RSS: retained files + block cache (the budget) plus the file buffer and allocator slack.
+        assert growth <= budget + (24 << 20), (growth, budget)
+
+        for block in sorted((work / BLOCKS_DIR).iterdir()):
+            os.truncate(block, 0)  # root ignores chmod; a truncated block is unreadable for anyone
+        failed, still_read = 0, 0
+        for name in names:
+            if is_retained[name]:
+                assert (m.path / name).read_bytes() == (src / name).read_bytes(), name
+            else:
+                try:
+                    still_read += len((m.path / name).read_bytes())
+                except OSError as e:
+                    assert e.errno == 5, (name, e)  # EIO
+                    failed += 1
+        # Other files fail unless they are still in a cached block or the small current-file buffer.
+        cached = read_stats(m.path)["cache"]["used_bytes"]
+        assert still_read <= cached + FILE_BUFFER_BYTES and failed > 0, (still_read, cached, failed)
+        assert read_stats(m.path)["retained"]["retained_files"] == planned["retained_files"]  # still up
+
+
+@pytest.mark.fuse
+def test_foreground_mount_with_relative_paths_serves_after_chdir(packed, tmp_path):
+    require(has_fuse(), "needs FUSE")
+    (tmp_path / "mnt").mkdir()
+    log = tmp_path / "mnt.log"
+    rel_dest = os.path.relpath(packed / "p", tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockfs", "mount", rel_dest, "mnt", "--foreground", "--log", str(log),
+         "--cache-size", "0", "--open-mode", "none"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        from blockfs.mount import wait_until_mounted
+
+        wait_until_mounted(tmp_path / "mnt", proc, 30, str(log))
+        name = _names(packed / "src")[0]
+        assert (tmp_path / "mnt" / name).read_bytes() == (packed / "src" / name).read_bytes()
+        assert read_stats(tmp_path / "mnt")["mount"]["dest"] == str(packed / "p")
+    finally:
+        release(tmp_path / "mnt", proc)
+
+
+@pytest.mark.fuse
+def test_preload_when_everything_fits_serves_the_first_epoch_from_memory(packed, tmp_path):
+    require(has_fuse(), "needs FUSE")
+    dest, src = packed / "p", packed / "src"
+    total = json.loads((dest / "blockfs.json").read_text())["file_bytes"]
+    with mounted(dest, tmp_path / "mnt", "--cache-size", str(2 * total), "--preload", "--no-prefill",
+                 "--open-mode", "none") as m:  # fmt: skip
+        before = read_stats(m.path)
+        assert before["plan"]["fits"] and before["retained"] is None
+        assert before["cache"]["used_bytes"] == before["dataset"]["block_bytes"] or before["counters"]["block_loads"] == before["dataset"]["blocks"]
+        for name in _names(src)[:100]:
+            (m.path / name).read_bytes()
+        after = read_stats(m.path)["counters"]
+    assert after["file_hits"] == 100 and after["bytes_from_storage"] == before["counters"]["bytes_from_storage"]
+
+
+def test_plan_selection_for_a_million_files_is_fast():
+    import time
+
+    sizes = np.random.default_rng(0).lognormal(11, 1, 1_000_000).astype(np.int64)
+    started = time.perf_counter()
+    from blockfs.plan import make_memory_plan
+
+    plan = make_memory_plan(sizes, int(sizes.sum()) // 2)
+    assert time.perf_counter() - started < 1.0 and plan.retained_files > 500_000

@@ -1,0 +1,148 @@
+"""Benchmark the memory plan (issue 4): datasets larger than the budget, read in a new random order per epoch.
+
+    python tools/bench_memory.py [--budget 64MiB] [--ratios 2 4] [--epochs 3] [--out results/bench_memory]
+
+ImageNet-like files (tools/make_dataset.py, mode imagenet) packed in 4 MiB blocks, at dataset = 2x and 4x
+the budget; each configuration is mounted with the same total budget and read ``--epochs`` times, one file
+at a time (``open().read()``), a new shuffled order every epoch, with the page cache dropped before each
+epoch (root) and ``--open-mode none`` so every read reaches blockfs.  Configurations: no cache, LRU,
+cache-once blocks only, cache-once plus retention (most-files, and threshold auto).  Per epoch: files/s,
+bytes read from storage (the mount's own counter), hit rate by files and by bytes (1 - storage / served).
+Writes ``bench_memory.json``, ``bench_memory.txt`` (the table) and ``bench_memory.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from benchutil import drop_caches  # noqa: E402
+
+import make_dataset as md  # noqa: E402
+
+import blockfs  # noqa: E402
+from blockfs.mount import read_stats, unmount  # noqa: E402
+from blockfs.plan import parse_size  # noqa: E402
+
+CONFIGS = {
+    "none": ["--policy", "none"],
+    "lru": ["--policy", "lru", "--no-retain"],
+    "cache-once": ["--policy", "cache-once", "--no-retain"],
+    "retain most-files": ["--policy", "cache-once", "--retain-strategy", "most-files"],
+    "retain threshold": ["--policy", "cache-once", "--retain-strategy", "threshold", "--retain-threshold", "auto"],
+}
+MEAN_FILE = 110 << 10  # make_dataset's imagenet mean file size
+
+
+def run_epochs(dest: Path, mnt: Path, budget: int, args: list[str], names: list[str], epochs: int) -> list[dict]:
+    subprocess.run(
+        [sys.executable, "-m", "blockfs", "mount", str(dest), str(mnt), "--cache-size", str(budget),
+         "--open-mode", "none", *args],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    rows = []
+    try:
+        for epoch in range(epochs):
+            order = names[:]
+            random.Random(epoch).shuffle(order)
+            drop_caches(1)
+            before = read_stats(mnt)["counters"]
+            started = time.perf_counter()
+            for name in order:
+                with open(mnt / name, "rb") as f:
+                    f.read()
+            seconds = time.perf_counter() - started
+            after = read_stats(mnt)["counters"]
+            d = {k: after[k] - before[k] for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")}
+            rows.append({
+                "epoch": epoch + 1,
+                "files_per_s": len(order) / seconds,
+                "storage_bytes": d["bytes_from_storage"],
+                "file_hit_rate": d["file_hits"] / d["files_served"] if d["files_served"] else 0.0,
+                "byte_hit_rate": max(0.0, 1 - d["bytes_from_storage"] / d["bytes_served"]) if d["bytes_served"] else 0.0,
+            })  # fmt: skip
+        rows[-1]["final_stats"] = read_stats(mnt)
+    finally:
+        unmount(mnt)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", default="64MiB")
+    p.add_argument("--ratios", type=float, nargs="+", default=[2.0, 4.0])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", default="results/bench_memory")
+    p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    a = p.parse_args(argv)
+    budget = parse_size(a.budget)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"budget_bytes": budget, "epochs": a.epochs, "runs": []}
+    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
+        work = Path(tmp)
+        for ratio in a.ratios:
+            src, dest = work / f"src{ratio:g}", work / f"p{ratio:g}"
+            md.make_dataset(src, "imagenet", files=int(ratio * budget / MEAN_FILE), classes=10, seed=1)
+            blockfs.pack(src, dest, block_size=4 << 20, fsync=False)
+            total = json.loads((dest / "blockfs.json").read_text())["file_bytes"]
+            names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
+            mnt = work / "mnt"
+            mnt.mkdir(exist_ok=True)
+            for config, extra in CONFIGS.items():
+                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs)
+                final = rows[-1].pop("final_stats")
+                results["runs"].append({"ratio": total / budget, "dataset_bytes": total, "files": len(names),
+                                        "config": config, "epochs": rows, "plan": final["plan"],
+                                        "retained": final.get("retained")})  # fmt: skip
+    lines = [f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %",
+             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(a.epochs))]
+    for run in results["runs"]:
+        cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
+                 f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%}" for r in run["epochs"]]  # fmt: skip
+        lines.append(f"{run['ratio']:5.2f} {run['config']:<18} " + " | ".join(cells))
+    table = "\n".join(lines)
+    (out / "bench_memory.txt").write_text(table + "\n")
+    (out / "bench_memory.json").write_text(json.dumps(results, indent=1))
+    _plot(results, out / "bench_memory.png")
+    print(table)
+    return 0
+
+
+def _plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    ratios = sorted({round(r["ratio"], 2) for r in results["runs"]})
+    fig, axes = plt.subplots(2, len(ratios), figsize=(6 * len(ratios), 7), squeeze=False)
+    for col, ratio in enumerate(ratios):
+        for run in (r for r in results["runs"] if round(r["ratio"], 2) == ratio):
+            epochs = [e["epoch"] for e in run["epochs"]]
+            axes[0][col].plot(epochs, [e["storage_bytes"] / run["dataset_bytes"] for e in run["epochs"]], "o-",
+                              label=run["config"])  # fmt: skip
+            axes[1][col].plot(epochs, [e["files_per_s"] for e in run["epochs"]], "o-", label=run["config"])
+        axes[0][col].set_title(f"dataset = {ratio:g} x budget")
+        axes[0][col].set_ylabel("storage bytes / dataset")
+        axes[1][col].set_ylabel("files/s")
+        axes[1][col].set_xlabel("epoch")
+        axes[0][col].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -366,8 +366,14 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def _retain_arguments(p: argparse.ArgumentParser) -> None:
+def _memory_arguments(p: argparse.ArgumentParser) -> None:
+    """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
     from .plan import STRATEGIES
+
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
+                        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
+    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
 
     p.add_argument("--retain-strategy", choices=STRATEGIES, default=None,
                    help="which files stay in memory after their first read when the dataset does not fit: "
@@ -430,21 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
     p.add_argument("dest", help="the packed dataset")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--cache-size", default="auto", help="the memory budget, e.g. 8GiB, or auto (the default)")
-    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
-    _retain_arguments(p)
+    _memory_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
     p.add_argument("dest", help="the packed dataset")
     p.add_argument("mountpoint", help="an empty directory")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
-                        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
-    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
-    _retain_arguments(p)
+    _memory_arguments(p)
     p.add_argument("--preload", action="store_true", help="read what the plan keeps before serving")
     p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
                    help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import SourceError
 from ..index import KIND_DIR, KIND_FILE
@@ -34,6 +34,21 @@ def pread_into(fd: int, buf: memoryview, offset: int) -> int:
             break
         done += n
     return done
+
+
+class ListedOnce:
+    """A container source whose entries come from one pass over it (``_load``), kept for later calls.
+
+    The packer asks for the entries once, but a CLI progress bar or a test may ask again: the archive
+    is not re-read.
+    """
+
+    _entries: list[SourceEntry] | None = None
+
+    def entries(self) -> Iterator[SourceEntry]:
+        if self._entries is None:
+            self._entries = self._load()
+        return iter(self._entries)
 
 
 class WindowReader:

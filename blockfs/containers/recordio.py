@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import SourceError
 from ..index import KIND_FILE
 from ..sources import SourceEntry
-from .base import DIR_MODE, FILE_MODE, DamageLog, TreeBuilder, WindowReader, pread_into
+from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
 
 if TYPE_CHECKING:
     from ..dataset import PackedDataset
@@ -181,7 +181,7 @@ def find_record_start(fd: int, start: int, size: int) -> int:
     return size
 
 
-class RecordIOSource:
+class RecordIOSource(ListedOnce):
     """The image records of one RecordIO file, named ``<label>/<id>.<ext>``."""
 
     provides_labels = True
@@ -194,16 +194,10 @@ class RecordIOSource:
             idx_path = candidate if os.path.isfile(candidate) else None
         self.idx_path = idx_path
         self._damage = DamageLog(self.path, skip_damaged)
-        self._entries: list[SourceEntry] | None = None
         self._full_labels: dict[str, list[float]] = {}
         self._fd = -1
 
     # --- the Source protocol ---------------------------------------------------------------------
-    def entries(self) -> Iterator[SourceEntry]:
-        if self._entries is None:
-            self._entries = self._load()
-        return iter(self._entries)
-
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, RecordEntry)
         return read_payload(partial(pread_into, self._fd), entry.parts, buf, entry.skip + offset)

@@ -28,7 +28,7 @@ from typing import Iterator
 from ..errors import SourceError
 from ..index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from ..sources import SourceEntry
-from .base import DamageLog, TreeBuilder, clean_member_name, pread_into
+from .base import DamageLog, ListedOnce, TreeBuilder, clean_member_name, pread_into
 from .spool import spool
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class TarEntry(SourceEntry):
     sparse: tarfile.TarInfo | None = None  # GNU sparse members are read through tarfile
 
 
-class TarSource:
+class TarSource(ListedOnce):
     """One tar archive.  ``compression`` is None (plain), "gzip", "bzip2" or "xz"."""
 
     provides_labels = False
@@ -68,17 +68,11 @@ class TarSource:
         self._shard = shard
         self._damage = DamageLog(self.path, skip_damaged)
         self._skipped: list[bytes] = []
-        self._entries: list[SourceEntry] | None = None
         self._fd = -1
         self._sparse_lock = threading.Lock()
         self._sparse_tar: tarfile.TarFile | None = None
 
     # --- the Source protocol ---------------------------------------------------------------------
-    def entries(self) -> Iterator[SourceEntry]:
-        if self._entries is None:
-            self._entries = self._load()
-        return iter(self._entries)
-
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, TarEntry)
         if entry.sparse is not None:

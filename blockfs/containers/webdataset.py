@@ -14,12 +14,11 @@ import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 from ..errors import SourceError
 from ..index import KIND_DIR, KIND_FILE
 from ..sources import SourceEntry
-from .base import TreeBuilder
+from .base import ListedOnce, TreeBuilder
 from .tar import TarEntry, TarSource
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ def expand_shards(spec: str | os.PathLike) -> list[str]:
     return names
 
 
-class WebDatasetSource:
+class WebDatasetSource(ListedOnce):
     """Several tar shards, one tree; samples labelled from their ``.cls`` members."""
 
     provides_labels = True
@@ -80,12 +79,6 @@ class WebDatasetSource:
                        for i, (s, c) in enumerate(zip(shards, compressions))]
         self.description = f"{len(shards)} WebDataset shards ({shards[0]} ...)" if len(shards) > 1 else shards[0]
         self._workers = workers or os.cpu_count() or 1
-        self._entries: list[SourceEntry] | None = None
-
-    def entries(self) -> Iterator[SourceEntry]:
-        if self._entries is None:
-            self._entries = self._load()
-        return iter(self._entries)
 
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, TarEntry)

@@ -141,7 +141,10 @@ def two_means_threshold(values: np.ndarray) -> float:
     total = prefix[-1] + v[-1]
     gain = prefix**2 / n_low + (total - prefix) ** 2 / (v.size - n_low)
     gain[ordered[:-1] == ordered[1:]] = -np.inf  # a split must fall between two different values
-    return float(ordered[int(np.argmax(gain))])
+    # Equal splits can differ by rounding; take the lowest of those within rounding of the best, so the
+    # threshold does not depend on the order in which floating-point sums happened to round.
+    tolerance = 1e-12 * float(np.dot(v, v))
+    return float(ordered[int(np.flatnonzero(gain >= gain.max() - tolerance)[0])])
 
 
 def volatile_mask(tracker: LossTracker, ids: np.ndarray) -> np.ndarray:

@@ -11,8 +11,15 @@ import importlib.util
 import os
 
 import pytest
+from hypothesis import settings
 
 REQUIRE_ALL = os.environ.get("BLOCKFS_REQUIRE_ALL") == "1"
+
+# CI runs the property tests on a fixed set of examples, so its verdict is the code's and not the draw's;
+# local runs keep exploring new examples (and remember failures in .hypothesis/).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if REQUIRE_ALL:
+    settings.load_profile("ci")
 
 
 def require(condition: bool, what: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,17 +21,22 @@ from blockfs.order import BlockLayout
 
 
 def brute_force_threshold(values: np.ndarray) -> float:
-    """The 2-means split that minimises the within-cluster squared error, by trying every cut."""
-    v = np.sort(values)
-    best, cut = np.inf, None
-    for i in range(1, v.size):
+    """The 2-means split that minimises the within-cluster squared error, by trying every cut.
+
+    Exact in rational arithmetic (the values are integers), so equal splits really are equal; of those
+    the lowest cut is the answer, as two_means_threshold promises.
+    """
+    v = sorted(Fraction(int(x)) for x in values)
+    best, cut = None, None
+    for i in range(1, len(v)):
         if v[i - 1] == v[i]:
             continue
         low, high = v[:i], v[i:]
-        sse = ((low - low.mean()) ** 2).sum() + ((high - high.mean()) ** 2).sum()
-        if sse < best - 1e-9:
+        mean_low, mean_high = sum(low) / len(low), sum(high) / len(high)
+        sse = sum((x - mean_low) ** 2 for x in low) + sum((x - mean_high) ** 2 for x in high)
+        if best is None or sse < best:
             best, cut = sse, v[i - 1]
-    return np.inf if cut is None else cut
+    return np.inf if cut is None else float(cut)
 
 
 @settings(max_examples=80, deadline=None)
@@ -37,6 +44,12 @@ def brute_force_threshold(values: np.ndarray) -> float:
 def test_two_means_is_the_exact_split(values):
     values = np.asarray(values, dtype=np.float64)
     assert two_means_threshold(values) == brute_force_threshold(values)
+
+
+def test_two_means_takes_the_lowest_of_equal_splits():
+    # cutting after 21 or after 26 leaves the same squared error (553.5); the lower cut is the answer
+    values = np.array([0, 7, 15, 17, 19, 21, 25, 26, 44], dtype=np.float64)
+    assert two_means_threshold(values) == 21.0
 
 
 def test_two_means_separates_two_groups():

@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 BINDING_ENV = "BLOCKFS_FUSE"
 ENCODING = "latin-1"
 DEFAULT_CONTROL = ".blockfs"
+BLOCKS_LEAF = b"blocks"  # <control>/blocks/NNNNNNNN: the block files, read through the mount
 CONTROL_XATTR = "user.blockfs.control"
 STATS_XATTR = "user.blockfs.stats"
 FILE_XATTRS = ("user.blockfs.label", "user.blockfs.class", "user.blockfs.block")
@@ -415,7 +416,10 @@ class BlockFS(binding.Operations):
 
 
 class _Control:
-    """The control directory: live statistics and the dataset's metadata and index, outside its tree."""
+    """The control directory: live statistics and the dataset's metadata and index, outside its tree,
+    and ``blocks/NNNNNNNN``, each block file as stored (see :meth:`PackedDataset.read_block_range`): a
+    loader that knows the layout reads a file as one ``pread`` of an already open block, with no path
+    lookup and no open per file, and still gets the mount's cache, verification and statistics."""
 
     def __init__(self, fs: BlockFS, name: str) -> None:
         self.fs = fs
@@ -429,6 +433,8 @@ class _Control:
         self._index_size = os.fstat(self._index_fd).st_size
         self._ino = int(fs._a["ino"].max(initial=0)) + 1  # after every entry's inode
         self._files = {b"stats.json": 1, b"metadata.json": 2, b"index.bfi": 3}
+        self._blocks_ino = self._ino + 4  # then one inode per block file
+        self._block_sizes = fs._a["block_sizes"]
         self._snapshot = b""
         self._served = threading.Event()
 
@@ -436,32 +442,53 @@ class _Control:
         return raw.startswith(self.path) and (len(raw) == len(self.path) or raw[len(self.path)] == 0x2F)
 
     def readdir(self, raw: bytes) -> list:
-        if self._leaf(raw) is not None:
+        leaf = self._leaf(raw)
+        if leaf == BLOCKS_LEAF:
+            return [
+                (".", {"st_mode": stat.S_IFDIR, "st_ino": self._blocks_ino}, 0),
+                ("..", {"st_mode": stat.S_IFDIR, "st_ino": self._ino}, 0),
+            ] + [(f"{b:08d}", {"st_mode": stat.S_IFREG, "st_ino": self._blocks_ino + 1 + b}, 0)
+                 for b in range(len(self._block_sizes))]
+        if leaf is not None:
             raise FuseOSError(errno.ENOTDIR)
         return [
             (".", {"st_mode": stat.S_IFDIR, "st_ino": self._ino}, 0),
             ("..", {"st_mode": stat.S_IFDIR, "st_ino": int(self.fs._a["ino"][0])}, 0),
+            (BLOCKS_LEAF.decode(), {"st_mode": stat.S_IFDIR, "st_ino": self._blocks_ino}, 0),
         ] + [(n.decode(), {"st_mode": stat.S_IFREG, "st_ino": self._ino + k}, 0) for n, k in self._files.items()]
 
     def is_live(self, raw: bytes) -> bool:
         return raw.endswith(b"/stats.json")
 
     def _leaf(self, raw: bytes) -> bytes | None:
-        """The file name inside the directory; None for the directory itself."""
+        """The path inside the directory (``blocks/NNNNNNNN`` for a block); None for the directory itself."""
         rest = raw[len(self.path) + 1 :]
         if not rest:
             return None
-        if rest not in self._files:
+        if rest not in self._files and rest != BLOCKS_LEAF and self._block_of(rest) is None:
             raise FuseOSError(errno.ENOENT)
         return rest
+
+    def _block_of(self, leaf: bytes) -> int | None:
+        """The block a ``blocks/NNNNNNNN`` path names (exactly that spelling), else None."""
+        name = leaf[len(BLOCKS_LEAF) + 1 :]
+        if not leaf.startswith(BLOCKS_LEAF + b"/") or len(name) != 8 or not name.isdigit():
+            return None
+        block = int(name)
+        return block if block < len(self._block_sizes) else None
 
     def getattr(self, raw: bytes) -> dict[str, Any]:
         leaf = self._leaf(raw)
         now = int(self.fs._started * 1e9)
         common = {"st_uid": self.fs._uid, "st_gid": self.fs._gid, "st_atime": now, "st_ctime": now}
-        if leaf is None:
-            return {**common, "st_mode": stat.S_IFDIR | 0o555, "st_ino": self._ino, "st_nlink": 2, "st_size": 0,
-                    "st_mtime": now}
+        if leaf is None or leaf == BLOCKS_LEAF:
+            return {**common, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0, "st_mtime": now,
+                    "st_ino": self._ino if leaf is None else self._blocks_ino}
+        block = self._block_of(leaf)
+        if block is not None:
+            size = int(self._block_sizes[block])
+            return {**common, "st_mode": stat.S_IFREG | 0o444, "st_ino": self._blocks_ino + 1 + block,
+                    "st_nlink": 1, "st_size": size, "st_blocks": (size + 511) // 512, "st_mtime": now}
         if leaf == b"stats.json":
             self._snapshot = self._stats_bytes()
             size, now = len(self._snapshot), time.time_ns()
@@ -474,8 +501,11 @@ class _Control:
 
     def read(self, raw: bytes, size: int, offset: int) -> bytes:
         leaf = self._leaf(raw)
-        if leaf is None:
+        if leaf is None or leaf == BLOCKS_LEAF:
             raise FuseOSError(errno.EISDIR)
+        block = self._block_of(leaf)
+        if block is not None:
+            return self.fs._ds.read_block_range(block, offset, size)
         if leaf == b"index.bfi":
             return os.pread(self._index_fd, size, offset)
         if leaf == b"metadata.json":

@@ -192,7 +192,12 @@ def _fsync_dir(path: str) -> None:
 
 
 class _BlockWriter:
-    """Writes one block at a time per thread; returns per-file CRCs."""
+    """Writes one block at a time per thread; returns per-file CRCs.
+
+    With fsync on, a written block is flushed by a separate thread while its writer goes on to the next
+    block, so the disk's write time overlaps the reading and checksumming instead of adding to it;
+    :meth:`wait_durable` returns once every block is on disk (the index is written only after that).
+    """
 
     def __init__(self, source: Source, dest: str, options: PackOptions) -> None:
         self.source = source
@@ -201,6 +206,36 @@ class _BlockWriter:
         self.unreadable: list[bytes] = []
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-fsync")
+        self._syncs: list[Future] = []
+
+    def __enter__(self) -> "_BlockWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._syncer.shutdown(wait=True, cancel_futures=True)
+
+    def _sync_later(self, f) -> None:
+        """fsync ``f``'s file on the fsync thread (through a duplicate descriptor: ``f`` is about to close)."""
+        if not self.options.fsync:
+            return
+        fd = os.dup(f.fileno())
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        with self._lock:
+            self._syncs.append(self._syncer.submit(sync))
+
+    def wait_durable(self) -> None:
+        """Block until every block written so far is on disk; an fsync error is raised here."""
+        with self._lock:
+            syncs, self._syncs = self._syncs, []
+        for fut in syncs:
+            fut.result()
 
     def write(self, block: int, members: list[SourceEntry]) -> list[int]:
         tmp = block_path(self.dest, block) + ".tmp"
@@ -257,8 +292,7 @@ class _BlockWriter:
         with open(tmp, "wb") as f:
             f.write(header)
             f.write(view[:pos])
-            if self.options.fsync:
-                os.fsync(f.fileno())
+            self._sync_later(f)
         return crcs
 
     def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> list[int]:
@@ -291,8 +325,7 @@ class _BlockWriter:
                 f.truncate(0)
             f.seek(0)
             f.write(header)
-            if self.options.fsync:
-                os.fsync(f.fileno())
+            self._sync_later(f)
         return [crc]
 
 
@@ -343,8 +376,9 @@ def pack(
     bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
     n_blocks = len(bounds) - 1
 
-    writer = _BlockWriter(source, dest, options)
-    crcs = _write_blocks(writer, stored, bounds, options.workers or os.cpu_count() or 1, progress)
+    with _BlockWriter(source, dest, options) as writer:
+        crcs = _write_blocks(writer, stored, bounds, options.workers or os.cpu_count() or 1, progress)
+        writer.wait_durable()
     crc_of = {id(f): crc for f, crc in zip(stored, crcs)}
 
     unreadable = set(writer.unreadable)

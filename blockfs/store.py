@@ -120,6 +120,10 @@ class BlockStore:
         except CorruptBlockError as e:
             raise CorruptBlockError(f"{self.where(block)}: truncated header ({e})", block=block) from None
 
+    def header_bytes(self, block: int) -> bytes:
+        """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
+        return self._pread_header(block, self.header(block).data_start)
+
     def read_block(self, block: int) -> bytes:
         """The whole data section of a block, verified by its CRC."""
         return self._read_verified(block)[0]

@@ -27,6 +27,7 @@ import pytest
 
 import blockfs
 from blockfs.dataset import PackedDataset
+from blockfs.errors import FormatError
 from blockfs.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
 from blockfs.unpack import unpack
 from conftest import has_fuse, require
@@ -41,11 +42,17 @@ import make_dataset as md  # noqa: E402
 B = 32
 
 
-def make_fake_mount(packed: Path, out: Path, control: str = ".blockfs") -> Path:
-    """What a mount of ``packed`` shows, as a plain directory: the tree, the control directory, the xattr."""
+def make_fake_mount(packed: Path, out: Path, control: str = ".blockfs", blocks: bool = True) -> Path:
+    """What a mount of ``packed`` shows, as a plain directory: the tree, the control directory (with the
+    block files under ``blocks/`` unless ``blocks=False``, as an older mount shows it), the xattr."""
     with PackedDataset(packed) as ds:
         unpack(ds, out)
+        paths = ds.store.block_paths
     (out / control).mkdir()
+    if blocks:
+        (out / control / "blocks").mkdir()
+        for b, path in enumerate(paths):
+            shutil.copy(path, out / control / "blocks" / f"{b:08d}")
     shutil.copy(packed / "index.bfi", out / control / "index.bfi")
     shutil.copy(packed / "blockfs.json", out / control / "metadata.json")
     (out / control / "stats.json").write_text("{}")
@@ -142,6 +149,25 @@ def test_an_epoch_yields_every_file_once_with_its_bytes_and_label(bl, tiny, work
             rel = os.path.relpath(loader.path(i), loader.root)
             assert data == (tiny / "src" / rel).read_bytes()
             assert rel.split("/")[0] == classes[label]  # labels come from the index, not from paths
+
+
+def test_without_block_files_in_the_mount_files_are_opened_by_path(bl, tiny, tmp_path):
+    # A mount without blocks/ (an older one): the same epoch, read file by file.
+    make_fake_mount(tiny / "packed", tmp_path / "old", blocks=False)
+    with bl.BlockLoader(tmp_path / "old", B, seed=3) as old, bl.BlockLoader(tiny / "mnt", B, seed=3) as new:
+        assert old.mount._blocks_dir is None and new.mount._blocks_dir is not None
+        for (a, la, ia), (b, lb, ib) in zip(old, new, strict=True):
+            assert list(a) == list(b) and la.tolist() == lb.tolist() and ia.tolist() == ib.tolist()
+
+
+def test_a_block_file_from_another_dataset_is_refused_by_name(bl, tiny, tmp_path):
+    fake = make_fake_mount(tiny / "packed", tmp_path / "mixed")
+    blocks = fake / ".blockfs" / "blocks"
+    shutil.copy(blocks / "00000003", blocks / "00000004")  # block 4's file now holds block 3
+    with bl.BlockLoader(fake, B, seed=0) as loader:
+        victim = int(loader.mount.layout.block_files[loader.mount.layout.block_offsets[4]])
+        with pytest.raises(FormatError, match="header says block 3"):
+            loader.mount.read(victim)
 
 
 def test_epochs_differ_and_the_seed_fixes_the_order(bl, tiny):
@@ -581,6 +607,8 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
     # Block order: each block was read from storage once, the rest were memory hits.
     assert stats["counters"]["block_loads"] == 30
     assert stats["counters"]["files_served"] >= 480
+    # Read through blocks/: no path lookup per file (one per block file, control files and directories).
+    assert stats["requests"].get("getattr", 0) < 100, stats["requests"]
 
 
 @pytest.mark.fuse

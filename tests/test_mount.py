@@ -25,6 +25,7 @@ import pytest
 
 import blockfs
 from blockfs import cli
+from blockfs import format as fmt
 from blockfs.dataset import PackedDataset
 from blockfs.index import PackedIndex
 from blockfs.mount import control_dir, is_mounted, read_stats
@@ -200,7 +201,7 @@ def test_control_files_are_hidden_and_carry_index_metadata_and_live_stats(edge_m
     _, mnt, m = edge_mount
     assert b".blockfs" not in os.listdir(mnt)
     ctl = control_dir(m.path)
-    assert sorted(os.listdir(ctl)) == ["index.bfi", "metadata.json", "stats.json"]
+    assert sorted(os.listdir(ctl)) == ["blocks", "index.bfi", "metadata.json", "stats.json"]
     index_bytes = (root / "packed" / "index.bfi").read_bytes()
     assert Path(ctl, "index.bfi").read_bytes() == index_bytes
     index = PackedIndex(os.path.join(ctl, "index.bfi"))
@@ -438,6 +439,50 @@ def test_damaged_blocks_fail_their_files_with_eio_and_the_mount_stays_up(tmp_pat
     for block, kind in zip((1, 2, 3, 4), ("data", "header", "truncated", "missing")):
         (line,) = [x for x in lines if f"block {block} " in x]
         assert any(f"(reading {os.fsdecode(p)!r})" in line for p in bad[kind]), (kind, line)
+
+
+def test_block_files_read_through_the_control_directory(tmp_path):
+    # blocks/NNNNNNNN is each block file byte for byte, served through the cache; a damaged one fails
+    # with EIO only in the ranges it damages, and a log line names the block and a file.
+    md.make_dataset(tmp_path / "src", "tiny", files=300, classes=3, seed=7)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)
+    ds = PackedDataset(tmp_path / "p")
+    raw = [Path(p).read_bytes() for p in ds.store.block_paths]
+    ds.close()
+    bad = _damage(tmp_path / "p")
+    with mounted(tmp_path / "p", tmp_path / "mnt") as m:
+        blocks = os.path.join(control_dir(m.path), "blocks")
+        names = sorted(os.listdir(blocks))
+        assert names == [f"{b:08d}" for b in range(len(raw))]
+        for b in [0] + list(range(5, len(raw))):
+            path = os.path.join(blocks, names[b])
+            assert os.stat(path).st_size == len(raw[b])
+            assert Path(path).read_bytes() == raw[b]
+            with open(path, "rb") as f:  # any offset and length, past the end included
+                for offset, size in ((0, 7), (33, 4000), (len(raw[b]) - 5, 100), (len(raw[b]) + 10, 10)):
+                    f.seek(offset)
+                    assert f.read(size) == raw[b][offset : offset + size]
+        for b in (1, 2, 3, 4):
+            with pytest.raises(OSError) as raised:
+                Path(blocks, names[b]).read_bytes()
+            assert raised.value.errno == errno.EIO, b
+        head = fmt.decode_header(raw[1], "block 1")  # its last file is far from the damaged first one
+        assert head.count > 4 and bad["data"][0] == PackedDataset(tmp_path / "p").files_in_block(1)[0]
+        start = head.data_start + int(head.offsets[-1])
+        with open(os.path.join(blocks, names[1]), "rb") as f:
+            f.seek(start)
+            assert f.read() == raw[1][start:]
+        for name in ("0", "00000000x", f"{len(raw):08d}"):
+            assert not os.path.exists(os.path.join(blocks, name)), name
+        assert is_mounted(m.path)
+        time.sleep(0.2)
+        log = m.log_text()
+    lines = [line for line in log.splitlines() if "EIO" in line]
+    assert len(lines) == 4, log
+    data_line = next(x for x in lines if "block 1 " in x)
+    assert f"(reading {os.fsdecode(bad['data'][0])!r})" in data_line
+    header_line = next(x for x in lines if "block 2 " in x)
+    assert "other files of the block" in header_line
 
 
 # --- processes and the command line ------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import filecmp
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -231,6 +233,28 @@ def test_failed_pack_over_an_old_dataset_does_not_leave_it_looking_complete(tmp_
     with pytest.raises(RuntimeError):
         blockfs.pack(src, tmp_path / "p", force=True)
     with pytest.raises(NotADatasetError):
+        blockfs.open_dataset(tmp_path / "p")
+
+
+def test_a_failed_block_fsync_fails_the_pack_before_the_index_is_written(tmp_path, monkeypatch):
+    # Blocks are flushed on a separate thread; its error must still reach the caller, and the
+    # dataset must not look complete (the index and metadata come only after every block is on disk).
+    src = _imagefolder_tree(tmp_path / "src", per_class=20)
+    real_fsync = os.fsync
+    block_syncs = []
+
+    def failing_fsync(fd):
+        if threading.current_thread().name.startswith("blockfs-fsync"):
+            block_syncs.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(pack_module.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        blockfs.pack(src, tmp_path / "p", block_size=4000)
+    assert block_syncs, "no block was flushed on the fsync thread"
+    assert not (tmp_path / "p" / fmt.INDEX_NAME).exists()
+    with pytest.raises(NotADatasetError, match="unfinished pack"):
         blockfs.open_dataset(tmp_path / "p")
 
 

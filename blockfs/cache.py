@@ -154,13 +154,14 @@ class BlockCache:
         self._n_files = n_files
         self._started = time.time()
         self._closed = False
+        self._announced = 0  # generation of the latest prefetch announcement
         # statistics (updated under self._lock)
         self._c = dict.fromkeys(
             (
                 "reads", "bytes_served", "files_served", "file_hits", "file_misses", "block_hits",
                 "block_misses", "block_loads", "readahead_loads", "prefill_loads", "load_waits",
                 "block_bytes_read", "file_reads", "file_bytes_read", "buffer_hits", "damaged_blocks",
-                "load_errors",
+                "load_errors", "announcements", "prefetch_loads",
             ),
             0,
         )  # fmt: skip
@@ -366,6 +367,26 @@ class BlockCache:
             if on_block is not None:
                 on_block(head.data_size)
 
+    def prefetch(self, blocks: list[int]) -> None:
+        """Load ``blocks`` in the background, in this order, as far as they fit without evicting anything
+        (a loader's announcement of what it reads next); a new call replaces the one before."""
+        with self._lock:
+            if self._closed:
+                return
+            self._announced += 1
+            self._c["announcements"] += 1
+            generation = self._announced
+        self._pool.submit(self._prefetch, list(blocks), generation)
+
+    def _prefetch(self, blocks: list[int], generation: int) -> None:
+        for block in blocks:
+            with self._lock:
+                if self._closed or self._announced != generation:
+                    return
+                if self._policy.used_bytes >= self._policy.budget_bytes:
+                    return  # full: nothing more is admitted without evicting
+            self._read_ahead(block, "prefetch_loads")
+
     def _read_ahead_locked(self, block: int) -> None:
         if self._closed:
             return
@@ -373,7 +394,7 @@ class BlockCache:
             if ahead not in self._blocks and ahead not in self._loading and ahead not in self._damaged:
                 self._pool.submit(self._read_ahead, ahead)
 
-    def _read_ahead(self, block: int) -> None:
+    def _read_ahead(self, block: int, counter: str = "readahead_loads") -> None:
         try:
             head = self._store.header(block)
         except CorruptBlockError:
@@ -381,10 +402,13 @@ class BlockCache:
         with self._lock:
             if block in self._policy or block in self._loading or block in self._damaged or self._closed:
                 return  # cached, loading, or known bad
+            announced = counter == "prefetch_loads"
+            if announced and head.data_size > self._policy.budget_bytes - self._policy.used_bytes:
+                return  # an announcement fills free room only: it must not evict a block being read
             if not self._policy.would_admit(block, head.data_size):
                 return  # a guess that does not fit is not a refusal of a read
             future, _mine = self._claim(block, head)  # new, so ours to load
-            self._c["readahead_loads"] += 1
+            self._c[counter] += 1
         self._load(block, head, future)
 
     # --- files read alone -------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from .format import INDEX_NAME, METADATA_NAME
 from .index import KIND_FILE, KIND_SYMLINK
 from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
+from .announce import PrefetchListener
 from .retain import RetainingReader, plan_dataset
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 BINDING_ENV = "BLOCKFS_FUSE"
 ENCODING = "latin-1"
 DEFAULT_CONTROL = ".blockfs"
+PREFETCH_XATTR = "user.blockfs.prefetch"  # on the control directory: the announcement socket (announce.py)
 BLOCKS_LEAF = b"blocks"  # <control>/blocks/NNNNNNNN: the block files, read through the mount
 CONTROL_XATTR = "user.blockfs.control"
 STATS_XATTR = "user.blockfs.stats"
@@ -437,6 +439,7 @@ class _Control:
         self._block_sizes = fs._a["block_sizes"]
         self._snapshot = b""
         self._served = threading.Event()
+        self.prefetch_address: bytes | None = None  # the socket that takes loaders' block announcements
 
     def owns(self, raw: bytes) -> bool:
         return raw.startswith(self.path) and (len(raw) == len(self.path) or raw[len(self.path)] == 0x2F)
@@ -518,12 +521,17 @@ class _Control:
         return self._snapshot[offset : offset + size]
 
     def getxattr(self, raw: bytes, name: str) -> bytes:
-        if self._leaf(raw) is None and name == STATS_XATTR:
-            return self._stats_bytes()
+        if self._leaf(raw) is None:
+            if name == STATS_XATTR:
+                return self._stats_bytes()
+            if name == PREFETCH_XATTR and self.prefetch_address is not None:
+                return self.prefetch_address
         raise FuseOSError(errno.ENODATA)
 
     def listxattr(self, raw: bytes) -> list[str]:
-        return [STATS_XATTR] if self._leaf(raw) is None else []
+        if self._leaf(raw) is not None:
+            return []
+        return [STATS_XATTR] + [PREFETCH_XATTR] * (self.prefetch_address is not None)
 
     def _stats_bytes(self) -> bytes:
         return json.dumps(self.fs.stats(), indent=1).encode() + b"\n"
@@ -639,7 +647,11 @@ def serve(
     else:
         ds.reader = cache
     fs = BlockFS(ds, cache, options, mountpoint, plan, retainer)
+    listener = None
     try:
+        if options.policy != "none":
+            listener = PrefetchListener(cache.prefetch, ds.n_blocks)
+            fs.control.prefetch_address = os.fsencode(listener.address)
         if options.preload:
             _preload(ds, cache, retainer, plan, on_progress)
         binding.FUSE(
@@ -656,6 +668,8 @@ def serve(
         log.debug("libfuse returned status %s after serving", e)
     finally:
         fs._stop.set()
+        if listener is not None:
+            listener.close()
         cache.close()
         if retainer is not None:
             retainer.close()

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import blockfs
@@ -483,6 +484,44 @@ def test_block_files_read_through_the_control_directory(tmp_path):
     assert f"(reading {os.fsdecode(bad['data'][0])!r})" in data_line
     header_line = next(x for x in lines if "block 2 " in x)
     assert "other files of the block" in header_line
+
+
+def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
+    # The prefetch socket named by user.blockfs.prefetch: announced blocks are loaded in the background,
+    # in order, into free room only; a malformed announcement is dropped and the mount stays up.
+    from blockfs.mountview import BlockfsMount
+
+    md.make_dataset(tmp_path / "src", "tiny", files=300, classes=3, seed=7)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)
+    block_bytes = [os.path.getsize(p) for p in PackedDataset(tmp_path / "p").store.block_paths]
+    budget = sum(block_bytes[b] for b in (5, 2, 7)) + 100  # room for the first three announced
+    with mounted(tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--no-prefill",
+                 "--readahead", "0", "--no-retain") as m:
+        view = BlockfsMount(m.path)
+        try:
+            address = os.getxattr(control_dir(m.path), "user.blockfs.prefetch")
+            import socket
+
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(address)
+                s.sendall(b"5\nnot a block\n")
+            assert view.announce(np.array([5, 2, 7, 0, 1]))
+            deadline = time.monotonic() + 10
+            while read_stats(m.path)["counters"]["prefetch_loads"] < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            counters = read_stats(m.path)["counters"]
+            assert counters["announcements"] == 1  # the malformed one was dropped
+            assert counters["prefetch_loads"] == 3 and counters["block_loads"] == 3  # 0 and 1 did not fit
+            before = counters["block_bytes_read"]
+            for rel in PackedDataset(tmp_path / "p").files_in_block(2):  # served from memory now
+                assert (Path(m.path) / os.fsdecode(rel)).read_bytes() == (tmp_path / "src" / os.fsdecode(rel)).read_bytes()
+            after = read_stats(m.path)["counters"]
+            assert after["block_bytes_read"] == before and after["file_reads"] == counters["file_reads"]
+        finally:
+            view.close()
+        log = m.log_text()
+    assert "prefetch announcement dropped" in log
 
 
 # --- processes and the command line ------------------------------------------------------------------

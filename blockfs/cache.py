@@ -385,7 +385,7 @@ class BlockCache:
                     return
                 if self._policy.used_bytes >= self._policy.budget_bytes:
                     return  # full: nothing more is admitted without evicting
-            self._read_ahead(block, "prefetch_loads")
+            self._read_ahead(block, announced=True)
 
     def _read_ahead_locked(self, block: int) -> None:
         if self._closed:
@@ -394,7 +394,7 @@ class BlockCache:
             if ahead not in self._blocks and ahead not in self._loading and ahead not in self._damaged:
                 self._pool.submit(self._read_ahead, ahead)
 
-    def _read_ahead(self, block: int, counter: str = "readahead_loads") -> None:
+    def _read_ahead(self, block: int, *, announced: bool = False) -> None:
         try:
             head = self._store.header(block)
         except CorruptBlockError:
@@ -402,13 +402,12 @@ class BlockCache:
         with self._lock:
             if block in self._policy or block in self._loading or block in self._damaged or self._closed:
                 return  # cached, loading, or known bad
-            announced = counter == "prefetch_loads"
             if announced and head.data_size > self._policy.budget_bytes - self._policy.used_bytes:
                 return  # an announcement fills free room only: it must not evict a block being read
             if not self._policy.would_admit(block, head.data_size):
                 return  # a guess that does not fit is not a refusal of a read
             future, _mine = self._claim(block, head)  # new, so ours to load
-            self._c[counter] += 1
+            self._c["prefetch_loads" if announced else "readahead_loads"] += 1
         self._load(block, head, future)
 
     # --- files read alone -------------------------------------------------------------------------

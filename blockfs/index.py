@@ -79,11 +79,6 @@ class IndexColumns:
     hardlink_of: dict[int, int]  # position -> position of the entry whose inode it shares
 
 
-def _parent_of(path: bytes) -> bytes:
-    cut = path.rfind(b"/")
-    return path[:cut] if cut >= 0 else b""
-
-
 def _pad(n: int) -> int:
     return -n % ALIGN
 
@@ -102,26 +97,26 @@ def write_index(
     n = len(cols.paths)
     if n == 0 or cols.paths.count(b"") != 1:
         raise ValueError("the entries must include the root (path b'') exactly once")
-    # Sorting by (parent, name) makes every directory's children one contiguous, name-sorted run.
-    keys = [(_parent_of(p), p) if p else (b"", b"") for p in cols.paths]
-    order = sorted(range(n), key=lambda i: (cols.paths[i] != b"", keys[i]))
+    # Sorting by (parent, name) makes every directory's children one contiguous, name-sorted run; the
+    # root's key (b"", b"") sorts before every other.
+    keys = [(p.rpartition(b"/")[0], p) for p in cols.paths]
+    order = sorted(range(n), key=keys.__getitem__)
     paths = [cols.paths[i] for i in order]
     new_id = np.empty(n, dtype=np.int64)
     new_id[np.asarray(order, dtype=np.int64)] = np.arange(n)
     id_of = {p: i for i, p in enumerate(paths)}
 
     kind = np.asarray(cols.kind)[order].astype(np.uint8)
-    parent = np.zeros(n, dtype=np.uint32)
+    parent_ids = [id_of.get(keys[i][0], -1) for i in order[1:]]
+    parent = np.array([0, *parent_ids], dtype=np.int64)
+    orphans = np.flatnonzero((parent[1:] < 0) | (kind[parent[1:]] != KIND_DIR))
+    if len(orphans):
+        raise ValueError(f"entry {paths[orphans[0] + 1]!r} has no parent directory in the index")
+    child_count = np.bincount(parent[1:], minlength=n).astype(np.uint32)
     child_start = np.zeros(n, dtype=np.uint32)
-    child_count = np.zeros(n, dtype=np.uint32)
-    for i in range(1, n):
-        par = id_of.get(_parent_of(paths[i]))
-        if par is None or kind[par] != KIND_DIR:
-            raise ValueError(f"entry {paths[i]!r} has no parent directory in the index")
-        parent[i] = par
-        if child_count[par] == 0:
-            child_start[par] = i
-        child_count[par] += 1
+    parents, first_child = np.unique(parent[1:], return_index=True)  # each run of children is contiguous
+    child_start[parents] = first_child + 1
+    parent = parent.astype(np.uint32)
 
     ino = np.arange(1, n + 1, dtype=np.uint64)
     nlink = np.ones(n, dtype=np.uint32)
@@ -144,11 +139,11 @@ def write_index(
     blob = b"\0" + b"".join(p + b"\0" for p in paths)
     path_offsets = np.empty(n + 1, dtype=np.uint64)
     path_offsets[0] = 1
-    np.cumsum([len(p) + 1 for p in paths], out=path_offsets[1:])
+    np.cumsum(np.fromiter(map(len, paths), dtype=np.uint64, count=n) + 1, out=path_offsets[1:])
     path_offsets[1:] += 1
 
     n_buckets = 1 << max(0, (n - 1).bit_length())
-    bucket = np.fromiter((zlib.crc32(p) for p in paths), dtype=np.uint64, count=n) & (n_buckets - 1)
+    bucket = np.fromiter(map(zlib.crc32, paths), dtype=np.uint64, count=n) & (n_buckets - 1)
     hash_order = np.argsort(bucket, kind="stable").astype(np.uint32)
     hash_start = np.searchsorted(bucket[hash_order], np.arange(n_buckets + 1)).astype(np.uint32)
 

@@ -18,6 +18,7 @@ import threading
 import time
 import zlib
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,13 +27,21 @@ import numpy as np
 from . import format as fmt
 from .format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
 from .errors import PackError
+from .forking import forked_pool
+from .writeback import start_writeback
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, write_index
 from .containers import open_source, spool_dir_for
 from .sources import DirectorySource, Source, SourceEntry
 
 log = logging.getLogger(__name__)
 
+# Blocks of several files use 32-bit offsets (the seed layout); a larger file still gets a block of its own.
+MAX_BLOCK_SIZE = fmt.NARROW_LIMIT
 STREAM_PIECE = 16 << 20  # huge files are copied in pieces of this size
+# Small files are gathered into a buffer of this size (or of the largest file, if larger) and written
+# out each time it fills: a reused buffer stays in memory, where a fresh block-sized one would cost a
+# page fault every 4 KiB.
+GATHER_SIZE = 8 << 20
 
 # (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros
 ProgressCallback = Callable[[int, int, int, int], None]
@@ -55,8 +64,8 @@ class PackOptions:
     fsync: bool = True
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if not 1 <= self.block_size < MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be between 1 byte and 4 GiB, got {self.block_size}")
         if self.files_per_block is not None and self.files_per_block < 1:
             raise ValueError(f"files_per_block must be positive, got {self.files_per_block}")
         if self.order not in ("shuffled", "directory"):
@@ -199,10 +208,11 @@ class _BlockWriter:
     :meth:`wait_durable` returns once every block is on disk (the index is written only after that).
     """
 
-    def __init__(self, source: Source, dest: str, options: PackOptions) -> None:
+    def __init__(self, source: Source, dest: str, options: PackOptions, flush_here: bool = True) -> None:
         self.source = source
         self.dest = dest
         self.options = options
+        self._flush_here = options.fsync and flush_here  # False in a worker process: the parent flushes
         self.unreadable: list[bytes] = []
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -215,11 +225,23 @@ class _BlockWriter:
     def __exit__(self, *exc: object) -> None:
         self._syncer.shutdown(wait=True, cancel_futures=True)
 
+    def for_child(self) -> "_BlockWriter":
+        """A writer for a forked worker process: it leaves fsync to this one (:meth:`written_elsewhere`)."""
+        return _BlockWriter(self.source, self.dest, self.options, flush_here=False)
+
+    def written_elsewhere(self, block: int, unreadable: list[bytes]) -> None:
+        """Take over a block a worker process wrote: its unreadable files, and flushing it to disk."""
+        self.unreadable.extend(unreadable)
+        if self.options.fsync:
+            self._sync_fd_later(os.open(block_path(self.dest, block), os.O_RDONLY | os.O_CLOEXEC))
+
     def _sync_later(self, f) -> None:
         """fsync ``f``'s file on the fsync thread (through a duplicate descriptor: ``f`` is about to close)."""
-        if not self.options.fsync:
-            return
-        fd = os.dup(f.fileno())
+        if self._flush_here:
+            self._sync_fd_later(os.dup(f.fileno()))
+
+    def _sync_fd_later(self, fd: int) -> None:
+        """fsync and close ``fd`` on the fsync thread."""
 
         def sync() -> None:
             try:
@@ -251,49 +273,79 @@ class _BlockWriter:
         try:
             n = self.source.read_into(entry, buf, offset)
         except OSError as e:
-            if self.options.skip_unreadable:
-                with self._lock:
-                    self.unreadable.append(entry.path)
-                return False
-            raise PackError(
-                f"cannot read {os.fsdecode(entry.path)!r} in {self.source.description!r}: {e.strerror}; "
-                "fix its permissions or pass --skip-unreadable"
-            ) from e
+            return self._unreadable(entry, e)
         if n != len(buf):
-            raise PackError(
-                f"{os.fsdecode(entry.path)!r} in {self.source.description!r} changed while packing "
-                f"(expected {entry.size} bytes); pack a tree that is not being written to"
-            )
+            raise self._changed(entry)
         return True
 
+    def _unreadable(self, entry: SourceEntry, error: OSError) -> bool:
+        """Note ``entry`` as skipped (returns False) if --skip-unreadable allows it; raise otherwise."""
+        if self.options.skip_unreadable:
+            with self._lock:
+                self.unreadable.append(entry.path)
+            return False
+        raise PackError(
+            f"cannot read {os.fsdecode(entry.path)!r} in {self.source.description!r}: {error.strerror}; "
+            "fix its permissions or pass --skip-unreadable"
+        ) from error
+
+    def _changed(self, entry: SourceEntry) -> PackError:
+        return PackError(
+            f"{os.fsdecode(entry.path)!r} in {self.source.description!r} changed while packing "
+            f"(expected {entry.size} bytes); pack a tree that is not being written to"
+        )
+
     def _buffer(self, size: int) -> memoryview:
-        """This thread's block buffer, reused from block to block (zeroing 64 MiB per block costs)."""
+        """This thread's gather buffer, reused from block to block."""
         buf = getattr(self._local, "buf", None)
         if buf is None or len(buf) < size:
             buf = self._local.buf = bytearray(size)
-        return memoryview(buf)[:size]
+        return memoryview(buf)
 
     def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> list[int]:
-        view = self._buffer(sum(m.size for m in members))
+        """Files gathered into the buffer, written each time it fills; the header last, at the front."""
+        view = self._buffer(max(GATHER_SIZE, *(m.size for m in members)))
         pos = 0
         sizes, labels, crcs = [], [], []
-        for m in members:  # the hot loop of a pack of small files: keep it plain
-            piece = view[pos : pos + m.size]
-            if self._read(m, piece):
-                crcs.append(zlib.crc32(piece))
+        read_into, crc32 = self.source.read_into, zlib.crc32
+        with open(tmp, "wb") as f:
+            f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
+            # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
+            # calls beyond the read and the CRC.
+            for m in members:
+                end = pos + m.size
+                if end > len(view):
+                    self._write_out(f, view[:pos])
+                    pos, end = 0, m.size
+                piece = view[pos:end]
+                try:
+                    n = read_into(m, piece)
+                except OSError as e:
+                    self._unreadable(m, e)  # raises unless --skip-unreadable
+                    # Keep the slot so slot numbers stay as planned; it holds nothing.
+                    crcs.append(0)
+                    sizes.append(0)
+                    labels.append(-1)
+                    continue
+                if n != m.size:
+                    raise self._changed(m)
+                crcs.append(crc32(piece))
                 sizes.append(m.size)
                 labels.append(m.label)
-                pos += m.size
-            else:  # keep the slot so slot numbers stay as planned; it holds nothing
-                crcs.append(0)
-                sizes.append(0)
-                labels.append(-1)
-        header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(view[:pos])
+                pos = end
+            self._write_out(f, view[:pos])
+            f.seek(0)
+            f.write(fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs)))
             self._sync_later(f)
         return crcs
+
+    def _write_out(self, f, data: memoryview) -> None:
+        """Append ``data`` to the block file; with fsync on, its writeback starts now (see writeback.py)."""
+        start = f.tell()
+        f.write(data)
+        if self.options.fsync:
+            f.flush()
+            start_writeback(f.fileno(), start, len(data))
 
     def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> list[int]:
         """One file larger than a block: copy it in pieces, header written last."""
@@ -315,7 +367,7 @@ class _BlockWriter:
                 crc = zlib.crc32(piece, crc)
                 if wide:
                     chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
-                f.write(piece)
+                self._write_out(f, piece)
                 done += len(piece)
             header = fmt.encode_header(
                 block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
@@ -361,29 +413,21 @@ def pack(
     if labels == "dirname" and getattr(source, "provides_labels", False):
         labels = "source"  # RecordIO headers, WebDataset .cls: the container's own labels win by default
     classes = assign_labels(files, labels, entries) if labels and labels != "source" else None
-    # Hard links: the first path of each inode holds the bytes; the others point at its slot.
-    primary_of: dict[object, SourceEntry] = {}
-    stored: list[SourceEntry] = []
-    for f in files:
-        if f.hardlink_key is None or f.hardlink_key not in primary_of:
-            stored.append(f)
-            if f.hardlink_key is not None:
-                primary_of[f.hardlink_key] = f
+    primary = _primaries(entries)
+    stored_at = np.flatnonzero(primary == np.arange(len(entries)))  # the entries whose bytes are stored
     if options.order == "shuffled":
-        perm = np.random.default_rng(options.seed).permutation(len(stored))
-        stored = [stored[i] for i in perm]
+        stored_at = stored_at[np.random.default_rng(options.seed).permutation(len(stored_at))]
+    stored = [entries[i] for i in stored_at]
     sizes = np.fromiter((f.size for f in stored), dtype=np.int64, count=len(stored))
     bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
     n_blocks = len(bounds) - 1
 
     with _BlockWriter(source, dest, options) as writer:
-        crcs = _write_blocks(writer, stored, bounds, options.workers or os.cpu_count() or 1, progress)
+        crcs = _write_blocks(writer, stored, sizes, bounds, options.workers or os.cpu_count() or 1, progress)
         writer.wait_durable()
-    crc_of = {id(f): crc for f, crc in zip(stored, crcs)}
 
     unreadable = set(writer.unreadable)
-    slot_of = {id(f): (b, s) for b in range(n_blocks) for s, f in enumerate(stored[bounds[b] : bounds[b + 1]])}
-    cols = _index_columns(entries, slot_of, crc_of, primary_of, unreadable)
+    cols = _index_columns(entries, primary, stored_at, bounds, crcs, unreadable)
     block_counts = np.diff(bounds).astype(np.uint32)
     block_sizes = np.array([os.path.getsize(block_path(dest, b)) for b in range(n_blocks)], dtype=np.uint64)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
@@ -453,66 +497,135 @@ def pack(
 
 
 def _write_blocks(
-    writer: _BlockWriter, stored: list[SourceEntry], bounds: np.ndarray, workers: int,
+    writer: _BlockWriter, stored: list[SourceEntry], sizes: np.ndarray, bounds: np.ndarray, workers: int,
     progress: ProgressCallback | None,
 ) -> list[int]:
-    """Write every block with ``workers`` threads; return the CRC of each stored file, in order."""
+    """Write every block with ``workers`` processes or threads; return the CRC of each stored file, in order.
+
+    Forked processes where the source allows it (see :mod:`blockfs.forking`), threads otherwise.
+    """
     crcs = [0] * len(stored)
-    total_bytes = sum(f.size for f in stored)
+    block_bytes = np.add.reduceat(sizes, bounds[:-1]).tolist() if len(stored) else []
+    total_bytes = sum(block_bytes)
     done_files = done_bytes = 0
+    n_blocks = len(bounds) - 1
+    workers = max(1, min(workers, n_blocks))
+    pool = None
+    if workers > 1 and getattr(writer.source, "forkable", False):
+        pool = forked_pool(workers, _start_forked_writer, (writer, stored, bounds))
+    forked = pool is not None
+    if pool is None:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
     if progress is not None:
         progress(0, 0, len(stored), total_bytes)
-    n_blocks = len(bounds) - 1
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack") as pool:
+    try:
         pending: dict[Future, int] = {}
         for b in range(n_blocks):
-            pending[pool.submit(writer.write, b, stored[bounds[b] : bounds[b + 1]])] = b
+            if forked:
+                pending[pool.submit(_write_forked, b)] = b
+            else:
+                pending[pool.submit(writer.write, b, stored[bounds[b] : bounds[b + 1]])] = b
             # Bound memory: at most two blocks in flight per worker; drain at the end.
             while pending and (len(pending) >= 2 * workers or b == n_blocks - 1):
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     done = pending.pop(fut)
                     lo, hi = int(bounds[done]), int(bounds[done + 1])
-                    crcs[lo:hi] = fut.result()
+                    if forked:
+                        crcs[lo:hi], unreadable = fut.result()
+                        writer.written_elsewhere(done, unreadable)
+                    else:
+                        crcs[lo:hi] = fut.result()
                     done_files += hi - lo
-                    done_bytes += sum(f.size for f in stored[lo:hi])
+                    done_bytes += block_bytes[done]
                     if progress is not None:
                         progress(done_files, done_bytes, len(stored), total_bytes)
+    except BrokenProcessPool as e:
+        raise PackError(f"a pack worker process died ({e}); was it killed for memory? retry with --workers 1") from e
+    finally:
+        # On an error, wait for the blocks being written (so nothing writes into dest after we return),
+        # and drop the rest.
+        pool.shutdown(wait=True, cancel_futures=True)
     return crcs
 
 
-def _primary(entry: SourceEntry, primary_of: dict[object, SourceEntry]) -> SourceEntry:
-    return entry if entry.hardlink_key is None else primary_of.get(entry.hardlink_key, entry)
+# The forked worker's plan, inherited from the parent at fork: (its writer, stored entries, block bounds).
+_forked_job: tuple[_BlockWriter, list[SourceEntry], np.ndarray] | None = None
 
 
-def _index_columns(entries, slot_of, crc_of, primary_of, unreadable) -> IndexColumns:
-    """Index columns for every entry kept (unreadable files and their hard links are dropped)."""
-    kept = [e for e in entries if not (e.kind == KIND_FILE and _primary(e, primary_of).path in unreadable)]
-    n = len(kept)
-    block = np.full(n, -1, dtype=np.int32)
-    slot = np.zeros(n, dtype=np.uint32)
-    crc = np.zeros(n, dtype=np.uint32)
-    links: dict[int, bytes] = {}
-    hardlink_of: dict[int, int] = {}
-    position = {id(e): i for i, e in enumerate(kept)}
-    for i, e in enumerate(kept):
+def _start_forked_writer(writer: _BlockWriter, stored: list[SourceEntry], bounds: np.ndarray) -> None:
+    global _forked_job
+    _forked_job = (writer.for_child(), stored, bounds)
+
+
+def _write_forked(block: int) -> tuple[list[int], list[bytes]]:
+    """In a worker process: write ``block``; return its CRCs and the files found unreadable."""
+    assert _forked_job is not None
+    writer, stored, bounds = _forked_job
+    seen = len(writer.unreadable)
+    crcs = writer.write(block, stored[bounds[block] : bounds[block + 1]])
+    return crcs, writer.unreadable[seen:]
+
+
+def _primaries(entries: list[SourceEntry]) -> np.ndarray:
+    """For each entry, the position of the entry that stores its bytes; -1 for what is not a file.
+
+    Hard links: the first path of each inode holds the bytes, the others point at it.
+    """
+    primary = [-1] * len(entries)
+    first_of: dict[object, int] = {}
+    for i, e in enumerate(entries):
         if e.kind == KIND_FILE:
-            primary = _primary(e, primary_of)
-            block[i], slot[i] = slot_of[id(primary)]
-            crc[i] = crc_of[id(primary)]
-            if primary is not e:
-                hardlink_of[i] = position[id(primary)]
-        elif e.kind == KIND_SYMLINK:
-            links[i] = e.link_target
+            primary[i] = i if e.hardlink_key is None else first_of.setdefault(e.hardlink_key, i)
+    return np.array(primary, dtype=np.int64)
+
+
+def _index_columns(
+    entries: list[SourceEntry], primary: np.ndarray, stored_at: np.ndarray, bounds: np.ndarray,
+    crcs: list[int], unreadable: set[bytes],
+) -> IndexColumns:
+    """Index columns for every entry kept (unreadable files and their hard links are dropped).
+
+    ``stored_at[k]`` is the entry whose bytes went to position k of the block plan ``bounds``, and
+    ``crcs[k]`` their CRC.  Built with array operations: this runs once per pack over every entry.
+    """
+    n = len(entries)
+    kept = np.ones(n, dtype=bool)
+    if unreadable:
+        kept = np.array([p < 0 or entries[p].path not in unreadable for p in primary.tolist()], dtype=bool)
+    where = np.flatnonzero(kept)
+    kept_entries = [entries[i] for i in where] if len(where) < n else entries
+    primary = primary[where]
+    is_file = primary >= 0
+
+    stored_pos = np.full(n, -1, dtype=np.int64)
+    stored_pos[stored_at] = np.arange(len(stored_at))
+    pos = stored_pos[primary[is_file]]  # each kept file's position in the plan
+    block = np.full(len(where), -1, dtype=np.int32)
+    slot = np.zeros(len(where), dtype=np.uint32)
+    crc = np.zeros(len(where), dtype=np.uint32)
+    file_block = np.searchsorted(np.asarray(bounds), pos, side="right") - 1
+    block[is_file] = file_block
+    slot[is_file] = pos - np.asarray(bounds)[file_block]
+    crc[is_file] = np.asarray(crcs, dtype=np.uint32)[pos]
+
+    new_pos = np.cumsum(kept) - 1  # entry position -> position among the kept entries
+    aliases = np.flatnonzero(is_file & (primary != where))
+    hardlink_of = dict(zip(aliases.tolist(), new_pos[primary[aliases]].tolist()))
+    links = {i: e.link_target for i, e in enumerate(kept_entries) if e.kind == KIND_SYMLINK}
+    count = len(kept_entries)
     return IndexColumns(
-        paths=[e.path for e in kept],
-        kind=np.array([e.kind for e in kept], dtype=np.uint8),
-        mode=np.array([e.mode for e in kept], dtype=np.uint32),
-        mtime_ns=np.array([e.mtime_ns for e in kept], dtype=np.int64),
-        size=np.array([e.size if e.kind == KIND_FILE else (len(e.link_target) if e.kind == KIND_SYMLINK else 0) for e in kept], dtype=np.uint64),
+        paths=[e.path for e in kept_entries],
+        kind=np.fromiter((e.kind for e in kept_entries), dtype=np.uint8, count=count),
+        mode=np.fromiter((e.mode for e in kept_entries), dtype=np.uint32, count=count),
+        mtime_ns=np.fromiter((e.mtime_ns for e in kept_entries), dtype=np.int64, count=count),
+        size=np.fromiter(
+            (e.size if e.kind == KIND_FILE else len(e.link_target) for e in kept_entries), dtype=np.uint64,
+            count=count,
+        ),
         block=block,
         slot=slot,
-        label=np.array([e.label if e.kind == KIND_FILE else -1 for e in kept], dtype=np.int32),
+        label=np.fromiter((e.label if e.kind == KIND_FILE else -1 for e in kept_entries), dtype=np.int32, count=count),
         crc=crc,
         link_targets=links,
         hardlink_of=hardlink_of,

@@ -34,7 +34,12 @@ class SourceEntry:
 
 
 class Source(Protocol):
-    """The packer's view of its input."""
+    """The packer's view of its input.
+
+    A source may also set ``forkable = True`` when ``read_into`` works in forked copies of it at once
+    (it only ``pread``s descriptors it opened earlier: no shared file offsets, no locks); the packer then
+    writes blocks in worker processes instead of threads.
+    """
 
     description: str
 
@@ -53,6 +58,8 @@ class Source(Protocol):
 
 class DirectorySource:
     """A directory tree on a local filesystem, walked in sorted (byte) order."""
+
+    forkable = True  # read_into opens each file itself, relative to a descriptor of the root
 
     def __init__(self, root: str | os.PathLike, follow_symlinks: bool = False) -> None:
         self.root = os.fsencode(root)

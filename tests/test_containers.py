@@ -243,17 +243,23 @@ def test_tar_member_semantics(tmp_path, caplog):
         assert ds.read("weird") == b"unknown type" and verify(ds) == []
 
 
-def test_sparse_member(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sparse_members(tmp_path, workers):
+    # With two workers, the four sparse members are read by two forked processes at the same time.
     (tmp_path / "src").mkdir()
-    with open(tmp_path / "src" / "sparse", "wb") as f:
-        f.truncate(3 << 20)
-        f.seek(1 << 20)
-        f.write(b"middle")
-    subprocess.run(["tar", "--sparse", "-C", str(tmp_path / "src"), "-cf", str(tmp_path / "s.tar"), "sparse"],
+    names = [f"sparse{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        with open(tmp_path / "src" / name, "wb") as f:
+            f.truncate(3 << 20)
+            f.seek((1 << 20) + i)
+            f.write(np.random.default_rng(i).bytes(100_000))
+    subprocess.run(["tar", "--sparse", "-C", str(tmp_path / "src"), "-cf", str(tmp_path / "s.tar"), *names],
                    check=True)
-    blockfs.pack(tmp_path / "s.tar", tmp_path / "p")
+    blockfs.pack(tmp_path / "s.tar", tmp_path / "p", block_size=1 << 20, workers=workers, order="directory")
     with blockfs.open_dataset(tmp_path / "p") as ds:
-        assert ds.read("sparse") == (tmp_path / "src" / "sparse").read_bytes()
+        assert ds.n_blocks == 4
+        for name in names:
+            assert ds.read(name) == (tmp_path / "src" / name).read_bytes()
 
 
 def _member_bytes(i: int) -> bytes:

@@ -195,27 +195,51 @@ def test_file_over_4_gib(tmp_path):
     assert ds.read("huge.bin", (1 << 32) - 2, 4) == b"\0" * 4
 
 
-def test_killed_pack_leaves_nothing_that_opens_and_a_rerun_succeeds(tmp_path):
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped for good
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killed_pack_leaves_nothing_that_opens_and_a_rerun_succeeds(tmp_path, workers):
+    # With two workers the blocks are written by forked processes: they must die with the pack, not
+    # finish the block in hand (three seconds each here).
     src = _imagefolder_tree(tmp_path / "src", per_class=200, size=2000)
     dest = tmp_path / "p"
+    (tmp_path / "pids").mkdir()
     slow = (
-        "import sys, time, blockfs\n"
+        "import os, sys, time, blockfs\n"
         "from blockfs.sources import DirectorySource\n"
         "class Slow(DirectorySource):\n"
         "    def read_into(self, e, buf, offset=0):\n"
-        "        time.sleep(0.01)\n"
+        "        open(os.path.join(sys.argv[3], str(os.getpid())), 'w').close()\n"
+        f"        time.sleep({0.01 if workers == 1 else 0.3})\n"
         "        return super().read_into(e, buf, offset)\n"
-        "blockfs.pack(Slow(sys.argv[1]), sys.argv[2], block_size=20000, workers=1)\n"
+        f"blockfs.pack(Slow(sys.argv[1]), sys.argv[2], block_size=20000, workers={workers})\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", slow, str(src), str(dest)])
+    proc = subprocess.Popen([sys.executable, "-c", slow, str(src), str(dest), str(tmp_path / "pids")])
     try:
+        def started() -> bool:
+            if workers > 1:  # every worker is inside a block
+                return len(os.listdir(tmp_path / "pids")) == workers
+            return len(os.listdir(dest / "blocks") if (dest / "blocks").exists() else []) >= 3
+
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(os.listdir(dest / "blocks") if (dest / "blocks").exists() else []) < 3:
+        while time.monotonic() < deadline and not started():
             time.sleep(0.02)
         assert proc.poll() is None, "the pack finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
+    readers = {int(p) for p in os.listdir(tmp_path / "pids")}
+    assert len(readers) == workers and (workers == 1) == (readers == {proc.pid})
+    deadline = time.monotonic() + 1
+    while any(map(_alive, readers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, readers)), "a pack worker outlived the killed pack"
     with pytest.raises(NotADatasetError, match="unfinished pack"):
         blockfs.open_dataset(dest)
     blockfs.pack(src, dest, block_size=20000)  # no --force needed for our own unfinished pack
@@ -236,22 +260,29 @@ def test_failed_pack_over_an_old_dataset_does_not_leave_it_looking_complete(tmp_
         blockfs.open_dataset(tmp_path / "p")
 
 
-def test_a_failed_block_fsync_fails_the_pack_before_the_index_is_written(tmp_path, monkeypatch):
-    # Blocks are flushed on a separate thread; its error must still reach the caller, and the
-    # dataset must not look complete (the index and metadata come only after every block is on disk).
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_block_is_flushed_and_a_failed_flush_fails_the_pack_before_the_index(tmp_path, monkeypatch, workers):
+    # Blocks are flushed on a separate thread of the calling process (also those written by worker
+    # processes); an error there must still reach the caller, and the dataset must not look complete
+    # (the index and metadata come only after every block is on disk).
     src = _imagefolder_tree(tmp_path / "src", per_class=20)
     real_fsync = os.fsync
     block_syncs = []
+    fail = False
 
-    def failing_fsync(fd):
+    def recording_fsync(fd):
         if threading.current_thread().name.startswith("blockfs-fsync"):
-            block_syncs.append(fd)
-            raise OSError(errno.EIO, "Input/output error")
+            block_syncs.append(os.fstat(fd).st_ino)
+            if fail:
+                raise OSError(errno.EIO, "Input/output error")
         real_fsync(fd)
 
-    monkeypatch.setattr(pack_module.os, "fsync", failing_fsync)
+    monkeypatch.setattr(pack_module.os, "fsync", recording_fsync)
+    r = blockfs.pack(src, tmp_path / "ok", block_size=4000, workers=workers)
+    assert sorted(block_syncs) == sorted(os.stat(fmt.block_path(tmp_path / "ok", b)).st_ino for b in range(r.n_blocks))
+    fail = True
     with pytest.raises(OSError, match="Input/output error"):
-        blockfs.pack(src, tmp_path / "p", block_size=4000)
+        blockfs.pack(src, tmp_path / "p", block_size=4000, workers=workers)
     assert block_syncs, "no block was flushed on the fsync thread"
     assert not (tmp_path / "p" / fmt.INDEX_NAME).exists()
     with pytest.raises(NotADatasetError, match="unfinished pack"):
@@ -276,6 +307,20 @@ def test_refusals(tmp_path):
     blockfs.pack(src, tmp_path / "p", force=True)
     with pytest.raises(ValueError, match="block_size"):
         blockfs.pack(src, tmp_path / "q", block_size=0)
+    with pytest.raises(ValueError, match="block_size must be between 1 byte and 4 GiB"):
+        blockfs.pack(src, tmp_path / "q", block_size=4 << 30)
+
+
+def test_blocks_larger_than_the_gather_buffer_keep_every_byte(tmp_path, monkeypatch):
+    # The buffer is written out each time it fills, and grows for a file larger than itself.
+    monkeypatch.setattr(pack_module, "GATHER_SIZE", 1500)
+    src = _imagefolder_tree(tmp_path / "src", per_class=20, size=700)
+    (src / "cat" / "large.bin").write_bytes(np.random.default_rng(2).bytes(5000))
+    blockfs.pack(src, tmp_path / "p", block_size=30000, fsync=False)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        assert verify(ds) == []
+        unpack(ds, tmp_path / "out")
+    assert tree_snapshot(tmp_path / "out") == tree_snapshot(src)
 
 
 def test_newer_dataset_version_is_refused(tmp_path):
@@ -287,7 +332,9 @@ def test_newer_dataset_version_is_refused(tmp_path):
         blockfs.open_dataset(tmp_path / "p")
 
 
-def test_unreadable_file_stops_the_pack_or_is_skipped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unreadable_file_stops_the_pack_or_is_skipped(tmp_path, monkeypatch, workers):
+    # With two workers and several blocks, the error and the skipped path come back from a worker process.
     src = _imagefolder_tree(tmp_path / "src", per_class=4)
     original = DirectorySource.read_into
 
@@ -298,9 +345,9 @@ def test_unreadable_file_stops_the_pack_or_is_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(DirectorySource, "read_into", read_into)
     with pytest.raises(PackError, match="dog/dog_002.jpg.*--skip-unreadable"):
-        blockfs.pack(src, tmp_path / "p")
-    r = blockfs.pack(src, tmp_path / "q", skip_unreadable=True)
-    assert r.skipped_unreadable == ["dog/dog_002.jpg"] and r.n_files == 11
+        blockfs.pack(src, tmp_path / "p", workers=workers, block_size=1200)
+    r = blockfs.pack(src, tmp_path / "q", skip_unreadable=True, workers=workers, block_size=1200)
+    assert r.skipped_unreadable == ["dog/dog_002.jpg"] and r.n_files == 11 and r.n_blocks == 6
     ds = blockfs.open_dataset(tmp_path / "q")
     assert "dog_002.jpg" not in ds.listdir("dog") and verify(ds) == []
     assert ds.read("dog/dog_003.jpg") == (src / "dog" / "dog_003.jpg").read_bytes()

@@ -184,6 +184,8 @@ def find_record_start(fd: int, start: int, size: int) -> int:
 class RecordIOSource(ListedOnce):
     """The image records of one RecordIO file, named ``<label>/<id>.<ext>``."""
 
+    forkable = True  # read_into only preads descriptors opened before packing starts
+
     provides_labels = True
 
     def __init__(self, path: str | os.PathLike, *, idx_path: str | None = None, skip_damaged: bool = False) -> None:

@@ -50,6 +50,8 @@ class TarEntry(SourceEntry):
 class TarSource(ListedOnce):
     """One tar archive.  ``compression`` is None (plain), "gzip", "bzip2" or "xz"."""
 
+    forkable = True  # read_into only preads descriptors opened before packing starts
+
     provides_labels = False
 
     def __init__(
@@ -71,6 +73,7 @@ class TarSource(ListedOnce):
         self._fd = -1
         self._sparse_lock = threading.Lock()
         self._sparse_tar: tarfile.TarFile | None = None
+        self._sparse_pid = 0  # the process that opened _sparse_tar
 
     # --- the Source protocol ---------------------------------------------------------------------
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
@@ -168,8 +171,11 @@ class TarSource(ListedOnce):
     # --- reading ---------------------------------------------------------------------------------
     def _read_sparse(self, entry: TarEntry, buf: memoryview, offset: int) -> int:
         with self._sparse_lock:  # tarfile objects are not thread-safe; sparse members are rare
-            if self._sparse_tar is None:
-                self._sparse_tar = tarfile.open(fileobj=open(self._fd, "rb", closefd=False), mode="r:",
+            if self._sparse_tar is None or self._sparse_pid != os.getpid():
+                # Its own open file (a fresh offset): forked packers must not move each other's offset.
+                own = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+                self._sparse_pid = os.getpid()
+                self._sparse_tar = tarfile.open(fileobj=open(own, "rb"), mode="r:",
                                                 encoding=ENCODING[0], errors=ENCODING[1])
             f = self._sparse_tar.extractfile(entry.sparse)
             assert f is not None

@@ -62,6 +62,8 @@ def expand_shards(spec: str | os.PathLike) -> list[str]:
 class WebDatasetSource(ListedOnce):
     """Several tar shards, one tree; samples labelled from their ``.cls`` members."""
 
+    forkable = True  # read_into only preads descriptors opened before packing starts
+
     provides_labels = True
 
     def __init__(

@@ -1,0 +1,46 @@
+"""Worker processes forked from the caller, for work that Python threads would do one at a time.
+
+Packing small files is mostly Python work per file (open, read, CRC, bookkeeping), and threads take turns
+on the GIL for it; forked processes run it on every core.  Fork (not spawn) because the children inherit
+the packing plan as it is in memory — nothing is pickled on the way in, and no interpreter starts.
+
+A child ignores SIGINT (the parent handles Ctrl-C and stops the pool) and is killed when the parent
+dies, so a killed pack leaves no orphan still writing into its destination.  Linux only; elsewhere
+:func:`forked_pool` returns None and the caller uses threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def forked_pool(
+    workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
+) -> ProcessPoolExecutor | None:
+    """A pool of ``workers`` forked processes that each run ``initializer(*initargs)`` first; None if
+    this platform cannot fork.  The arguments reach the children through fork, unpickled."""
+    if sys.platform != "linux":
+        return None
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_start_child,
+        initargs=(os.getpid(), initializer, initargs),
+    )
+
+
+def _start_child(parent: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    initializer(*initargs)

@@ -6,15 +6,19 @@ importance-aware epoch selected) connects to the socket named by the control dir
 needed first, and closes the connection. The mount hands the list to its cache, which loads those blocks
 in that order in the background as far as its budget holds them without evicting anything. It is a hint:
 a malformed announcement is logged and dropped, and nothing is answered.
+
+The socket lives in Linux's abstract namespace (its address starts with a NUL byte), so nothing is left in
+the filesystem when a mount is killed; only processes of the mount's own user (or root) are heard, checked
+with ``SO_PEERCRED``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
+import secrets
 import socket
-import tempfile
+import struct
 import threading
 from typing import Callable
 
@@ -29,8 +33,7 @@ class PrefetchListener:
     def __init__(self, on_blocks: Callable[[list[int]], None], n_blocks: int) -> None:
         self._on_blocks = on_blocks
         self._n_blocks = n_blocks
-        self._dir = tempfile.mkdtemp(prefix="blockfs-prefetch-")  # 0700: only this user may announce
-        self.address = os.path.join(self._dir, "socket")
+        self.address = b"\0blockfs-prefetch-" + secrets.token_hex(12).encode()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.address)
         self._server.listen(16)
@@ -45,6 +48,10 @@ class PrefetchListener:
             except OSError:
                 return  # closed
             with conn:
+                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+                if uid not in (os.getuid(), 0):
+                    log.warning("prefetch announcement dropped: process %d of user %d is not this mount's user", pid, uid)
+                    continue
                 conn.settimeout(5.0)
                 data = bytearray()
                 try:
@@ -72,4 +79,3 @@ class PrefetchListener:
             pass
         self._server.close()
         self._thread.join(timeout=5)
-        shutil.rmtree(self._dir, ignore_errors=True)

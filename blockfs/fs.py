@@ -651,7 +651,7 @@ def serve(
     try:
         if options.policy != "none":
             listener = PrefetchListener(cache.prefetch, ds.n_blocks)
-            fs.control.prefetch_address = os.fsencode(listener.address)
+            fs.control.prefetch_address = listener.address
         if options.preload:
             _preload(ds, cache, retainer, plan, on_progress)
         binding.FUSE(

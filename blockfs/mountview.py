@@ -16,8 +16,8 @@ Without ``blocks/`` (another mount version), each file is opened by path.
 will read, first needed first (with ``importance=``, only the blocks of the selected samples), so the mount
 can fetch them ahead of the reader. The mount is read-only (and in its ``enosys`` open mode the kernel
 sends no ``open`` at all), so the channel is not a file in it: when the control directory has the extended
-attribute ``user.blockfs.prefetch``, its value is the path of a Unix stream socket the mount listens on;
-the loader connects, sends the block ids as ASCII decimal numbers, one per line (``b"17\\n3\\n42\\n"``),
+attribute ``user.blockfs.prefetch``, its value is the address of a Unix stream socket the mount listens on
+(in Linux's abstract namespace: it starts with a NUL byte; pass it to ``connect`` as it is); the loader connects, sends the block ids as ASCII decimal numbers, one per line (``b"17\\n3\\n42\\n"``),
 and closes the connection (end of the announcement). It is a hint: the mount may cut it short or ignore it,
 and the loader does not wait for an answer.
 """
@@ -185,7 +185,7 @@ class BlockfsMount:
                 channel.sendall(payload)
         except OSError as e:
             warnings.warn(
-                f"cannot announce the epoch's blocks to the mount at {self.root} ({os.fsdecode(address)}): {e}",
+                f"cannot announce the epoch's blocks to the mount at {self.root} ({address!r}): {e}",
                 RuntimeWarning,
                 stacklevel=4,  # announce <- BlockLoader._epoch_plan <- len()/iter() <- the caller
             )

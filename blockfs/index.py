@@ -94,6 +94,30 @@ def write_index(
     ``block_counts[b]`` is the number of slots in block b, ``block_sizes[b]`` its file size in bytes.
     Writes ``path`` directly: the packer writes to a temporary name and renames.
     """
+    prepare_index(cols, block_counts).write(path, cols.crc, block_sizes)
+
+
+@dataclass
+class PreparedIndex:
+    """An index with everything but the file CRCs and block sizes, which the packer knows last."""
+
+    arrays: dict[str, np.ndarray | None]
+    order: np.ndarray  # index position -> position in the IndexColumns it was prepared from
+
+    def write(self, path: str | os.PathLike, crc: np.ndarray, block_sizes: np.ndarray) -> None:
+        """Write the index file at ``path``; ``crc`` is in the order of the prepared columns."""
+        arrays = dict(self.arrays, crc=np.asarray(crc)[self.order], block_sizes=np.asarray(block_sizes))
+        dtypes = dict(ENTRY_COLUMNS)
+        dtypes.update(
+            path_offsets="<u8", paths="u1", link_offsets="<u8", links="u1", hash_start="<u4",
+            hash_order="<u4", block_counts="<u4", block_sizes="<u8", block_offsets="<u8",
+            block_files="<u4",
+        )
+        _write_arrays(path, {k: np.ascontiguousarray(v, dtype=dtypes[k]) for k, v in arrays.items()})
+
+
+def prepare_index(cols: IndexColumns, block_counts: np.ndarray) -> PreparedIndex:
+    """Sort the entries into tree order and build the lookup tables (``cols.crc`` is not read)."""
     n = len(cols.paths)
     if n == 0 or cols.paths.count(b"") != 1:
         raise ValueError("the entries must include the root (path b'') exactly once")
@@ -161,7 +185,7 @@ def write_index(
         "block": block,
         "slot": slot,
         "label": np.asarray(cols.label)[order],
-        "crc": np.asarray(cols.crc)[order],
+        "crc": None,  # filled in by PreparedIndex.write
         "ino": ino,
         "nlink": nlink,
         "parent": parent,
@@ -174,17 +198,11 @@ def write_index(
         "hash_start": hash_start,
         "hash_order": hash_order,
         "block_counts": np.asarray(block_counts),
-        "block_sizes": np.asarray(block_sizes),
+        "block_sizes": None,  # filled in by PreparedIndex.write
         "block_offsets": block_offsets,
         "block_files": by_block.astype(np.uint32),
     }
-    dtypes = dict(ENTRY_COLUMNS)
-    dtypes.update(
-        path_offsets="<u8", paths="u1", link_offsets="<u8", links="u1", hash_start="<u4",
-        hash_order="<u4", block_counts="<u4", block_sizes="<u8", block_offsets="<u8",
-        block_files="<u4",
-    )
-    _write_arrays(path, {k: np.ascontiguousarray(v, dtype=dtypes[k]) for k, v in arrays.items()})
+    return PreparedIndex(arrays, np.asarray(order, dtype=np.int64))
 
 
 def _write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:

@@ -20,7 +20,7 @@ import zlib
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from .format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block
 from .errors import PackError
 from .forking import forked_pool
 from .writeback import start_writeback
-from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, write_index
+from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, prepare_index
 from .containers import open_source, spool_dir_for
 from .sources import DirectorySource, Source, SourceEntry
 
@@ -45,6 +45,7 @@ GATHER_SIZE = 8 << 20
 
 # (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros
 ProgressCallback = Callable[[int, int, int, int], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -422,16 +423,28 @@ def pack(
     bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
     n_blocks = len(bounds) - 1
 
+    block_counts = np.diff(bounds).astype(np.uint32)
+
+    def index_without_crcs(unreadable: frozenset[bytes] = frozenset()):
+        cols, plan_pos = _index_columns(entries, primary, stored_at, bounds, unreadable)
+        return cols, plan_pos, prepare_index(cols, block_counts)
+
     with _BlockWriter(source, dest, options) as writer:
-        crcs = _write_blocks(writer, stored, sizes, bounds, options.workers or os.cpu_count() or 1, progress)
+        crcs, prepared = _write_blocks(
+            writer, stored, sizes, bounds, options.workers or os.cpu_count() or 1, progress, meanwhile=index_without_crcs,
+        )  # fmt: skip
         writer.wait_durable()
 
     unreadable = set(writer.unreadable)
-    cols = _index_columns(entries, primary, stored_at, bounds, crcs, unreadable)
-    block_counts = np.diff(bounds).astype(np.uint32)
+    if unreadable:  # rare: the entries kept are not those the index was prepared with
+        prepared = index_without_crcs(frozenset(unreadable))
+    cols, plan_pos, index = prepared
+    is_file = plan_pos >= 0
+    file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
+    file_crcs[is_file] = np.asarray(crcs, dtype=np.uint32)[plan_pos[is_file]]
     block_sizes = np.array([os.path.getsize(block_path(dest, b)) for b in range(n_blocks)], dtype=np.uint64)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
-    write_index(tmp_index, cols, block_counts, block_sizes)
+    index.write(tmp_index, file_crcs, block_sizes)
     os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
 
     kinds = np.asarray(cols.kind)
@@ -498,11 +511,14 @@ def pack(
 
 def _write_blocks(
     writer: _BlockWriter, stored: list[SourceEntry], sizes: np.ndarray, bounds: np.ndarray, workers: int,
-    progress: ProgressCallback | None,
-) -> list[int]:
-    """Write every block with ``workers`` processes or threads; return the CRC of each stored file, in order.
+    progress: ProgressCallback | None, meanwhile: Callable[[], T],
+) -> tuple[list[int], T]:
+    """Write every block with ``workers`` processes or threads; return the CRC of each stored file, in
+    order, and what ``meanwhile()`` returned.
 
-    Forked processes where the source allows it (see :mod:`blockfs.forking`), threads otherwise.
+    Forked processes where the source allows it (see :mod:`blockfs.forking`), threads otherwise.  With
+    processes, ``meanwhile`` runs on a thread of this otherwise idle process while they write; with
+    threads it runs after them (on the GIL it would only slow them down).
     """
     crcs = [0] * len(stored)
     block_bytes = np.add.reduceat(sizes, bounds[:-1]).tolist() if len(stored) else []
@@ -518,11 +534,15 @@ def _write_blocks(
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
     if progress is not None:
         progress(0, 0, len(stored), total_bytes)
+    side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile")
+    early: Future | None = None
     try:
         pending: dict[Future, int] = {}
         for b in range(n_blocks):
             if forked:
                 pending[pool.submit(_write_forked, b)] = b
+                if early is None:  # the workers are forked by now: no thread of ours is copied into them
+                    early = side.submit(meanwhile)
             else:
                 pending[pool.submit(writer.write, b, stored[bounds[b] : bounds[b + 1]])] = b
             # Bound memory: at most two blocks in flight per worker; drain at the end.
@@ -546,7 +566,8 @@ def _write_blocks(
         # On an error, wait for the blocks being written (so nothing writes into dest after we return),
         # and drop the rest.
         pool.shutdown(wait=True, cancel_futures=True)
-    return crcs
+        side.shutdown(wait=True)
+    return crcs, (early.result() if early is not None else meanwhile())
 
 
 # The forked worker's plan, inherited from the parent at fork: (its writer, stored entries, block bounds).
@@ -582,12 +603,14 @@ def _primaries(entries: list[SourceEntry]) -> np.ndarray:
 
 def _index_columns(
     entries: list[SourceEntry], primary: np.ndarray, stored_at: np.ndarray, bounds: np.ndarray,
-    crcs: list[int], unreadable: set[bytes],
-) -> IndexColumns:
-    """Index columns for every entry kept (unreadable files and their hard links are dropped).
+    unreadable: frozenset[bytes],
+) -> tuple[IndexColumns, np.ndarray]:
+    """Index columns for every entry kept (unreadable files and their hard links are dropped), and for
+    each kept entry the position in the block plan of the bytes it reads (-1: not a file).
 
-    ``stored_at[k]`` is the entry whose bytes went to position k of the block plan ``bounds``, and
-    ``crcs[k]`` their CRC.  Built with array operations: this runs once per pack over every entry.
+    ``stored_at[k]`` is the entry whose bytes went to position k of the block plan ``bounds``.  The CRC
+    column is left zero: the packer fills it in once the blocks are written.  Built with array
+    operations: this runs once per pack over every entry.
     """
     n = len(entries)
     kept = np.ones(n, dtype=bool)
@@ -603,18 +626,18 @@ def _index_columns(
     pos = stored_pos[primary[is_file]]  # each kept file's position in the plan
     block = np.full(len(where), -1, dtype=np.int32)
     slot = np.zeros(len(where), dtype=np.uint32)
-    crc = np.zeros(len(where), dtype=np.uint32)
+    plan_pos = np.full(len(where), -1, dtype=np.int64)
+    plan_pos[is_file] = pos
     file_block = np.searchsorted(np.asarray(bounds), pos, side="right") - 1
     block[is_file] = file_block
     slot[is_file] = pos - np.asarray(bounds)[file_block]
-    crc[is_file] = np.asarray(crcs, dtype=np.uint32)[pos]
 
     new_pos = np.cumsum(kept) - 1  # entry position -> position among the kept entries
     aliases = np.flatnonzero(is_file & (primary != where))
     hardlink_of = dict(zip(aliases.tolist(), new_pos[primary[aliases]].tolist()))
     links = {i: e.link_target for i, e in enumerate(kept_entries) if e.kind == KIND_SYMLINK}
     count = len(kept_entries)
-    return IndexColumns(
+    cols = IndexColumns(
         paths=[e.path for e in kept_entries],
         kind=np.fromiter((e.kind for e in kept_entries), dtype=np.uint8, count=count),
         mode=np.fromiter((e.mode for e in kept_entries), dtype=np.uint32, count=count),
@@ -626,10 +649,11 @@ def _index_columns(
         block=block,
         slot=slot,
         label=np.fromiter((e.label if e.kind == KIND_FILE else -1 for e in kept_entries), dtype=np.int32, count=count),
-        crc=crc,
+        crc=np.zeros(count, dtype=np.uint32),
         link_targets=links,
         hardlink_of=hardlink_of,
     )
+    return cols, plan_pos
 
 
 def _file_crc(path: str) -> int:

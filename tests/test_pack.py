@@ -311,6 +311,25 @@ def test_refusals(tmp_path):
         blockfs.pack(src, tmp_path / "q", block_size=4 << 30)
 
 
+def test_a_worker_process_that_dies_fails_the_pack_with_a_clear_error(tmp_path, monkeypatch):
+    # As if the kernel killed a worker for memory: the pack stops with an error saying so, and what it
+    # left behind does not open as a dataset.
+    src = _imagefolder_tree(tmp_path / "src", per_class=10)
+    parent = os.getpid()
+    original = DirectorySource.read_into
+
+    def dying(self, entry, buf, offset=0):
+        if os.getpid() != parent and entry.path == b"dog/dog_005.jpg":
+            os._exit(9)
+        return original(self, entry, buf, offset)
+
+    monkeypatch.setattr(DirectorySource, "read_into", dying)
+    with pytest.raises(PackError, match="a pack worker process died.*--workers 1"):
+        blockfs.pack(src, tmp_path / "p", block_size=2000, workers=2, fsync=False)
+    with pytest.raises(NotADatasetError):
+        blockfs.open_dataset(tmp_path / "p")
+
+
 def test_blocks_larger_than_the_gather_buffer_keep_every_byte(tmp_path, monkeypatch):
     # The buffer is written out each time it fills, and grows for a file larger than itself.
     monkeypatch.setattr(pack_module, "GATHER_SIZE", 1500)

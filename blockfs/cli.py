@@ -21,13 +21,14 @@ from .plan import parse_size
 log = logging.getLogger("blockfs")
 
 
-def _progress_bar(total: int, unit: str, desc: str):
-    """A tqdm bar on a terminal; None (quiet) when stderr is not one."""
+def _progress_bar(total: int | None, unit: str, desc: str):
+    """A tqdm bar on a terminal (a counter when ``total`` is None); None (quiet) when stderr is not one."""
     if not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1024, desc=desc, dynamic_ncols=True)
+    divisor = 1024 if unit == "B" else 1000
+    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=divisor, desc=desc, dynamic_ncols=True)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -45,22 +46,30 @@ def cmd_pack(args: argparse.Namespace) -> int:
         fsync=not args.no_fsync,
     )
     src = args.src[0] if len(args.src) == 1 else args.src  # several: WebDataset shards
-    bar = None
+    bar = listed = None
+
+    def listing(n: int) -> None:  # a million-file tree takes seconds to list: show that it is moving
+        nonlocal listed
+        if listed is None:
+            listed = _progress_bar(None, " entries", "list")
+        listed.update(n - listed.n)
 
     def progress(files: int, nbytes: int, total_files: int, total_bytes: int) -> None:
         nonlocal bar
+        if listed is not None:
+            listed.close()
         if bar is None:
             bar = _progress_bar(total_bytes, "B", "pack")
-            if bar is None:
-                return
-        bar.update(nbytes - bar.n)
         bar.set_postfix(files=f"{files}/{total_files}", refresh=False)
+        bar.update(nbytes - bar.n)
 
+    tty = sys.stderr.isatty()
     try:
-        result = pack(src, args.dest, options, progress=progress if sys.stderr.isatty() else None)
+        result = pack(src, args.dest, options, progress=progress if tty else None, listing=listing if tty else None)
     finally:
-        if bar is not None:
-            bar.close()
+        for shown in (listed, bar):
+            if shown is not None:
+                shown.close()
     rate = result.file_bytes / max(result.seconds, 1e-9) / 1e6
     print(
         f"packed {result.n_files} files ({_human(result.file_bytes)}), {result.n_dirs} directories, "

@@ -46,6 +46,7 @@ GATHER_SIZE = 8 << 20
 # (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros
 ProgressCallback = Callable[[int, int, int, int], None]
 T = TypeVar("T")
+LISTING_STEP = 10_000  # entries between two listing(n) calls
 
 
 @dataclass(frozen=True)
@@ -388,12 +389,15 @@ def pack(
     options: PackOptions | None = None,
     *,
     progress: ProgressCallback | None = None,
+    listing: Callable[[int], None] | None = None,
     **overrides: object,
 ) -> PackResult:
     """Pack a directory tree, a tar, a RecordIO file or WebDataset shards (picked by
     :func:`~blockfs.containers.open_source`), or any :class:`~blockfs.sources.Source`, into ``dest``.
 
     ``overrides`` are :class:`PackOptions` fields, for ``pack(src, dest, block_size=1 << 20)``.
+    ``listing(n)``: entries found so far while the source is listed (every 10,000, and the total last);
+    ``progress``: see :data:`ProgressCallback`, while the blocks are written.
     """
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
@@ -403,7 +407,7 @@ def pack(
     else:  # a directory, a tar, a RecordIO file or WebDataset shards: chosen by the bytes
         source = open_source(src, follow_symlinks=options.follow_symlinks, skip_damaged=options.skip_damaged,
                              spool_dir=spool_dir_for(dest), workers=options.workers)
-    entries = list(source.entries())
+    entries = _list_entries(source, listing)
     if not entries or entries[0].path != b"":
         entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
     src_dir = os.fsdecode(source.root) if isinstance(source, DirectorySource) else None
@@ -507,6 +511,18 @@ def pack(
         seconds=time.monotonic() - started,
         skipped_damaged=damaged,
     )
+
+
+def _list_entries(source: Source, listing: Callable[[int], None] | None) -> list[SourceEntry]:
+    if listing is None:
+        return list(source.entries())
+    entries: list[SourceEntry] = []
+    for entry in source.entries():
+        entries.append(entry)
+        if len(entries) % LISTING_STEP == 0:
+            listing(len(entries))
+    listing(len(entries))
+    return entries
 
 
 def _write_blocks(

@@ -330,6 +330,14 @@ def test_a_worker_process_that_dies_fails_the_pack_with_a_clear_error(tmp_path, 
         blockfs.open_dataset(tmp_path / "p")
 
 
+def test_listing_reports_the_entries_found_so_far(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack_module, "LISTING_STEP", 25)
+    src = _imagefolder_tree(tmp_path / "src", per_class=30)  # the root, 3 directories, 90 files
+    seen = []
+    blockfs.pack(src, tmp_path / "p", listing=seen.append, fsync=False)
+    assert seen == [25, 50, 75, 94]
+
+
 def test_blocks_larger_than_the_gather_buffer_keep_every_byte(tmp_path, monkeypatch):
     # The buffer is written out each time it fills, and grows for a file larger than itself.
     monkeypatch.setattr(pack_module, "GATHER_SIZE", 1500)

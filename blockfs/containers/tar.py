@@ -28,8 +28,9 @@ from typing import Iterator
 from ..errors import SourceError
 from ..index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from ..sources import SourceEntry
-from .base import DamageLog, ListedOnce, TreeBuilder, clean_member_name, pread_into
+from .base import DamageLog, ListedOnce, TreeBuilder, WindowReader, clean_member_name, pread_into
 from .spool import spool
+from .tarheaders import fast_members
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +214,27 @@ class _Window:
 
 
 def _members(f, size: int, damage: DamageLog) -> Iterator[tarfile.TarInfo]:
-    """Every member header, offsets absolute; damage is reported and, when skipping, stepped over."""
+    """Every member header, offsets absolute; damage is reported and, when skipping, stepped over.
+
+    The common headers are parsed by :func:`.tarheaders.fast_members`; ``tarfile`` takes over at the
+    first one it leaves alone, and goes on to the end.
+    """
     fd = f.fileno()
-    base = 0
+    fast = fast_members(WindowReader(fd, LIST_BUFFER).read, size, *ENCODING)
+    while True:
+        try:
+            m = next(fast)
+        except StopIteration as done:
+            base = done.value
+            break
+        if _cut_short(m, size, damage):
+            return
+        yield m
+    if base is None:
+        return
+    if base > size:  # the last member's data is whole, the padding after it is cut off
+        damage.report(size, "the archive ends inside the padding after its last member: it is truncated")
+        return
     while base < size:
         f.seek(base)
         try:
@@ -243,12 +262,18 @@ def _members(f, size: int, damage: DamageLog) -> Iterator[tarfile.TarInfo]:
             tar.members.clear()  # tarfile keeps every member; we keep our own, smaller entries
             m.offset += base
             m.offset_data += base
-            if not m.issparse() and m.offset_data + _data_size(m) > size:
-                damage.report(m.offset, f"member {m.name!r} needs {m.size} bytes of data from byte offset "
-                                        f"{m.offset_data}, past the end of the archive ({size} bytes): "
-                                        "the archive is truncated")
+            if _cut_short(m, size, damage):
                 return
             yield m
+
+
+def _cut_short(m: tarfile.TarInfo, size: int, damage: DamageLog) -> bool:
+    """Report (and say) that the member's data runs past the end of the archive."""
+    if m.issparse() or m.offset_data + _data_size(m) <= size:
+        return False
+    damage.report(m.offset, f"member {m.name!r} needs {m.size} bytes of data from byte offset "
+                            f"{m.offset_data}, past the end of the archive ({size} bytes): the archive is truncated")
+    return True
 
 
 def _data_size(m: tarfile.TarInfo) -> int:

@@ -12,23 +12,27 @@ dies, so a killed pack leaves no orphan still writing into its destination.  Lin
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
 import os
 import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # multiprocessing costs ~10 ms to import: only a pack that forks pays for it
+    from concurrent.futures import ProcessPoolExecutor
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def forked_pool(
     workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
-) -> ProcessPoolExecutor | None:
+) -> "ProcessPoolExecutor | None":
     """A pool of ``workers`` forked processes that each run ``initializer(*initargs)`` first; None if
     this platform cannot fork.  The arguments reach the children through fork, unpickled."""
     if sys.platform != "linux":
         return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),

@@ -17,8 +17,7 @@ import shutil
 import threading
 import time
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -576,7 +575,7 @@ def _write_blocks(
                     done_bytes += block_bytes[done]
                     if progress is not None:
                         progress(done_files, done_bytes, len(stored), total_bytes)
-    except BrokenProcessPool as e:
+    except BrokenExecutor as e:  # a worker process died
         raise PackError(f"a pack worker process died ({e}); was it killed for memory? retry with --workers 1") from e
     finally:
         # On an error, wait for the blocks being written (so nothing writes into dest after we return),

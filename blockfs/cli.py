@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=("shuffled", "directory"), default="shuffled",
                    help="files go to blocks in a seeded random order (default) or in directory order")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
-    p.add_argument("--workers", type=int, default=None, help="parallel block writers (default: cores)")
+    p.add_argument("--workers", type=int, default=None, help="parallel block writers, forked processes on Linux (default: cores)")
     p.add_argument("--force", action="store_true", help="replace an existing packed dataset at DEST")
     p.add_argument("--follow-symlinks", action="store_true", help="pack what links point to, not the links")
     p.add_argument("--skip-unreadable", action="store_true", help="list and skip unreadable files instead of stopping")

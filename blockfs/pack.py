@@ -549,7 +549,8 @@ def _write_blocks(
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
     if progress is not None:
         progress(0, 0, len(stored), total_bytes)
-    side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile")
+    # Created now, its thread only at the first submit: after the workers are forked.
+    side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile") if forked else None
     early: Future | None = None
     try:
         pending: dict[Future, int] = {}
@@ -557,6 +558,7 @@ def _write_blocks(
             if forked:
                 pending[pool.submit(_write_forked, b)] = b
                 if early is None:  # the workers are forked by now: no thread of ours is copied into them
+                    assert side is not None
                     early = side.submit(meanwhile)
             else:
                 pending[pool.submit(writer.write, b, stored[bounds[b] : bounds[b + 1]])] = b
@@ -581,7 +583,8 @@ def _write_blocks(
         # On an error, wait for the blocks being written (so nothing writes into dest after we return),
         # and drop the rest.
         pool.shutdown(wait=True, cancel_futures=True)
-        side.shutdown(wait=True)
+        if side is not None:
+            side.shutdown(wait=True)
     return crcs, (early.result() if early is not None else meanwhile())
 
 

@@ -45,6 +45,9 @@ READAHEAD_BLOCKS = 2  # blocks loaded ahead once reads move through blocks in or
 SEQUENTIAL_STEPS = 2  # consecutive next-block steps that count as "in order"
 LOADER_THREADS = 2  # background read-ahead loaders
 FILE_BUFFER_BYTES = 16 << 20  # the current-file buffer (outside the budget: a small fixed overhead)
+# Files in it at once: one per reader mid-file, with room to spare.  Without a count, 16 MiB of small
+# files read alone would act as an LRU cache of the last files and hit across epochs.
+FILE_BUFFER_FILES = 8
 FILE_WINDOW = 4 << 20  # piece of a file too big for that buffer read at a time
 VERIFY_PIECE = 16 << 20  # streaming verification of a big file in a narrow block
 EPOCHS_KEPT = 64  # per-epoch hit rates kept in the statistics
@@ -149,7 +152,7 @@ class BlockCache:
         self._damaged: set[int] = set()  # data checksum failed: never cached, files served one by one
         self._last_block = -2
         self._run = 0
-        self._files = _FileBuffer(FILE_BUFFER_BYTES)
+        self._files = _FileBuffer(FILE_BUFFER_BYTES, FILE_BUFFER_FILES)
         self._verified: OrderedDict[tuple[int, int], None] = OrderedDict()  # big narrow files checked once
         self._n_files = n_files
         self._started = time.time()
@@ -537,10 +540,11 @@ class BlockCache:
 
 
 class _FileBuffer:
-    """The current-file buffer: recently read windows of files, at most ``capacity`` bytes in all."""
+    """The current-file buffer: recently read windows of files, at most ``capacity`` bytes and ``files``."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, files: int) -> None:
         self._capacity = capacity
+        self._max_files = files
         self._items: OrderedDict[tuple[int, int], tuple[int, bytes]] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
@@ -563,7 +567,7 @@ class _FileBuffer:
                 self.nbytes -= len(old[1])
             self._items[key] = (start, data)
             self.nbytes += len(data)
-            while self.nbytes > self._capacity and len(self._items) > 1:
+            while len(self._items) > 1 and (self.nbytes > self._capacity or len(self._items) > self._max_files):
                 _key, (_start, dropped) = self._items.popitem(last=False)
                 self.nbytes -= len(dropped)
 

@@ -462,8 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
-    tuning.add_argument("--open-mode", choices=("auto", "enosys", "keep_cache", "none"), default="auto",
-                        help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3)")
+    tuning.add_argument("--open-mode", choices=("auto", "enosys", "keep_cache", "targets", "none"),
+                        default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "
+                        "libfuse 3; targets: only the files the memory plan retains)")
     tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
     tuning.add_argument("--readahead", type=int, default=2, help="blocks loaded ahead of reads in block order")
     tuning.add_argument("--no-prefill", action="store_true",

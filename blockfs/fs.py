@@ -22,6 +22,10 @@ shared 2-core VM: files/s with ``open().read()`` / with an os.open reader):
 * ``open_mode="keep_cache"`` (the default with libfuse 2): one Python ``open`` per file that sets
   ``keep_cache``, and ``direct_io`` on ``stats.json`` (7.7k / 20k).  ENOSYS works with libfuse 2 as well
   (13.4k / 103k), but libfuse 2 has no way to invalidate ``stats.json``, which would then go stale;
+* ``open_mode="targets"``: a Python ``open`` per file that keeps the pages of the memory plan's retained
+  files only (issue 4).  It did not pay in ``tools/bench_memory.py`` with the page cache limited by a
+  cgroup: the open per file costs more than the reads it saves, and ``enosys`` turned the pages it lets go
+  into fewer storage reads (5.2k vs 3.8k files/s, 36 % vs 49 % of the dataset read, epoch 3 at 2x);
 * ``none``: pages dropped at every open, every read reaches Python (5.1k / 7.5k);
 * the thread pool beats a single-threaded loop (12.6k vs 9.7k warm, 5.8k vs 3.5k from memory) once each
   libfuse thread keeps its Python thread state (:func:`_keep_thread_state`), and a cached file never waits
@@ -72,7 +76,7 @@ BLOCKS_LEAF = b"blocks"  # <control>/blocks/NNNNNNNN: the block files, read thro
 CONTROL_XATTR = "user.blockfs.control"
 STATS_XATTR = "user.blockfs.stats"
 FILE_XATTRS = ("user.blockfs.label", "user.blockfs.class", "user.blockfs.block")
-OPEN_MODES = ("auto", "enosys", "keep_cache", "none")
+OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
 STATS_REFRESH_S = 0.5  # how stale ``stats.json`` may be in enosys mode (the xattr is always live)
 
 
@@ -111,7 +115,9 @@ class MountOptions:
     allow_other: bool = False
     fuse_options: tuple[str, ...] = ()
     threads: bool = True  # libfuse's thread pool: a cached file never waits behind another file's disk read
-    open_mode: str = "auto"  # enosys with libfuse 3, keep_cache with libfuse 2; "none": no page-cache reuse
+    # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
+    # only (issue 4; measured by tools/bench_memory.py --kernel); "none": no page-cache reuse.
+    open_mode: str = "auto"
     timeout_s: float = 86400.0  # entry / attribute / negative lookup timeouts: the data never changes
     readahead: int = READAHEAD_BLOCKS
     prefill: bool = True  # load the blocks the budget will hold in the background, from mount on
@@ -368,9 +374,17 @@ class BlockFS(binding.Operations):
         if self.control.owns(raw):
             fi.direct_io = self.control.is_live(raw)
             fi.keep_cache = not fi.direct_io
+        elif self._open_mode == "targets":
+            fi.keep_cache = self._keeps(self._ds.lookup(raw))
         else:
             fi.keep_cache = self._open_mode == "keep_cache"
         return 0
+
+    def _keeps(self, e: int) -> bool:
+        """Whether the memory plan keeps entry ``e`` resident: a retained file, or anything when it all fits."""
+        if self._retainer is not None:
+            return self._retainer.is_target(int(self._a["block"][e]), int(self._a["slot"][e]))
+        return self._plan is None or self._plan.fits
 
     @fuse_call
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:

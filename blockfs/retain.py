@@ -99,6 +99,10 @@ class RetainingReader:
                 if on_file:
                     on_file(len(data))
 
+    def is_target(self, block: int, slot: int) -> bool:
+        """Whether the plan retains this file (read yet or not)."""
+        return (block, slot) in self._where
+
     @property
     def targets(self) -> int:
         return len(self._where)

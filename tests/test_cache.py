@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.cache import BlockCache
+from blockfs.cache import FILE_BUFFER_FILES, BlockCache
 from blockfs.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
 from blockfs.policies import POLICIES
@@ -190,6 +190,24 @@ def test_a_file_read_in_pieces_is_read_from_storage_once(tmp_path):
         c = cache.stats()["counters"]
         assert c["file_reads"] == 1 and c["file_bytes_read"] == len(data)
         assert c["buffer_hits"] == -(-len(data) // piece) - 1
+    finally:
+        cache.close()
+
+
+def test_the_file_buffer_holds_current_files_not_the_last_epoch(packed):
+    """Files read alone in pieces are buffered while being read; the buffer must not become a cache of
+    the last files read (with small files, 16 MiB of them would hit across epochs, outside the budget)."""
+    dest, contents = packed
+    ds, cache = open_cached(dest, 0)
+    try:
+        names = sorted(contents)[: FILE_BUFFER_FILES * 4]
+        for name in names:
+            assert ds.read(name, 0, 100) + ds.read(name, 100) == contents[name]  # two requests, as FUSE sends
+        c = cache.stats()["counters"]
+        assert c["buffer_hits"] == len(names) and c["file_reads"] == len(names)
+        for name in names[: FILE_BUFFER_FILES * 2]:  # read again, oldest first: all long gone
+            ds.read(name, 100)
+        assert cache.stats()["counters"]["file_reads"] == len(names) + FILE_BUFFER_FILES * 2
     finally:
         cache.close()
 

@@ -151,6 +151,36 @@ def test_preload_when_everything_fits_serves_the_first_epoch_from_memory(packed,
     assert after["file_hits"] == 100 and after["bytes_from_storage"] == before["counters"]["bytes_from_storage"]
 
 
+@pytest.mark.fuse
+def test_open_mode_targets_keeps_kernel_pages_of_retained_files_only(packed, tmp_path):
+    """``--open-mode targets``: the kernel keeps a retained file's pages across opens (a re-read reaches
+    no Python ``read``) and drops every other file's pages at open (each re-read reaches the mount)."""
+    require(has_fuse(), "needs FUSE")
+    dest, src = packed / "p", packed / "src"
+    budget = json.loads((dest / "blockfs.json").read_text())["file_bytes"] // 4
+    names = _names(src)
+    with PackedDataset(dest) as ds:
+        plan, (blocks, slots, _sizes) = plan_dataset(ds.index.arrays, budget)
+        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist()))
+        a = ds.index.arrays
+        kept = [n for n in names if (int(a["block"][ds.lookup(n)]), int(a["slot"][ds.lookup(n)])) in retained_keys]
+    others = sorted(set(names) - set(kept))
+    assert kept and others
+    with mounted(dest, tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "targets") as m:
+        sample = kept[:10] + others[:10]
+        for name in sample:
+            assert (m.path / name).read_bytes() == (src / name).read_bytes()
+
+        def requests_to_reread(name: str) -> int:
+            before = read_stats(m.path)["requests"].get("read", 0)
+            assert (m.path / name).read_bytes() == (src / name).read_bytes()
+            return read_stats(m.path)["requests"].get("read", 0) - before
+
+        assert [requests_to_reread(n) for n in kept[:10]] == [0] * 10
+        assert all(requests_to_reread(n) >= 1 for n in others[:10])
+        assert read_stats(m.path)["mount"]["open_mode"] == "targets"
+
+
 def test_plan_selection_for_a_million_files_is_fast():
     import time
 

@@ -8,6 +8,15 @@ at a time (``open().read()``), a new shuffled order every epoch, with the page c
 epoch (root) and ``--open-mode none`` so every read reaches blockfs.  Configurations: no cache, LRU,
 cache-once blocks only, cache-once plus retention (most-files, and threshold auto).  Per epoch: files/s,
 bytes read from storage (the mount's own counter), hit rate by files and by bytes (1 - storage / served).
+
+Then the kernel page cache on top of the plan (issue 4: "mark target files so the kernel keeps their pages
+across opens ... where it pays"): the retention plan mounted with each ``--open-mode`` (``enosys``: the
+kernel keeps every file's pages, no Python ``open``; ``targets``: a Python ``open`` per file that keeps
+the pages of retained files only; ``none``: nothing kept), the page cache dropped once before epoch 1
+only, and the reader confined to a memory cgroup of ``--page-cache`` bytes plus its own footprint, so
+the page cache cannot hold the dataset either (as on a machine whose memory is smaller than the data).
+Extra columns: FUSE ``read`` and ``open`` requests per file.  Skipped, and said so, without root.
+
 Writes ``bench_memory.json``, ``bench_memory.txt`` (the table) and ``bench_memory.png``.
 """
 
@@ -26,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from benchutil import drop_caches  # noqa: E402
+from benchutil import MemoryCgroup, drop_caches  # noqa: E402
 
 import make_dataset as md  # noqa: E402
 
@@ -41,13 +50,37 @@ CONFIGS = {
     "retain most-files": ["--policy", "cache-once", "--retain-strategy", "most-files"],
     "retain threshold": ["--policy", "cache-once", "--retain-strategy", "threshold", "--retain-threshold", "auto"],
 }
+KERNEL_CONFIGS = {mode: ["--policy", "cache-once", "--retain-strategy", "most-files"]
+                  for mode in ("none", "enosys", "targets")}  # keyed by --open-mode
 MEAN_FILE = 110 << 10  # make_dataset's imagenet mean file size
+READER_FOOTPRINT = 16 << 20  # the reader's own memory inside its cgroup: Python and the file list
+# One epoch in a child process (so that it can sit in a cgroup): file names on stdin, seconds on stdout.
+READER = """
+import sys, time
+names = sys.stdin.read().split("\\0")
+started = time.perf_counter()
+for name in names:
+    with open(name, "rb") as f:
+        f.read()
+print(time.perf_counter() - started)
+"""
 
 
-def run_epochs(dest: Path, mnt: Path, budget: int, args: list[str], names: list[str], epochs: int) -> list[dict]:
+def run_epochs(
+    dest: Path,
+    mnt: Path,
+    budget: int,
+    args: list[str],
+    names: list[str],
+    epochs: int,
+    open_mode: str = "none",
+    cgroup: MemoryCgroup | None = None,
+) -> list[dict]:
+    """Mount, read ``epochs`` shuffled epochs, unmount.  Without ``cgroup``: in this process, the page cache
+    dropped before every epoch; with it: in a child confined to the cgroup, dropped before epoch 1 only."""
     subprocess.run(
         [sys.executable, "-m", "blockfs", "mount", str(dest), str(mnt), "--cache-size", str(budget),
-         "--open-mode", "none", *args],
+         "--open-mode", open_mode, *args],
         check=True, capture_output=True,
     )  # fmt: skip
     rows = []
@@ -55,16 +88,28 @@ def run_epochs(dest: Path, mnt: Path, budget: int, args: list[str], names: list[
         for epoch in range(epochs):
             order = names[:]
             random.Random(epoch).shuffle(order)
-            drop_caches(1)
-            before = read_stats(mnt)["counters"]
-            started = time.perf_counter()
-            for name in order:
-                with open(mnt / name, "rb") as f:
-                    f.read()
-            seconds = time.perf_counter() - started
-            after = read_stats(mnt)["counters"]
-            d = {k: after[k] - before[k] for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")}
+            if cgroup is None or epoch == 0:
+                drop_caches(1)
+            before = read_stats(mnt)
+            if cgroup is None:
+                started = time.perf_counter()
+                for name in order:
+                    with open(mnt / name, "rb") as f:
+                        f.read()
+                seconds = time.perf_counter() - started
+            else:
+                seconds = float(subprocess.run(
+                    [sys.executable, "-c", READER], input="\0".join(str(mnt / n) for n in order),
+                    capture_output=True, text=True, check=True, preexec_fn=cgroup.enter,
+                ).stdout)  # fmt: skip
+            stats = read_stats(mnt)
+            after = stats["counters"]
+            d = {k: after[k] - before["counters"][k]
+                 for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")}  # fmt: skip
+            requests = {k: stats["requests"].get(k, 0) - before["requests"].get(k, 0) for k in ("read", "open")}
             rows.append({
+                "fuse_reads_per_file": requests["read"] / len(order),
+                "fuse_opens_per_file": requests["open"] / len(order),
                 "epoch": epoch + 1,
                 "files_per_s": len(order) / seconds,
                 "storage_bytes": d["bytes_from_storage"],
@@ -84,11 +129,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", default="results/bench_memory")
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    p.add_argument("--page-cache", default=None, help="page cache the reader may hold in the kernel runs "
+                   "(default: the budget)")  # fmt: skip
+    p.add_argument("--no-kernel", action="store_true", help="skip the kernel page cache runs")
     a = p.parse_args(argv)
     budget = parse_size(a.budget)
+    page_cache = parse_size(a.page_cache) if a.page_cache else budget
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"budget_bytes": budget, "epochs": a.epochs, "runs": []}
+    results: dict = {"budget_bytes": budget, "epochs": a.epochs, "runs": [], "page_cache_bytes": page_cache,
+                     "kernel_runs": []}  # fmt: skip
+    cgroup = None
+    if not a.no_kernel:
+        try:
+            cgroup = MemoryCgroup(f"blockfs-bench-{os.getpid()}", page_cache + READER_FOOTPRINT)
+        except OSError as e:
+            print(f"skipping the kernel page cache runs: {e} (they need root and a memory cgroup)")
+    try:
+        _run_all(a, budget, results, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.close()
+    table = _table(results, a.epochs)
+    (out / "bench_memory.txt").write_text(table + "\n")
+    (out / "bench_memory.json").write_text(json.dumps(results, indent=1))
+    _plot(results, out / "bench_memory.png")
+    print(table)
+    return 0
+
+
+def _run_all(a: argparse.Namespace, budget: int, results: dict, cgroup: MemoryCgroup | None) -> None:
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         work = Path(tmp)
         for ratio in a.ratios:
@@ -105,18 +175,31 @@ def main(argv: list[str] | None = None) -> int:
                 results["runs"].append({"ratio": total / budget, "dataset_bytes": total, "files": len(names),
                                         "config": config, "epochs": rows, "plan": final["plan"],
                                         "retained": final.get("retained")})  # fmt: skip
+            for open_mode, extra in KERNEL_CONFIGS.items() if cgroup is not None else ():
+                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, open_mode, cgroup)
+                rows[-1].pop("final_stats")
+                results["kernel_runs"].append({"ratio": total / budget, "dataset_bytes": total,
+                                               "files": len(names), "open_mode": open_mode, "epochs": rows})  # fmt: skip
+
+
+def _table(results: dict, epochs: int) -> str:
+    budget = results["budget_bytes"]
     lines = [f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %",
-             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(a.epochs))]
+             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(epochs))]
     for run in results["runs"]:
         cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
                  f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%}" for r in run["epochs"]]  # fmt: skip
         lines.append(f"{run['ratio']:5.2f} {run['config']:<18} " + " | ".join(cells))
-    table = "\n".join(lines)
-    (out / "bench_memory.txt").write_text(table + "\n")
-    (out / "bench_memory.json").write_text(json.dumps(results, indent=1))
-    _plot(results, out / "bench_memory.png")
-    print(table)
-    return 0
+    if results["kernel_runs"]:
+        lines += ["", f"kernel page cache on top of retention (most-files), the reader limited to "
+                  f"{results['page_cache_bytes'] >> 20} MiB of page cache, dropped before epoch 1 only;",
+                  "per epoch: files/s, storage MiB (% of dataset), FUSE reads per file, FUSE opens per file",
+                  f"{'ratio':>5} {'open mode':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(epochs))]  # fmt: skip
+        for run in results["kernel_runs"]:
+            cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
+                     f" {r['fuse_reads_per_file']:4.2f} {r['fuse_opens_per_file']:4.2f}" for r in run["epochs"]]  # fmt: skip
+            lines.append(f"{run['ratio']:5.2f} {run['open_mode']:<18} " + " | ".join(cells))
+    return "\n".join(lines)
 
 
 def _plot(results: dict, path: Path) -> None:

@@ -31,3 +31,39 @@ def evict_file(path: str) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+class MemoryCgroup:
+    """A memory cgroup with a hard limit, for "this process has only so much page cache" runs (root only).
+
+    The page cache a process reads into is charged to its cgroup, so a reader started with
+    ``preexec_fn=group.enter`` keeps at most ``limit_bytes`` of file pages (its own memory included), as on a
+    machine whose free memory is that small.  Works with cgroup v2 (``memory.max``) and v1
+    (``memory.limit_in_bytes``).
+    """
+
+    def __init__(self, name: str, limit_bytes: int) -> None:
+        v2, v1 = "/sys/fs/cgroup", "/sys/fs/cgroup/memory"
+        if os.path.exists(os.path.join(v2, "cgroup.controllers")) and "memory" in open(
+            os.path.join(v2, "cgroup.subtree_control")
+        ).read().split():
+            self.path, limit_file = os.path.join(v2, name), "memory.max"
+        elif os.path.isdir(v1) and os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
+            self.path, limit_file = os.path.join(v1, name), "memory.limit_in_bytes"
+        else:
+            raise OSError("no memory cgroup controller (cgroup v2 memory.max or v1 memory.limit_in_bytes)")
+        os.makedirs(self.path, exist_ok=True)
+        with open(os.path.join(self.path, limit_file), "w") as f:
+            f.write(str(limit_bytes))
+
+    def enter(self) -> None:
+        """Move the calling process into the group (use as ``preexec_fn``)."""
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def close(self) -> None:
+        """Remove the group (its processes must have exited; their charged pages move to the parent)."""
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass

@@ -48,3 +48,25 @@ def _start_child(parent: int, initializer: Callable[..., None], initargs: tuple[
     if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(1)
     initializer(*initargs)
+
+
+def fork_child(run: Callable[[], None]) -> int:
+    """Run ``run()`` in a forked child that dies with the parent and ignores SIGINT; its pid.
+
+    The child leaves with ``os._exit`` (status 1 if ``run`` raised), never returning into the caller's
+    code.  For one long job beside the caller's own Python work, which a thread would share the GIL with.
+    """
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if sys.platform == "linux":
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() == parent:  # else the parent died before the line above took effect
+            run()
+            status = 0
+    finally:
+        os._exit(status)

@@ -315,6 +315,37 @@ def test_truncated_tar(tmp_path, compression):
             assert ds.read_entry(int(e)) == _member_bytes(i)
 
 
+def _children() -> set[int]:
+    with open(f"/proc/self/task/{os.getpid()}/children") as f:
+        return {int(p) for p in f.read().split()}
+
+
+def test_an_error_while_decompressing_stops_the_decompressing_process(tmp_path):
+    """The headers of a compressed tar are listed while a child process decompresses it: an error found
+    early fails the pack at once, and the child is stopped and reaped, not left running."""
+    members = [_info("a", b"x"), _info("a/b", b"y")]  # "a/b" under a file: refused when listed
+    members += [_info(f"big{i}.bin", np.random.default_rng(i).bytes(4 << 20)) for i in range(4)]
+    path = tmp_path / "d.tar"
+    _tar_with(members, path, fmt=tarfile.USTAR_FORMAT)
+    (tmp_path / "d.tar.gz").write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
+    before = _children()
+    with pytest.raises(SourceError, match=r"d.tar.gz: 'a/b' lies under 'a', which is not a directory"):
+        blockfs.pack(tmp_path / "d.tar.gz", tmp_path / "p")
+    assert _children() == before
+
+
+def test_a_dead_decompressing_process_is_a_clear_error(tmp_path, monkeypatch):
+    from blockfs.containers import spool
+
+    path, _ = _plain_tar(tmp_path)
+    (tmp_path / "d.tar.gz").write_bytes(gzip.compress(open(path, "rb").read()))
+    monkeypatch.setattr(spool, "_decompress_into", lambda *args: os.kill(os.getpid(), 9))  # runs in the child
+    with pytest.raises(SourceError, match=r"the process decompressing .*d.tar.gz' died \(wait status 9\)"):
+        blockfs.pack(tmp_path / "d.tar.gz", tmp_path / "p")
+    with pytest.raises(NotADatasetError):
+        blockfs.open_dataset(tmp_path / "p")
+
+
 def test_failed_pack_of_a_container_leaves_no_dataset(tmp_path, monkeypatch):
     path, _ = _plain_tar(tmp_path)
     blockfs.pack(path, tmp_path / "p")

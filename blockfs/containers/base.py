@@ -55,14 +55,18 @@ class WindowReader:
     """Small reads at mostly increasing offsets served from one large ``pread`` window, so listing a
     container is sequential I/O (kernel readahead works) instead of one small random read per header."""
 
-    def __init__(self, fd: int, window: int = 4 << 20) -> None:
+    def __init__(self, fd: int, window: int = 4 << 20, available: Callable[[int], int] | None = None) -> None:
         self._fd, self._window = fd, window
+        self._available = available  # for a file still being written: waits until its first N bytes are
         self._start, self._buf = 0, b""
 
     def read(self, offset: int, n: int) -> bytes:
         i = offset - self._start
         if i < 0 or i + n > len(self._buf):
-            self._start, self._buf = offset, os.pread(self._fd, max(n, self._window), offset)
+            want = max(n, self._window)
+            if self._available is not None:
+                want = max(0, self._available(offset + want) - offset)
+            self._start, self._buf = offset, os.pread(self._fd, want, offset)
             i = 0
         return self._buf[i : i + n]
 

@@ -8,19 +8,26 @@ once), so a crash or a kill leaves nothing behind: the kernel frees it when its 
 
 Decompressor objects (not ``gzip.GzipFile`` and friends) are used so that everything before a damaged
 or truncated spot reaches the spool: ``--skip-damaged`` then keeps all members that precede it.
+
+:class:`Spool` decompresses in a child process, so the tar listing can read each header as soon as it is
+spooled instead of after the whole stream: on two cores the listing (a third of a second for 30,000
+members) hides behind decompression.
 """
 
 from __future__ import annotations
 
 import bz2
 import errno
+import json
 import lzma
 import os
+import signal
 import tempfile
 import zlib
 from typing import Callable, Iterator, Union
 
 from ..errors import SourceError
+from ..forking import fork_child
 from .base import DamageLog
 
 Decompressor = Union["zlib._Decompress", bz2.BZ2Decompressor, lzma.LZMADecompressor]
@@ -97,27 +104,105 @@ def _drain(d: Decompressor, data: bytes) -> Iterator[bytes]:
             return
 
 
-def spool(path: str, compression: str, directory: str, damage: DamageLog) -> tuple[int, int]:
-    """Decompress ``path`` into an anonymous file in ``directory``; return (descriptor, size).
+class Spool:
+    """``path`` being decompressed into an anonymous file in ``directory`` by a forked child process.
 
-    A damaged or truncated stream is an error naming how far it decompressed; with --skip-damaged what
-    came out before the damage is kept (the tar reader then drops the member it cuts).
+    A process, not a thread: the tar listing is Python work, and a decompressing thread that gives up
+    the GIL for every piece of output waits for it again each time (decompressing a 146 MB archive took
+    0.98 s beside a busy Python thread instead of 0.45 s).  The child reports its progress through a
+    pipe; readers call :meth:`available` before reading spooled bytes, :meth:`finish` waits for the end
+    and gives the size.  Damage is an error (raised to the reader that waits for the bytes, or by
+    ``finish``) or, with --skip-damaged, a record and a shorter spool.  Call :meth:`finish` or
+    :meth:`cancel` before closing :attr:`fd`.
     """
-    fd = anonymous_file(directory)
-    size = 0
+
+    def __init__(self, path: str, compression: str, directory: str, damage: DamageLog) -> None:
+        self.fd = anonymous_file(directory)
+        self._damage = damage
+        self._written = 0
+        self._done = False
+        read_end, write_end = os.pipe()
+        try:
+            self._pid = fork_child(lambda: _decompress_into(self.fd, path, compression, write_end))
+        except BaseException:
+            os.close(read_end)
+            os.close(self.fd)
+            raise
+        finally:
+            os.close(write_end)
+        self._messages = os.fdopen(read_end, "rb")
+
+    def available(self, end: int) -> int:
+        """Wait until the first ``end`` bytes are spooled or the stream has ended; how many of them are."""
+        while self._written < end and not self._done:
+            self._next_message()
+        return min(end, self._written)
+
+    def finish(self) -> int:
+        """Wait for the end of the stream; the spool's size."""
+        while not self._done:
+            self._next_message()
+        return self._written
+
+    def cancel(self) -> None:
+        """Stop decompressing now."""
+        if self._pid:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._done = True
+        self._reap()
+
+    def _next_message(self) -> None:
+        line = self._messages.readline()
+        if not line:
+            self._done = True
+            status = self._reap()
+            raise SourceError(f"the process decompressing {self._damage.where!r} died (wait status {status}); "
+                              "retry, and if it happens again, check the archive with its own tool (gzip -t ...)")
+        kind, *rest = json.loads(line)
+        if kind == "written":
+            self._written = rest[0]
+            return
+        self._done = True
+        self._reap()
+        if kind == "damaged":
+            self._damage.report(self._written, rest[0])
+        elif kind == "oserror":
+            raise OSError(*rest)
+
+    def _reap(self) -> int:
+        status = 0
+        if self._pid:
+            _pid, status = os.waitpid(self._pid, 0)
+            self._pid = 0
+            self._messages.close()
+        return status
+
+
+def _decompress_into(fd: int, path: str, compression: str, messages: int) -> None:
+    """The child's work: decompress ``path`` into ``fd``, one JSON line per piece to ``messages``."""
+
+    def say(*message: object) -> None:
+        _write_all(messages, memoryview(json.dumps(message).encode() + b"\n"))
+
+    written = 0
     try:
         with open(path, "rb") as raw:
             try:
                 for piece in decompressed(raw, compression):
                     _write_all(fd, memoryview(piece))
-                    size += len(piece)
+                    written += len(piece)
+                    say("written", written)
             except _Damaged as e:
-                damage.report(size, f"{compression} stream damaged near compressed byte {raw.tell()} ({e}); "
-                                    "offsets count decompressed bytes")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, size
+                say("damaged", f"{compression} stream damaged near compressed byte {raw.tell()} ({e}); "
+                               "offsets count decompressed bytes")  # fmt: skip
+                return
+    except OSError as e:
+        say("oserror", e.errno, e.strerror, e.filename)
+        return
+    say("done")
 
 
 def _write_all(fd: int, data: memoryview) -> None:

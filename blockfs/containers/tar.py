@@ -2,8 +2,8 @@
 
 A plain tar is read in place: listing reads the headers only (``tarfile`` seeks over the data) and each
 file is later read with ``os.pread`` at its data offset, so writer threads need no lock.  A compressed
-tar is first decompressed once, sequentially, into an anonymous spool file (see :mod:`.spool`) and then
-read like a plain one.
+tar is decompressed once, sequentially, into an anonymous spool file (see :mod:`.spool`) and then read
+like a plain one; its headers are listed while it is being decompressed, each as soon as it is spooled.
 
 What ``tar x`` does, this does: leading "/" and "." parts of names dropped, members with ".." skipped,
 a later member of the same path replaces the earlier, hard links share the bytes of the member they
@@ -29,13 +29,14 @@ from ..errors import SourceError
 from ..index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from ..sources import SourceEntry
 from .base import DamageLog, ListedOnce, TreeBuilder, WindowReader, clean_member_name, pread_into
-from .spool import spool
+from .spool import Spool
 from .tarheaders import fast_members
 
 log = logging.getLogger(__name__)
 
 BLOCK = tarfile.BLOCKSIZE
 LIST_BUFFER = 4 << 20  # listing reads this much at a time: sequential I/O, small members come along
+UNKNOWN_SIZE = 1 << 62  # the fast parser reads until its reads come back short (the archive's end)
 ENCODING = ("utf-8", "surrogateescape")  # names come back as the exact bytes stored (os.fsencode)
 
 
@@ -116,15 +117,24 @@ class TarSource(ListedOnce):
                 self._fd = os.open(self.path, os.O_RDONLY)
             except OSError as e:
                 raise SourceError(f"cannot read source {self.path!r}: {e.strerror}") from e
-            size = os.fstat(self._fd).st_size
-        else:
-            where = self._spool_dir or tempfile.gettempdir()
-            log.info("decompressing %s once into an unnamed spool file in %s", self.path, where)
-            self._fd, size = spool(self.path, self.compression, where, self._damage)
+            return self._list(_Extent(os.fstat(self._fd).st_size))
+        where = self._spool_dir or tempfile.gettempdir()
+        log.info("decompressing %s once into an unnamed spool file in %s", self.path, where)
+        spool = Spool(self.path, self.compression, where, self._damage)
+        self._fd = spool.fd
+        try:
+            entries = self._list(spool)
+            spool.finish()  # the stream's own damage (after the last member) is reported
+            return entries
+        except BaseException:
+            spool.cancel()  # before anyone closes the descriptor it writes to
+            raise
+
+    def _list(self, extent: "_Extent | Spool") -> list[SourceEntry]:
         tree = TreeBuilder(self.path)
         n_links = 0
         with open(self._fd, "rb", buffering=LIST_BUFFER, closefd=False) as f:
-            for m in _members(f, size, self._damage):
+            for m in _members(f, extent, self._damage):
                 name = clean_member_name(os.fsencode(m.name))
                 if name is None:
                     self._skipped.append(os.fsencode(m.name))
@@ -213,25 +223,41 @@ class _Window:
         return self._f.tell() - self._base
 
 
-def _members(f, size: int, damage: DamageLog) -> Iterator[tarfile.TarInfo]:
+class _Extent:
+    """A file's size, with :class:`Spool`'s interface for a file that is already whole."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def available(self, end: int) -> int:
+        return min(end, self._size)
+
+    def finish(self) -> int:
+        return self._size
+
+
+def _members(f, extent: _Extent | Spool, damage: DamageLog) -> Iterator[tarfile.TarInfo]:
     """Every member header, offsets absolute; damage is reported and, when skipping, stepped over.
 
-    The common headers are parsed by :func:`.tarheaders.fast_members`; ``tarfile`` takes over at the
-    first one it leaves alone, and goes on to the end.
+    The common headers are parsed by :func:`.tarheaders.fast_members`, each as soon as ``extent`` has its
+    bytes (a spool still being written); ``tarfile`` takes over at the first one it leaves alone, once
+    the whole archive is there, and goes on to the end.
     """
     fd = f.fileno()
-    fast = fast_members(WindowReader(fd, LIST_BUFFER).read, size, *ENCODING)
+    fast = fast_members(WindowReader(fd, LIST_BUFFER, extent.available).read, UNKNOWN_SIZE, *ENCODING)
     while True:
         try:
             m = next(fast)
         except StopIteration as done:
             base = done.value
             break
-        if _cut_short(m, size, damage):
+        end = m.offset_data + _data_size(m)
+        if _cut_short(m, extent.available(end), damage):
             return
         yield m
     if base is None:
         return
+    size = extent.finish()
     if base > size:  # the last member's data is whole, the padding after it is cut off
         damage.report(size, "the archive ends inside the padding after its last member: it is truncated")
         return

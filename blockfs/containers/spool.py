@@ -160,7 +160,7 @@ class Spool:
             self._done = True
             status = self._reap()
             raise SourceError(f"the process decompressing {self._damage.where!r} died (wait status {status}); "
-                              "retry, and if it happens again, check the archive with its own tool (gzip -t ...)")
+                              "retry, and if it happens again, test the archive with its own tool (gzip -t, bzip2 -t or xz -t)")
         kind, *rest = json.loads(line)
         if kind == "written":
             self._written = rest[0]

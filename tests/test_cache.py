@@ -53,6 +53,12 @@ def dataset_bytes(ds: PackedDataset) -> int:
     return int(ds.metadata["file_bytes"])
 
 
+def measure(dest) -> tuple[int, list[int]]:
+    """The dataset's file bytes and each block's data size, for choosing a budget."""
+    with PackedDataset(dest) as ds:
+        return dataset_bytes(ds), [ds.store.header(b).data_size for b in range(ds.n_blocks)]
+
+
 def block_order(ds: PackedDataset) -> list[bytes]:
     return [p for b in range(ds.n_blocks) for p in ds.files_in_block(b)]
 
@@ -60,9 +66,7 @@ def block_order(ds: PackedDataset) -> list[bytes]:
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_serves_every_byte(packed, policy):
     dest, contents = packed
-    ds, cache = open_cached(dest, 0)
-    budget = dataset_bytes(ds) // 3
-    cache.close()
+    budget = measure(dest)[0] // 3
     ds, cache = open_cached(dest, budget, policy)
     try:
         names = list(contents)
@@ -101,9 +105,7 @@ def test_concurrent_misses_of_one_block_read_it_once(packed):
 @pytest.mark.parametrize("order", ["random", "block"])
 def test_storage_reads_stay_within_the_bytes_not_served_from_memory(packed, order):
     dest, contents = packed
-    ds, cache = open_cached(dest, 0)
-    total = dataset_bytes(ds)
-    cache.close()
+    total = measure(dest)[0]
     ds, cache = open_cached(dest, total // 2)
     try:
         names = [os.fsencode(n) for n in contents] if order == "random" else block_order(ds)
@@ -247,9 +249,7 @@ def test_a_damaged_block_fails_only_its_damaged_file(tmp_path, budget):
 
 def test_lru_evicts_and_stays_within_budget(packed):
     dest, contents = packed
-    ds, cache = open_cached(dest, 0)
-    sizes = [ds.store.header(b).data_size for b in range(ds.n_blocks)]
-    cache.close()
+    sizes = measure(dest)[1]
     ds, cache = open_cached(dest, max(sizes) * 2, "lru", readahead=0)
     try:
         for name in block_order(ds):
@@ -313,9 +313,7 @@ def test_cached_memory_is_anonymous(packed):
 
 def test_prefill_loads_what_fits_in_order_without_any_read(packed):
     dest, contents = packed
-    ds, cache = open_cached(dest, 0)
-    sizes = [ds.store.header(b).data_size for b in range(ds.n_blocks)]
-    cache.close()
+    sizes = measure(dest)[1]
     budget = sum(sizes[:3]) + sizes[3] // 2  # room for three blocks and a half
     ds, cache = open_cached(dest, budget)
     try:

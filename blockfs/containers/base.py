@@ -57,7 +57,7 @@ class WindowReader:
 
     def __init__(self, fd: int, window: int = 4 << 20, available: Callable[[int], int] | None = None) -> None:
         self._fd, self._window = fd, window
-        self._available = available  # for a file still being written: waits until its first N bytes are
+        self._available = available  # a file still being written: wait for its first N bytes, say how many exist
         self._start, self._buf = 0, b""
 
     def read(self, offset: int, n: int) -> bytes:

@@ -14,6 +14,12 @@ What it promises (the mount's serving rules):
 * When reads move through blocks in order, the next blocks are loaded ahead on background threads.
 * A block whose data checksum fails is never cached; its files are then read one by one, each verified
   by its own CRC, so only the files whose bytes are damaged fail.
+* A cached block's memory is a sealed memfd where the process has descriptors to spare, so that
+  :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it: the loader then maps the
+  verified block and copies its files out with no FUSE round trip per file (:mod:`blockfs.share`).  The
+  seals forbid writing through any new descriptor or map, and growing or shrinking the memory, so a
+  loader can read the cache but never change it.  Only policies that never evict share: a loader's map
+  keeps a block's pages alive, which must not hold memory the budget has given back.
 
 The cache holds blocks only.  Retained small files (the memory plan's other half) sit in a store of their
 own (:mod:`blockfs.retain`), consulted before the blocks and funded from the same budget by the plan.
@@ -23,16 +29,16 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import logging
 import mmap
 import os
 import resource
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import format as fmt
 from .errors import CorruptBlockError, MissingBlockError
@@ -51,15 +57,26 @@ FILE_BUFFER_FILES = 8
 FILE_WINDOW = 4 << 20  # piece of a file too big for that buffer read at a time
 VERIFY_PIECE = 16 << 20  # streaming verification of a big file in a narrow block
 EPOCHS_KEPT = 64  # per-epoch hit rates kept in the statistics
+FDS_KEPT_FREE = 512  # descriptors left to libfuse and the rest when blocks are held in memfds
+FDS_PER_MEMFD = 2
+# F_SEAL_FUTURE_WRITE (Linux 5.1; not in Python's fcntl): no new writable map or write(), while the
+# cache's own map, made before the seal, still takes the block's bytes once.
+F_SEAL_FUTURE_WRITE = 0x0010
+SHARE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class NotShared(Exception):
+    """Why :meth:`BlockCache.share` hands out no descriptor for a block (the caller reads it otherwise)."""
 
 
 class _CachedBlock:
     """One block's data section in memory, with its file table."""
 
-    __slots__ = ("buf", "offsets", "sizes", "nbytes", "locked")
+    __slots__ = ("buf", "fd", "offsets", "sizes", "nbytes", "locked")
 
-    def __init__(self, buf: mmap.mmap | bytes, head: fmt.BlockHeader, locked: bool) -> None:
+    def __init__(self, buf: mmap.mmap | bytes, fd: int | None, head: fmt.BlockHeader, locked: bool) -> None:
         self.buf = buf
+        self.fd = fd  # the sealed memfd behind ``buf``, or None (not shareable)
         self.nbytes = head.data_size
         self.locked = locked
         # memoryviews index to Python ints several times faster than numpy arrays do.
@@ -120,6 +137,56 @@ class _MemoryLock:
         )
 
 
+class _Memfds:
+    """Memfds for cached blocks while the process has descriptors to spare (beyond that, plain anonymous maps).
+
+    Each costs two descriptors: the one kept to share and the copy Python's ``mmap`` keeps (before 3.13).
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._left = max(0, soft - FDS_KEPT_FREE) if enabled and hasattr(os, "memfd_create") else 0
+        self._lock = threading.Lock()
+
+    def create(self, block: int, size: int) -> int | None:
+        """A new memfd of ``size`` bytes, or None when none is to be had (the block is then not shared)."""
+        with self._lock:
+            if self._left < FDS_PER_MEMFD:
+                return None
+            self._left -= FDS_PER_MEMFD
+        try:
+            fd = os.memfd_create(f"blockfs-block-{block}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            log.debug("no memfd for block %d (%s): it will not be shared", block, e)
+            self._give_back()
+            return None
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self.close(fd)
+            raise
+        return fd
+
+    def seal(self, fd: int) -> int | None:
+        """Seal ``fd`` against writes and resizing once its bytes are in; None (fd closed) where it cannot be."""
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SHARE_SEALS | F_SEAL_FUTURE_WRITE)
+        except OSError as e:  # a kernel before 5.1: an unsealed block is kept, not shared
+            log.debug("cannot seal a block's memfd (%s): it will not be shared", e)
+            self.close(fd)
+            return None
+        return fd
+
+    def close(self, fd: int | None) -> None:
+        if fd is not None:
+            os.close(fd)
+            self._give_back()
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._left += FDS_PER_MEMFD
+
+
 class BlockCache:
     """Serves ``read_file`` from whole cached blocks, or file by file from the store.
 
@@ -138,14 +205,19 @@ class BlockCache:
         loaders: int = LOADER_THREADS,
         lock_memory: bool = True,
         n_files: int = 0,
+        share: bool = True,
     ) -> None:
         self._store = store
         self._policy = make_policy(policy, budget_bytes)
         self._touch = self._policy.name == "lru"  # only recency-ordered policies care about hits
         self._readahead = max(0, readahead)
         # Background loaders for read-ahead and prefill; their threads start on first use.
-        self._pool = ThreadPoolExecutor(max(1, loaders), thread_name_prefix="blockfs-load")
+        self._loaders = max(1, loaders)
+        self._pool = ThreadPoolExecutor(self._loaders, thread_name_prefix="blockfs-load")
         self._memlock = _MemoryLock(lock_memory)
+        # Only a policy that never evicts shares: a loader's map would keep an evicted block's pages alive.
+        self.shares = share and not self._policy.evicts and self._policy.name != "none"
+        self._memfds = _Memfds(self.shares)
         self._lock = threading.Lock()
         self._blocks: dict[int, _CachedBlock] = {}
         self._loading: dict[int, Future] = {}
@@ -164,7 +236,7 @@ class BlockCache:
                 "reads", "bytes_served", "files_served", "file_hits", "file_misses", "block_hits",
                 "block_misses", "block_loads", "readahead_loads", "prefill_loads", "load_waits",
                 "block_bytes_read", "file_reads", "file_bytes_read", "buffer_hits", "damaged_blocks",
-                "load_errors", "announcements", "prefetch_loads",
+                "load_errors", "announcements", "prefetch_loads", "blocks_shared",
             ),
             0,
         )  # fmt: skip
@@ -255,6 +327,46 @@ class BlockCache:
                 self._read_ahead_locked(block)
             self._last_block = block
 
+    def share(self, block: int) -> int:
+        """A new descriptor of the sealed memory holding ``block``'s verified data (the caller closes it).
+
+        Loads the block first, as a read's miss would, if the policy admits it.  Raises :class:`NotShared`
+        saying why when there is none to give: the policy evicts (or caches nothing), the budget is full,
+        the block is damaged or missing, or its memory could not be made shareable.
+        """
+        if not self.shares:
+            raise NotShared(f"the {self._policy.name} policy does not share blocks")
+        cached = self._blocks.get(block)
+        if cached is None:
+            try:
+                head = self._store.header(block)
+            except (CorruptBlockError, MissingBlockError) as e:
+                raise NotShared(str(e)) from None
+            with self._lock:
+                cached = self._blocks.get(block)
+                if cached is None:
+                    future, mine = self._claim(block, head)
+            if cached is None:
+                if future is None:
+                    why = (
+                        "damaged (its data checksum failed or it is truncated)"
+                        if block in self._damaged
+                        else "not admitted: the cache budget is full"
+                    )
+                    raise NotShared(f"block {block} is {why}")
+                if mine:
+                    self._load(block, head, future)
+                try:
+                    cached = future.result()
+                except (CorruptBlockError, MissingBlockError) as e:
+                    raise NotShared(str(e)) from None
+        with self._lock:
+            fd = cached.fd
+            if fd is None:
+                raise NotShared(f"block {block} is held in memory that cannot be shared")
+            self._c["blocks_shared"] += 1
+            return os.dup(fd)  # under the lock: a drop cannot close fd in between
+
     # --- loading whole blocks ---------------------------------------------------------------------
     def _claim(self, block: int, head: fmt.BlockHeader) -> tuple[Future | None, bool]:
         """Under the lock: the load to wait for (and whether this caller must run it), or None."""
@@ -274,13 +386,16 @@ class BlockCache:
 
     def _drop(self, cached: _CachedBlock | None) -> None:
         # Readers still holding the block keep it alive; the map goes when the last reference does.
-        if cached is not None and cached.locked:
-            self._memlock.unlocked(cached.nbytes)
+        if cached is not None:
+            if cached.locked:
+                self._memlock.unlocked(cached.nbytes)
+            self._memfds.close(cached.fd)
+            cached.fd = None
 
     def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> None:
         """Read a claimed block whole, verify it, and publish it (or the error) to every waiter."""
         try:
-            buf = self._read_block(block, head)
+            buf, fd = self._read_block(block, head)
         except BaseException as e:
             with self._lock:
                 self._loading.pop(block, None)
@@ -292,7 +407,7 @@ class BlockCache:
             log.debug("loading block %d failed: %s", block, e)
             future.set_exception(e)
             return
-        cached = _CachedBlock(buf, head, self._memlock.lock(buf))
+        cached = _CachedBlock(buf, fd, head, self._memlock.lock(buf))
         with self._lock:
             self._loading.pop(block, None)
             self._c["block_loads"] += 1
@@ -303,33 +418,41 @@ class BlockCache:
                 self._drop(cached)
         future.set_result(cached)
 
-    def _read_block(self, block: int, head: fmt.BlockHeader) -> mmap.mmap | bytes:
-        """The data section in a fresh anonymous map, in one sequential read, checked by its CRC."""
+    def _read_block(self, block: int, head: fmt.BlockHeader) -> tuple[mmap.mmap | bytes, int | None]:
+        """The data section in fresh anonymous memory, in one sequential read, checked by its CRC; and the
+        sealed memfd behind that memory (None where the block is not to be shared)."""
         size = head.data_size
         if size == 0:
-            return b""
+            return b"", None
         where = self._store.where(block)
-        buf = mmap.mmap(-1, size)
+        memfd = self._memfds.create(block, size)
         try:
-            fd = os.open(self._store.block_paths[block], os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise MissingBlockError(f"{where}: cannot open: {e.strerror}", block=block) from e
-        try:
-            view = memoryview(buf)
-            done = 0
-            while done < size:
-                try:
-                    n = os.preadv(fd, [view[done:]], head.data_start + done)
-                except OSError as e:
-                    raise MissingBlockError(f"{where}: read failed: {e.strerror}", block=block) from e
-                if n == 0:
-                    raise CorruptBlockError(f"{where}: truncated: data ends after {done} of {size} bytes", block=block)
-                done += n
-            view.release()
-        finally:
-            os.close(fd)
-        fmt.check_data(head, buf, where)
-        return buf
+            buf = mmap.mmap(-1 if memfd is None else memfd, size)
+            try:
+                fd = os.open(self._store.block_paths[block], os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                raise MissingBlockError(f"{where}: cannot open: {e.strerror}", block=block) from e
+            try:
+                view = memoryview(buf)
+                done = 0
+                while done < size:
+                    try:
+                        n = os.preadv(fd, [view[done:]], head.data_start + done)
+                    except OSError as e:
+                        raise MissingBlockError(f"{where}: read failed: {e.strerror}", block=block) from e
+                    if n == 0:
+                        raise CorruptBlockError(
+                            f"{where}: truncated: data ends after {done} of {size} bytes", block=block
+                        )
+                    done += n
+                view.release()
+            finally:
+                os.close(fd)
+            fmt.check_data(head, buf, where)
+        except BaseException:
+            self._memfds.close(memfd)
+            raise
+        return buf, None if memfd is None else self._memfds.seal(memfd)
 
     def start_prefill(self) -> None:
         """Load blocks in the background, in order, while they fit without evicting anything.
@@ -379,15 +502,22 @@ class BlockCache:
             self._announced += 1
             self._c["announcements"] += 1
             generation = self._announced
-        self._pool.submit(self._prefetch, list(blocks), generation)
+        # Every loader thread takes the next block from the one list: reading a block and checking its
+        # CRC overlap across threads (both release the GIL), and the blocks still arrive in order.
+        queue = iter(list(blocks))
+        for _ in range(self._loaders):
+            self._pool.submit(self._prefetch, queue, generation)
 
-    def _prefetch(self, blocks: list[int], generation: int) -> None:
-        for block in blocks:
+    def _prefetch(self, blocks: Iterator[int], generation: int) -> None:
+        while True:
             with self._lock:
                 if self._closed or self._announced != generation:
                     return
                 if self._policy.used_bytes >= self._policy.budget_bytes:
                     return  # full: nothing more is admitted without evicting
+                block = next(blocks, None)  # under the lock: the threads share the iterator
+            if block is None:
+                return
             self._read_ahead(block, announced=True)
 
     def _read_ahead_locked(self, block: int) -> None:
@@ -465,7 +595,7 @@ class BlockCache:
                 check = 0
                 for pos in range(0, length, VERIFY_PIECE):
                     piece = os.pread(fd, min(VERIFY_PIECE, length - pos), base + pos)
-                    check = zlib.crc32(piece, check)
+                    check = fmt.crc32(piece, check)
                     with self._lock:
                         self._c["file_bytes_read"] += len(piece)
                 if check != crc:
@@ -535,6 +665,8 @@ class BlockCache:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
+            for cached in self._blocks.values():
+                self._drop(cached)
             self._blocks.clear()
         self._files.clear()
 

@@ -267,6 +267,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             readahead=args.readahead,
             prefill=not args.no_prefill,
             lock_memory=not args.no_mlock,
+            share=not args.no_share,
             retain=not args.no_retain,
             retain_strategy=args.retain_strategy,
             retain_threshold=_threshold(args.retain_threshold),
@@ -289,7 +290,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         "--readahead", str(args.readahead),
     ]  # fmt: skip
     command += ["--allow-other"] * args.allow_other + ["--single-threaded"] * args.single_threaded
-    command += ["--no-mlock"] * args.no_mlock + ["--no-prefill"] * args.no_prefill
+    command += ["--no-mlock"] * args.no_mlock + ["--no-prefill"] * args.no_prefill + ["--no-share"] * args.no_share
     command += ["--no-retain"] * args.no_retain + ["--preload"] * args.preload
     if args.retain_strategy:
         command += ["--retain-strategy", args.retain_strategy]
@@ -322,7 +323,8 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"cache      {c['policy']}: {_human(c['used_bytes'])} of {_human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
-        f"reads      {k['reads']:,} reads, {k['files_served']:,} files served, {_human(k['bytes_served'])}",
+        f"reads      {k['reads']:,} reads, {k['files_served']:,} files served, {_human(k['bytes_served'])}; "
+        f"{k.get('blocks_shared', 0):,} blocks shared with loaders (their files are not counted here)",
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {_human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
@@ -470,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--no-prefill", action="store_true",
                         help="load blocks only when read (default: fill the budget in the background from mount on)")
     tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
+    tuning.add_argument("--no-share", action="store_true", help="do not hand cached blocks to loaders on this "
+                        "machine as shared memory (they then read every file through FUSE)")
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a blockfs mount (also one whose server was killed)")

@@ -34,10 +34,14 @@ checks a whole block gets every file's CRC to compare with the index on the way.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+try:  # the same CRC-32 as zlib's, 5-8x faster (vectorised): it bounds how fast a block loads
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - zlib-ng is a dependency; a build without it still reads right
+    from zlib import crc32  # noqa: F401
 
 from .errors import CorruptBlockError, UnsupportedVersionError
 
@@ -152,7 +156,7 @@ def encode_header(
     preamble["block_id"] = block_id
     preamble["data_size"] = data_size
     raw = bytearray(preamble.tobytes())
-    crc = zlib.crc32(bytes(raw[16:]) + body, zlib.crc32(bytes(raw[:12])))
+    crc = crc32(bytes(raw[16:]) + body, crc32(bytes(raw[:12])))
     raw[12:16] = crc.to_bytes(4, "little")
     return bytes(raw) + body
 
@@ -196,7 +200,7 @@ def decode_header(buf: bytes | memoryview, where: str, file_size: int | None = N
     start = header_size(count, wide, data_size)
     if len(buf) < start:
         raise CorruptBlockError(f"{where}: truncated header: {len(buf)} of {start} bytes")
-    crc = zlib.crc32(bytes(buf[16:start]), zlib.crc32(bytes(buf[:12])))
+    crc = crc32(bytes(buf[16:start]), crc32(bytes(buf[:12])))
     stored = int.from_bytes(bytes(buf[12:16]), "little")
     if crc != stored:
         raise CorruptBlockError(
@@ -241,13 +245,13 @@ def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
     """CRC-32 of each CHUNK_SIZE piece of ``data`` (the WIDE block checksums)."""
     view = memoryview(data)
     return np.array(
-        [zlib.crc32(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)], dtype="<u4"
+        [crc32(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)], dtype="<u4"
     )
 
 
 def crc_of_crcs(crcs) -> int:
     """The block data checksum: CRC-32 over the files' CRC-32s as little-endian u32, in slot order."""
-    return zlib.crc32(np.asarray(crcs, dtype="<u4").tobytes())
+    return crc32(np.asarray(crcs, dtype="<u4").tobytes())
 
 
 def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarray) -> bytes:
@@ -255,7 +259,7 @@ def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarr
     data = b"".join(files)
     sizes = np.array([len(f) for f in files], dtype=np.uint64)
     chunk = chunk_crcs_of(data) if len(data) >= NARROW_LIMIT else None
-    data_crc = crc_of_crcs([zlib.crc32(f) for f in files])
+    data_crc = crc_of_crcs([crc32(f) for f in files])
     return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
@@ -267,7 +271,7 @@ def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> np.
         )
     view = memoryview(data)
     file_crcs = np.fromiter(
-        (zlib.crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
+        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
         dtype=np.uint32,
         count=header.count,
     )

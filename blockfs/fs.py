@@ -47,6 +47,7 @@ import importlib
 import json
 import logging
 import os
+import resource
 import stat
 import threading
 import time
@@ -65,6 +66,7 @@ from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
 from .announce import PrefetchListener
 from .retain import RetainingReader, plan_dataset
+from .share import SHARE_XATTR, ShareServer
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class MountOptions:
     readahead: int = READAHEAD_BLOCKS
     prefill: bool = True  # load the blocks the budget will hold in the background, from mount on
     lock_memory: bool = True
+    share: bool = True  # hand cached blocks to loaders on this machine as sealed memory (share.py)
     control_name: str = DEFAULT_CONTROL
     # The memory plan: ``cache_bytes`` is the whole budget, split between retained files and blocks.
     retain: bool = True
@@ -454,6 +457,7 @@ class _Control:
         self._snapshot = b""
         self._served = threading.Event()
         self.prefetch_address: bytes | None = None  # the socket that takes loaders' block announcements
+        self.share_address: bytes | None = None  # the socket that hands loaders cached blocks
 
     def owns(self, raw: bytes) -> bool:
         return raw.startswith(self.path) and (len(raw) == len(self.path) or raw[len(self.path)] == 0x2F)
@@ -540,12 +544,18 @@ class _Control:
                 return self._stats_bytes()
             if name == PREFETCH_XATTR and self.prefetch_address is not None:
                 return self.prefetch_address
+            if name == SHARE_XATTR and self.share_address is not None:
+                return self.share_address
         raise FuseOSError(errno.ENODATA)
 
     def listxattr(self, raw: bytes) -> list[str]:
         if self._leaf(raw) is not None:
             return []
-        return [STATS_XATTR] + [PREFETCH_XATTR] * (self.prefetch_address is not None)
+        return (
+            [STATS_XATTR]
+            + [PREFETCH_XATTR] * (self.prefetch_address is not None)
+            + [SHARE_XATTR] * (self.share_address is not None)
+        )
 
     def _stats_bytes(self) -> bytes:
         return json.dumps(self.fs.stats(), indent=1).encode() + b"\n"
@@ -601,6 +611,16 @@ def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     return kwargs
 
 
+def _raise_open_files_limit() -> None:
+    """Lift this process's soft limit on open descriptors to the hard limit (often 1024 -> 1M)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            log.debug("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, hard, e)
+
+
 def _preload(
     ds: PackedDataset,
     cache: BlockCache,
@@ -639,6 +659,8 @@ def serve(
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = os.path.abspath(os.fspath(dest)), os.path.abspath(os.fspath(mountpoint))
     ds = PackedDataset(dest)
+    if options.share:
+        _raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
     retain = options.retain and options.policy != "none"
     plan, (blocks, slots, sizes) = plan_dataset(
         ds.index.arrays, options.cache_bytes, strategy=options.retain_strategy,
@@ -652,6 +674,7 @@ def serve(
         readahead=options.readahead,
         lock_memory=options.lock_memory,
         n_files=len(sizes),
+        share=options.share,
     )
     retainer = None
     if retain and plan.retained_files:
@@ -661,11 +684,14 @@ def serve(
     else:
         ds.reader = cache
     fs = BlockFS(ds, cache, options, mountpoint, plan, retainer)
-    listener = None
+    listener = sharer = None
     try:
         if options.policy != "none":
             listener = PrefetchListener(cache.prefetch, ds.n_blocks)
             fs.control.prefetch_address = listener.address
+        if cache.shares:
+            sharer = ShareServer(cache.share, ds.n_blocks)
+            fs.control.share_address = sharer.address
         if options.preload:
             _preload(ds, cache, retainer, plan, on_progress)
         binding.FUSE(
@@ -684,6 +710,8 @@ def serve(
         fs._stop.set()
         if listener is not None:
             listener.close()
+        if sharer is not None:
+            sharer.close()
         cache.close()
         if retainer is not None:
             retainer.close()

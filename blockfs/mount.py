@@ -153,8 +153,8 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
     def ask() -> None:
         try:
             result[0] = int(read_stats(mountpoint)["mount"]["pid"])
-        except (OSError, ValueError, KeyError):
-            pass
+        except (OSError, ValueError, KeyError, MountError):
+            pass  # dead, or another FUSE filesystem: no pid to wait for
 
     import threading
 

@@ -6,11 +6,15 @@ sizes, paths), ``metadata.json`` its metadata and ``stats.json`` the mount's liv
 through the mount in block order, so the mount reads each block from storage once and serves the rest of
 its files from memory. Labels come from the index, never from paths.
 
-**Reading a file.** Where the control directory has ``blocks/`` (the block files as stored, served by the
-mount from its cache), a file is one ``pread`` of its block at the offset the block's header gives: no
-path lookup, no open, no close per file, which is most of what a small file costs through FUSE. The mount
-verifies what it serves exactly as for a read by path; the loader also checks each block header's CRC.
-Without ``blocks/`` (another mount version), each file is opened by path.
+**Reading a file.** Where the mount shares its cached blocks (the control directory's
+``user.blockfs.share`` attribute; :mod:`blockfs.share`), the loader maps each block it reads once, read-only,
+from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
+mount does not share (its budget is full, its policy evicts, it is damaged) is read through ``blocks/``
+(the block files as stored, served by the mount from its cache): a file is one ``pread`` of its block at
+the offset the block's header gives, with no path lookup, open or close per file. The mount verifies
+what it serves exactly as for a read by path; the loader also checks each block header's CRC. A read of
+a damaged block's file fails with ``EIO`` alone: the loader retries it by its path, which the mount
+verifies file by file. Without ``blocks/`` (another mount version), each file is opened by path.
 
 **Prefetch announcements.** At the start of every epoch the loader tells the mount which blocks its rank
 will read, first needed first (with ``importance=``, only the blocks of the selected samples), so the mount
@@ -32,6 +36,7 @@ import tempfile
 import warnings
 
 import collections
+import errno
 
 import numpy as np
 
@@ -39,6 +44,7 @@ from . import format as fmt
 from .errors import FormatError, NotADatasetError
 from .index import KIND_FILE, PackedIndex
 from .order import BlockLayout
+from .share import SHARE_XATTR, SharedBlocks
 
 __all__ = ["BlockfsMount"]
 
@@ -58,9 +64,10 @@ class BlockfsMount:
     Pickles as its root path only (a worker process reopens the index), so it can go to spawned workers.
     """
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, share: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.control = _control_dir(self.root)
+        self.share = share
         self._open()
 
     def _open(self) -> None:
@@ -86,12 +93,18 @@ class BlockfsMount:
         self._blocks_dir = os.fsencode(blocks_dir) if os.path.isdir(blocks_dir) else None
         self._block_fds: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._heads: dict[int, fmt.BlockHeader] = {}
+        self.shared: SharedBlocks | None = None
+        if self.share and self._blocks_dir is not None:
+            try:
+                self.shared = SharedBlocks(os.getxattr(control, SHARE_XATTR))
+            except OSError:
+                pass  # a mount that shares no blocks (--no-share, policy lru/fifo/none, an older version)
 
     def __getstate__(self) -> dict:
-        return {"root": self.root, "control": self.control}
+        return {"root": self.root, "control": self.control, "share": self.share}
 
     def __setstate__(self, state: dict) -> None:
-        self.root, self.control = state["root"], state["control"]
+        self.root, self.control, self.share = state["root"], state["control"], state["share"]
         self._open()
 
     @property
@@ -124,15 +137,28 @@ class BlockfsMount:
             block = int(self.block_of[entry])
             try:
                 fd, head = self._block(block)
-                _read_exactly(fd, buffer, head.data_start + int(head.offsets[self.slot_of[entry]]), path)
+                start = int(head.offsets[self.slot_of[entry]])
+                shared = self.shared.get(block) if self.shared is not None else None
+                if shared is not None:  # the mount's verified copy, mapped: no FUSE round trip
+                    buffer[:] = shared[start : start + len(buffer)]
+                else:
+                    _read_exactly(fd, buffer, head.data_start + start, path)
+                return
             except OSError as e:  # name the file, not the block file the bytes came through
-                raise OSError(e.errno, f"{e.strerror} (block {block})", os.fsdecode(path)) from None
-            return
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                if e.errno != errno.EIO:
+                    raise OSError(e.errno, f"{e.strerror} (block {block})", os.fsdecode(path)) from None
+                # A damaged block: the kernel reads its block file a page-cache window at a time, so a
+                # damaged file fails its neighbours' reads too.  By its path, the mount checks this file alone.
         try:
-            _read_exactly(fd, buffer, None, path)
-        finally:
-            os.close(fd)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _read_exactly(fd, buffer, None, path)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if self._blocks_dir is None:
+                raise
+            raise OSError(e.errno, f"{e.strerror} (block {int(self.block_of[entry])})", os.fsdecode(path)) from None
 
     def _block(self, block: int) -> tuple[int, fmt.BlockHeader]:
         """An open descriptor of ``blocks/NNNNNNNN`` and the block's checked header."""
@@ -162,6 +188,8 @@ class BlockfsMount:
         """Close the block files and unmap the index: while either is open, the mount cannot be unmounted."""
         while self._block_fds:
             os.close(self._block_fds.popitem()[1])
+        if self.shared is not None:
+            self.shared.close()
         self._heads.clear()
         self.index.close()
 

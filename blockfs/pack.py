@@ -16,7 +16,6 @@ import os
 import shutil
 import threading
 import time
-import zlib
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -308,7 +307,7 @@ class _BlockWriter:
         view = self._buffer(max(GATHER_SIZE, *(m.size for m in members)))
         pos = 0
         sizes, labels, crcs = [], [], []
-        read_into, crc32 = self.source.read_into, zlib.crc32
+        read_into, crc32 = self.source.read_into, fmt.crc32
         with open(tmp, "wb") as f:
             f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
             # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
@@ -365,7 +364,7 @@ class _BlockWriter:
                     size = done = 0
                     f.truncate(head_len)
                     break
-                crc = zlib.crc32(piece, crc)
+                crc = fmt.crc32(piece, crc)
                 if wide:
                     chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
                 self._write_out(f, piece)
@@ -678,5 +677,5 @@ def _file_crc(path: str) -> int:
     crc = 0
     with open(path, "rb") as f:
         while piece := f.read(16 << 20):
-            crc = zlib.crc32(piece, crc)
+            crc = fmt.crc32(piece, crc)
     return crc

@@ -72,6 +72,7 @@ class BlockPolicy(ABC):
     """
 
     name: ClassVar[str]
+    evicts: ClassVar[bool] = False  # whether a held block can be dropped to make room for another
     _cache_type: ClassVar[type[_EvictionLog]] = _UnorderedCache
 
     def __init__(self, budget_bytes: int) -> None:
@@ -167,6 +168,7 @@ class LRUPolicy(BlockPolicy):
     """Evict the least recently admitted-or-touched blocks to make room."""
 
     name = "lru"
+    evicts = True
     _cache_type = _LRUCache
 
     def _fits(self, nbytes: int) -> bool:
@@ -177,6 +179,7 @@ class FIFOPolicy(BlockPolicy):
     """Evict the first admitted blocks to make room, whatever their hits."""
 
     name = "fifo"
+    evicts = True
     _cache_type = _FIFOCache
 
     def _fits(self, nbytes: int) -> bool:

@@ -16,7 +16,6 @@ import errno
 import os
 import resource
 import threading
-import zlib
 
 import numpy as np
 
@@ -151,10 +150,10 @@ class BlockStore:
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             return self._read_chunked(block, head, start + offset, size)
         data = self._pread(block, length, head.data_start + start)
-        if zlib.crc32(data) != crc:
+        if fmt.crc32(data) != crc:
             raise CorruptBlockError(
                 f"{self.where(block)}: slot {slot}: checksum mismatch (expected 0x{crc:08x}, got "
-                f"0x{zlib.crc32(data):08x}); run 'blockfs verify'",
+                f"0x{fmt.crc32(data):08x}); run 'blockfs verify'",
                 block=block,
             )
         return data if (offset == 0 and size == length) else data[offset : offset + size]
@@ -170,7 +169,7 @@ class BlockStore:
         view = memoryview(data)
         for k in range(first, last + 1):
             piece = view[(k - first) * fmt.CHUNK_SIZE : (k - first + 1) * fmt.CHUNK_SIZE]
-            if zlib.crc32(piece) != int(head.chunk_crcs[k]):
+            if fmt.crc32(piece) != int(head.chunk_crcs[k]):
                 raise CorruptBlockError(
                     f"{self.where(block)}: chunk {k} checksum mismatch; run 'blockfs verify'", block=block
                 )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .dataset import PackedDataset
 from .errors import BlockfsError
-from .format import INDEX_NAME
+from .format import INDEX_NAME, crc32
 from .index import KIND_FILE
 
 
@@ -35,7 +34,7 @@ def verify(ds: PackedDataset, on_block=None) -> list[Problem]:
     crc = 0
     with open(index_path, "rb") as f:
         while piece := f.read(16 << 20):
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
     if expected is not None and crc != expected:
         problems.append(Problem("index", f"{index_path}: checksum mismatch (expected 0x{expected:08x}, got 0x{crc:08x})"))
     a = ds.index.arrays

@@ -8,6 +8,7 @@ unmounted).
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -586,8 +587,10 @@ def fuse_ok():
 
 
 @pytest.mark.fuse
-def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_path, fuse_ok):
-    with mounted(tiny / "packed", tmp_path / "mnt", "--cache-size", "64MiB") as m:
+@pytest.mark.parametrize("share", [True, False], ids=["shared-blocks", "no-share"])
+def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_path, fuse_ok, share):
+    extra = () if share else ("--no-share",)
+    with mounted(tiny / "packed", tmp_path / "mnt", "--cache-size", "64MiB", *extra) as m:
         def make():
             return bl.BlockLoader(m.path, B, num_workers=2, seed=1)
 
@@ -606,9 +609,49 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
     assert time.monotonic() - started < 5
     # Block order: each block was read from storage once, the rest were memory hits.
     assert stats["counters"]["block_loads"] == 30
-    assert stats["counters"]["files_served"] >= 480
+    if share:  # every block handed over as shared memory (once per worker); files do not go through FUSE
+        assert stats["counters"]["blocks_shared"] >= 30
+        assert stats["counters"]["files_served"] < 480
+    else:
+        assert stats["counters"]["blocks_shared"] == 0
+        assert stats["counters"]["files_served"] >= 480
     # Read through blocks/: no path lookup per file (one per block file, control files and directories).
     assert stats["requests"].get("getattr", 0) < 100, stats["requests"]
+
+
+@pytest.mark.fuse
+def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny, tmp_path, fuse_ok):
+    from blockfs.mountview import BlockfsMount
+
+    dest = tmp_path / "packed"
+    shutil.copytree(tiny / "packed", dest)
+    with PackedDataset(dest) as ds:
+        head = ds.store.header(5)
+        path = ds.store.block_paths[5]
+        a = ds.index.arrays
+        victim = int(np.flatnonzero((a["block"] == 5) & (a["slot"] == 3))[0])
+        files = np.flatnonzero(a["kind"] == 0)
+        expected = {int(e): ds.read_entry(int(e)) for e in files}
+    with open(path, "r+b") as f:  # one byte inside slot 3's file
+        f.seek(head.data_start + int(head.offsets[3]) + 1)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with mounted(dest, tmp_path / "mnt", "--cache-size", "64MiB") as m:
+        view = BlockfsMount(m.path)
+        try:
+            assert view.shared is not None
+            for e, data in expected.items():
+                if e == victim:
+                    with pytest.raises(OSError) as caught:
+                        view.read(e)
+                    assert caught.value.errno == errno.EIO and "block 5" in str(caught.value)
+                else:
+                    assert view.read(e) == data  # its block's other files too, read one by one
+            assert "damaged" in view.shared.refused[5] or "checksum" in view.shared.refused[5]
+            assert len(view.shared.refused) == 1 and view.shared.failed is None
+        finally:
+            view.close()
 
 
 @pytest.mark.fuse

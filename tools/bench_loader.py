@@ -2,7 +2,8 @@
 
     python tools/bench_loader.py WORKDIR [--mode imagenet] [--files 20000] [--classes 100] [--seed 0]
         [--batch-size 256] [--workers 2] [--epochs 2] [--shard-files 500] [--cache-size auto]
-        [--systems blockfs,dataloader-raw,dataloader-mount,webdataset] [--out FILE.json] [--plot FILE.png]
+        [--systems blockfs,blockfs-no-share,dataloader-raw,dataloader-mount,webdataset]
+        [--out FILE.json] [--plot FILE.png]
         [--no-drop-caches]
 
 WORKDIR keeps the generated tree (``src``), its packed dataset (``packed``, default pack options: seeded
@@ -12,6 +13,7 @@ Every system reads every sample's bytes (no decoding, so the loaders' I/O is wha
 same batch size and number of worker processes, for ``--epochs`` epochs:
 
 - ``blockfs``: :class:`blockfs.loader.BlockLoader` over a fresh mount of the packed dataset;
+- ``blockfs-no-share``: the same over a mount with ``--no-share`` (every file through FUSE, via ``blocks/``);
 - ``dataloader-raw``: torch ``DataLoader(shuffle=True)`` over a plain file dataset (ImageFolder-style
   listing, ``open``/``read`` per file) of the raw directory;
 - ``dataloader-mount``: the same over a fresh mount;
@@ -47,7 +49,7 @@ from benchutil import drop_caches  # noqa: E402
 
 import make_dataset as md  # noqa: E402
 
-SYSTEMS = ("blockfs", "dataloader-raw", "dataloader-mount", "webdataset")
+SYSTEMS = ("blockfs", "blockfs-no-share", "dataloader-raw", "dataloader-mount", "webdataset")
 
 
 # --- preparing the data -----------------------------------------------------------------------------
@@ -104,14 +106,14 @@ def write_shards(src: Path, shards: Path, per_shard: int, seed: int) -> None:
 
 
 @contextlib.contextmanager
-def mounted(packed: Path, mountpoint: Path, cache_size: str) -> Iterator[str]:
+def mounted(packed: Path, mountpoint: Path, cache_size: str, *extra: str) -> Iterator[str]:
     """A fresh (cold) mount of ``packed``, served by a child process and always unmounted."""
     from blockfs.mount import is_mounted, unmount, wait_until_mounted
 
     mountpoint.mkdir(parents=True, exist_ok=True)
     log = mountpoint.parent / f"{mountpoint.name}.log"
     command = [sys.executable, "-m", "blockfs", "mount", str(packed.resolve()), str(mountpoint), "--foreground",
-               "--log", str(log), "--cache-size", cache_size]  # fmt: skip
+               "--log", str(log), "--cache-size", cache_size, *extra]  # fmt: skip
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
@@ -167,11 +169,11 @@ def timed_epochs(make_epoch: Callable[[int], Iterator], epochs: int) -> list[dic
     return out
 
 
-def run_blockfs(ctx: dict) -> tuple[float, list[dict]]:
+def run_blockfs(ctx: dict, *mount_options: str) -> tuple[float, list[dict]]:
     from blockfs.loader import BlockLoader
 
     args = ctx["args"]
-    with mounted(ctx["packed"], ctx["mnt"], args.cache_size) as mnt:
+    with mounted(ctx["packed"], ctx["mnt"], args.cache_size, *mount_options) as mnt:
         started = time.perf_counter()
         loader = BlockLoader(mnt, args.batch_size, device="cpu", seed=args.seed, num_workers=args.workers)
         setup = time.perf_counter() - started
@@ -245,6 +247,7 @@ def run_webdataset(ctx: dict) -> tuple[float, list[dict]]:
 
 RUNNERS = {
     "blockfs": run_blockfs,
+    "blockfs-no-share": lambda ctx: run_blockfs(ctx, "--no-share"),
     "dataloader-raw": run_dataloader_raw,
     "dataloader-mount": run_dataloader_mount,
     "webdataset": run_webdataset,

@@ -1,0 +1,229 @@
+"""blockfs.share and BlockCache.share: cached blocks handed to loaders as sealed memory (no FUSE needed)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+
+import numpy as np
+import pytest
+
+import blockfs
+from blockfs import format as fmt
+from blockfs.cache import BlockCache, NotShared
+from blockfs.dataset import PackedDataset
+from blockfs.index import KIND_FILE
+from blockfs.share import ShareServer, SharedBlocks
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("share")
+    rng = random.Random(3)
+    for i in range(120):
+        path = root / "src" / f"c{i % 3}" / f"f{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(rng.randint(500, 3000)))
+    blockfs.pack(root / "src", root / "p", block_size=32 << 10, fsync=False)
+    return root / "p"
+
+
+def block_data(ds: PackedDataset, block: int) -> bytes:
+    head = ds.store.header(block)
+    with open(ds.store.block_paths[block], "rb") as f:
+        f.seek(head.data_start)
+        return f.read(head.data_size)
+
+
+def memfds() -> int:
+    """This process's open memfds (a cached block's memory each)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:blockfs-block-")
+        except OSError:
+            pass  # the listing's own descriptor, closed already
+    return count
+
+
+@pytest.fixture
+def serving(packed):
+    """A dataset, its cache (everything fits) and a share server over it; all closed after the test."""
+    ds = PackedDataset(packed)
+    cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+    server = ShareServer(cache.share, ds.n_blocks)
+    yield ds, cache, server
+    server.close()
+    cache.close()
+    ds.close()
+
+
+def test_a_loader_gets_each_block_byte_for_byte(serving):
+    ds, cache, server = serving
+    client = SharedBlocks(server.address)
+    try:
+        assert ds.n_blocks > 3
+        for block in range(ds.n_blocks):
+            view = client.get(block)
+            assert view is not None and view.readonly
+            assert bytes(view) == block_data(ds, block)
+        assert client.get(0) is client.get(0)  # kept mapped: asked once
+        assert cache.stats()["counters"]["blocks_shared"] == ds.n_blocks
+        assert cache.stats()["counters"]["block_loads"] == ds.n_blocks  # loaded on request, each once
+    finally:
+        client.close()
+
+
+def test_shared_memory_cannot_be_written_resized_or_resealed(serving):
+    _ds, cache, _server = serving
+    fd = cache.share(1)
+    try:
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)  # a writable shared map
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1)  # shrinking would make the mount's own map fault
+        with pytest.raises(PermissionError):
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # sealed for good
+    finally:
+        os.close(fd)
+
+
+def test_refusals_say_why_and_the_loader_falls_back(packed):
+    with PackedDataset(packed) as ds:
+        sizes = [ds.store.header(b).data_size for b in range(ds.n_blocks)]
+        cache = BlockCache(ds.store, sizes[0], "cache-once", lock_memory=False)  # room for one block
+        server = ShareServer(cache.share, ds.n_blocks)
+        client = SharedBlocks(server.address)
+        try:
+            assert client.get(0) is not None
+            assert client.get(1) is None
+            assert "budget is full" in client.refused[1]
+            assert client.get(ds.n_blocks) is None  # out of range: refused, the connection stays up
+            assert "out of range" in client.refused[ds.n_blocks]
+            assert client.get(0) is not None and client.failed is None
+        finally:
+            client.close()
+            server.close()
+            cache.close()
+        for policy in ("lru", "fifo", "none"):  # a map would keep evicted pages alive: no sharing
+            cache = BlockCache(ds.store, 1 << 30, policy, lock_memory=False)
+            assert not cache.shares
+            with pytest.raises(NotShared, match=policy):
+                cache.share(0)
+            cache.close()
+
+
+def test_a_damaged_block_is_not_shared(packed, tmp_path):
+    import shutil
+
+    dest = tmp_path / "p"
+    shutil.copytree(packed, dest)
+    with PackedDataset(dest) as ds:
+        head = ds.store.header(2)
+        path = ds.store.block_paths[2]
+    with open(path, "r+b") as f:  # flip one data byte: the header still reads, the data CRC fails
+        f.seek(head.data_start + 10)
+        byte = f.read(1)
+        f.seek(head.data_start + 10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with PackedDataset(dest) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        try:
+            with pytest.raises(NotShared, match="checksum"):
+                cache.share(2)
+            with pytest.raises(NotShared, match="damaged"):
+                cache.share(2)  # known bad: not read again
+            os.close(cache.share(3))  # the others are shared
+        finally:
+            cache.close()
+
+
+def test_descriptors_are_given_back(packed):
+    before = memfds()
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        for block in range(ds.n_blocks):
+            os.close(cache.share(block))
+        # Per cached block: the one kept to share and the one Python's mmap keeps; none per share.
+        assert memfds() == before + 2 * ds.n_blocks
+        cache.close()
+    assert memfds() == before
+
+
+def test_a_forked_child_asks_on_its_own_connection(serving):
+    ds, _cache, server = serving
+    client = SharedBlocks(server.address)
+    assert client.get(0) is not None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        ok = bytes(client.get(4) or b"") == block_data(ds, 4) and client.failed is None
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bytes(client.get(5)) == block_data(ds, 5)  # the parent's connection still answers
+    client.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_another_user_is_not_answered(serving):
+    _ds, _cache, server = serving
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        os.setuid(65534)
+        client = SharedBlocks(server.address)
+        os._exit(0 if client.get(0) is None and client.failed else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_mount_gone_away_turns_sharing_off(packed):
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        server = ShareServer(cache.share, ds.n_blocks)
+        client = SharedBlocks(server.address)
+        assert client.get(0) is not None
+        server.close()
+        assert client.get(1) is None
+        assert "failed" in client.failed
+        assert client.get(0) is None  # maps dropped with the connection: everything through the mount
+        cache.close()
+
+
+def test_the_fast_crc_is_zlibs_crc():
+    import zlib
+
+    data = random.Random(0).randbytes(1 << 20)
+    for piece in (b"", data[:1], data[:1000], data):
+        assert fmt.crc32(piece) == zlib.crc32(piece)
+        assert fmt.crc32(piece, 12345) == zlib.crc32(piece, 12345)
+
+
+def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
+    import resource
+
+    import blockfs.cache
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    monkeypatch.setattr(blockfs.cache, "FDS_KEPT_FREE", soft - blockfs.cache.FDS_PER_MEMFD)  # room for one
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        ds.reader = cache
+        try:
+            os.close(cache.share(0))
+            with pytest.raises(NotShared, match="cannot be shared"):
+                cache.share(1)
+            a = ds.index.arrays
+            entry = int(np.flatnonzero((a["block"] == 1) & (a["kind"] == KIND_FILE) & (a["size"] > 0))[0])
+            data = ds.read_entry(entry)
+            head = ds.store.header(1)
+            slot = int(ds.index.arrays["slot"][entry])
+            start = int(head.offsets[slot])
+            assert data == block_data(ds, 1)[start : start + int(head.sizes[slot])]  # still served from memory
+            assert cache.stats()["counters"]["block_loads"] == 2
+        finally:
+            cache.close()

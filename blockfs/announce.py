@@ -48,9 +48,7 @@ class PrefetchListener:
             except OSError:
                 return  # closed
             with conn:
-                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                if uid not in (os.getuid(), 0):
-                    log.warning("prefetch announcement dropped: process %d of user %d is not this mount's user", pid, uid)
+                if not from_own_user(conn, "prefetch announcement"):
                     continue
                 conn.settimeout(5.0)
                 data = bytearray()
@@ -73,9 +71,23 @@ class PrefetchListener:
         return [b for b in blocks if 0 <= b < self._n_blocks]
 
     def close(self) -> None:
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
-        self._thread.join(timeout=5)
+        close_listener(self._server, self._thread)
+
+
+def from_own_user(conn: socket.socket, what: str) -> bool:
+    """Whether the peer of ``conn`` runs as this process's user (or root); logs a refusal of ``what``."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid in (os.getuid(), 0):
+        return True
+    log.warning("%s refused: process %d of user %d is not this mount's user", what, pid, uid)
+    return False
+
+
+def close_listener(server: socket.socket, thread: threading.Thread) -> None:
+    """Stop a listening socket and join the thread accepting on it."""
+    try:
+        server.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    server.close()
+    thread.join(timeout=5)

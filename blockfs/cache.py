@@ -287,13 +287,8 @@ class BlockCache:
                 self._count(block, offset, len(data), hit=True)
             return data
         if future is not None:
-            if mine:
-                self._load(block, head, future)
-            else:
-                with self._lock:
-                    self._c["load_waits"] += 1
             try:
-                data = future.result().read(slot, offset, size)
+                data = self._await(block, head, future, mine).read(slot, offset, size)
             except CorruptBlockError:
                 pass  # the block is damaged: fall through and read (and verify) this file alone
             else:
@@ -339,27 +334,9 @@ class BlockCache:
         cached = self._blocks.get(block)
         if cached is None:
             try:
-                head = self._store.header(block)
+                cached = self._cached_or_loaded(block)
             except (CorruptBlockError, MissingBlockError) as e:
                 raise NotShared(str(e)) from None
-            with self._lock:
-                cached = self._blocks.get(block)
-                if cached is None:
-                    future, mine = self._claim(block, head)
-            if cached is None:
-                if future is None:
-                    why = (
-                        "damaged (its data checksum failed or it is truncated)"
-                        if block in self._damaged
-                        else "not admitted: the cache budget is full"
-                    )
-                    raise NotShared(f"block {block} is {why}")
-                if mine:
-                    self._load(block, head, future)
-                try:
-                    cached = future.result()
-                except (CorruptBlockError, MissingBlockError) as e:
-                    raise NotShared(str(e)) from None
         with self._lock:
             fd = cached.fd
             if fd is None:
@@ -367,7 +344,30 @@ class BlockCache:
             self._c["blocks_shared"] += 1
             return os.dup(fd)  # under the lock: a drop cannot close fd in between
 
+    def _cached_or_loaded(self, block: int) -> _CachedBlock:
+        """``block`` in the cache, loaded (or waited for) now if need be; NotShared if it is not admitted."""
+        head = self._store.header(block)  # small; raises for a missing, truncated or damaged header
+        with self._lock:
+            cached = self._blocks.get(block)
+            if cached is not None:
+                return cached
+            future, mine = self._claim(block, head)
+        if future is None:
+            why = "damaged (its data checksum failed or it is truncated)" if block in self._damaged else (
+                "not admitted: the cache budget is full")  # fmt: skip
+            raise NotShared(f"block {block} is {why}")
+        return self._await(block, head, future, mine)
+
     # --- loading whole blocks ---------------------------------------------------------------------
+    def _await(self, block: int, head: fmt.BlockHeader, future: Future, mine: bool) -> _CachedBlock:
+        """The claimed block: loaded here if this caller claimed it, else waited for (single flight)."""
+        if mine:
+            self._load(block, head, future)
+        else:
+            with self._lock:
+                self._c["load_waits"] += 1
+        return future.result()
+
     def _claim(self, block: int, head: fmt.BlockHeader) -> tuple[Future | None, bool]:
         """Under the lock: the load to wait for (and whether this caller must run it), or None."""
         future = self._loading.get(block)

@@ -28,7 +28,7 @@ shared 2-core VM: files/s with ``open().read()`` / with an os.open reader):
   into fewer storage reads (5.2k vs 3.8k files/s, 36 % vs 49 % of the dataset read, epoch 3 at 2x);
 * ``none``: pages dropped at every open, every read reaches Python (5.1k / 7.5k);
 * the thread pool beats a single-threaded loop (12.6k vs 9.7k warm, 5.8k vs 3.5k from memory) once each
-  libfuse thread keeps its Python thread state (:func:`_keep_thread_state`), and a cached file never waits
+  libfuse thread keeps its Python thread state (:func:`keep_thread_state`), and a cached file never waits
   behind another file's disk read.
 
 The rest of a request's cost is the kernel's: Python ``open()`` (before 3.14) asks ``isatty``, an ioctl
@@ -157,7 +157,7 @@ def control_name_for(ds: PackedDataset, preferred: str = DEFAULT_CONTROL) -> str
 _local = threading.local()
 
 
-def _keep_thread_state() -> None:
+def keep_thread_state() -> None:
     """Give a libfuse worker thread a Python thread state for good.
 
     ctypes runs each callback from a foreign thread in a thread state it creates and destroys around the
@@ -177,7 +177,7 @@ def fuse_call(method: Callable) -> Callable:
     @functools.wraps(method)
     def call(self: "BlockFS", *args: Any) -> Any:
         self.requests[name] += 1  # unlocked: a rare lost count is cheaper than a lock per request
-        _keep_thread_state()
+        keep_thread_state()
         try:
             return method(self, *args)
         except FuseOSError:

@@ -24,9 +24,10 @@ import mmap
 import os
 import secrets
 import socket
-import struct
 import threading
 from typing import Callable
+
+from .announce import close_listener, from_own_user
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +62,12 @@ class ShareServer:
                 conn, _ = self._server.accept()
             except OSError:
                 return  # closed
-            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            if uid not in (os.getuid(), 0):
-                log.warning("block share refused: process %d of user %d is not this mount's user", pid, uid)
+            if not from_own_user(conn, "block share"):
                 conn.close()
                 continue
             with self._lock:
                 self._conns.add(conn)
-            threading.Thread(target=self._answer, args=(conn,), name=f"blockfs-share-{pid}", daemon=True).start()
+            threading.Thread(target=self._answer, args=(conn,), name="blockfs-share-conn", daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         """Answer one loader process's requests, one at a time, until it hangs up."""
@@ -99,12 +98,7 @@ class ShareServer:
 
     def close(self) -> None:
         """Stop answering; loaders that still hold maps keep them (they read the pages they mapped)."""
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
-        self._thread.join(timeout=5)
+        close_listener(self._server, self._thread)
         with self._lock:
             conns = list(self._conns)
         for conn in conns:

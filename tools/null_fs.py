@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blockfs.fs import ENCODING, MountOptions, _keep_thread_state, binding, fuse_kwargs  # noqa: E402
+from blockfs.fs import ENCODING, MountOptions, keep_thread_state, binding, fuse_kwargs  # noqa: E402
 
 ZEROS = bytes(1 << 20)
 
@@ -44,7 +44,7 @@ class NullFS(binding.Operations):
                 "st_ino": st.st_ino, "st_mtime": st.st_mtime_ns, "st_uid": 0, "st_gid": 0}  # fmt: skip
 
     def getattr(self, path: str, fh: object = None) -> dict:
-        _keep_thread_state()
+        keep_thread_state()
         try:
             return self.attrs[path]
         except KeyError:
@@ -57,7 +57,7 @@ class NullFS(binding.Operations):
         raise binding.FuseOSError(errno.ENOSYS)  # as blockfs does by default: no open/release per file
 
     def read(self, path: str, size: int, offset: int, fh: object) -> bytes:
-        _keep_thread_state()
+        keep_thread_state()
         end = min(offset + size, self.attrs[path]["st_size"])
         return ZEROS[: max(0, end - offset)]
 

@@ -12,11 +12,11 @@ import time
 from typing import Sequence
 
 from . import __version__
-from .dataset import PackedDataset, open_dataset
+from .core.dataset import PackedDataset, open_dataset
 from .errors import BlockfsError
-from .index import KIND_DIR, KIND_SYMLINK
-from .pack import PackOptions, pack
-from .plan import parse_size
+from .core.index import KIND_DIR, KIND_SYMLINK
+from .packing.packer import PackOptions, pack
+from .serve.plan import parse_size
 
 log = logging.getLogger("blockfs")
 
@@ -80,7 +80,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .verify import summary
+    from .core.verify import summary
 
     with open_dataset(args.dest) as ds:
         info = summary(ds)
@@ -105,7 +105,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify
+    from .core.verify import verify
 
     with open_dataset(args.dest) as ds:
         bar = _progress_bar(ds.n_blocks, "block", "verify")
@@ -165,7 +165,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:
-    from .unpack import unpack
+    from .core.unpack import unpack
 
     with open_dataset(args.dest) as ds:
         bar = _progress_bar(ds.index.n_entries - 1, "entry", "unpack")
@@ -183,7 +183,7 @@ AUTO_CACHE_FRACTION = 0.5  # --cache-size auto: this share of MemAvailable
 def _cache_size(text: str) -> tuple[int, str]:
     """(bytes, how they were chosen) for --cache-size."""
     if text == "auto":
-        from .plan import read_mem_available
+        from .serve.plan import read_mem_available
 
         available = read_mem_available()
         return int(AUTO_CACHE_FRACTION * available), f"auto: {AUTO_CACHE_FRACTION:.0%} of {_human(available)} available"
@@ -193,7 +193,7 @@ def _cache_size(text: str) -> tuple[int, str]:
 def _budget(args: argparse.Namespace) -> tuple[int, str]:
     """(bytes, how they were chosen) from --memory-fraction or --cache-size."""
     if getattr(args, "memory_fraction", None) is not None:
-        from .plan import budget_from_memory_fraction, read_mem_available
+        from .serve.plan import budget_from_memory_fraction, read_mem_available
 
         size = budget_from_memory_fraction(args.memory_fraction)
         return size, f"{args.memory_fraction:g} of {_human(read_mem_available())} available"
@@ -205,8 +205,8 @@ def _threshold(text: str | None) -> int | str | None:
 
 
 def _memory_plan(args: argparse.Namespace, size: int):
-    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.retain.plan_dataset)."""
-    from .retain import plan_dataset
+    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset)."""
+    from .serve.retain import plan_dataset
 
     with open_dataset(args.dest) as ds:
         plan, _files = plan_dataset(
@@ -239,7 +239,7 @@ def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from . import mount as mnt
+    from .serve import process as mnt
 
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
     args.dest, args.mountpoint = os.path.abspath(args.dest), os.path.abspath(args.mountpoint)
@@ -250,7 +250,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.policy != "none":
         print(_memory_plan(args, size).describe(), flush=True)
     if args.foreground:
-        from .fs import MountOptions, serve
+        from .serve.fs import MountOptions, serve
 
         if args.log:
             logging.basicConfig(
@@ -307,7 +307,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from .mount import unmount
+    from .serve.process import unmount
 
     unmount(args.mountpoint)
     print(f"unmounted {args.mountpoint}")
@@ -351,7 +351,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from .mount import read_stats
+    from .serve.process import read_stats
 
     previous, last = None, time.monotonic()
     while True:
@@ -379,7 +379,7 @@ def _human(n: float) -> str:
 
 def _memory_arguments(p: argparse.ArgumentParser) -> None:
     """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
-    from .plan import STRATEGIES
+    from .serve.plan import STRATEGIES
 
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "

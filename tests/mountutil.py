@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from blockfs.errors import MountError
-from blockfs.mount import is_mounted, unmount, wait_until_mounted
+from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
 
 BINDINGS = ("mfusepy", "fusepy")
 

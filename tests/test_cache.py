@@ -1,4 +1,4 @@
-"""blockfs.cache: what the block cache promises, checked in-process (no FUSE)."""
+"""blockfs.serve.cache: what the block cache promises, checked in-process (no FUSE)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.cache import FILE_BUFFER_FILES, BlockCache
-from blockfs.dataset import PackedDataset
+from blockfs.serve.cache import FILE_BUFFER_FILES, BlockCache
+from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
-from blockfs.policies import POLICIES
+from blockfs.serve.policies import POLICIES
 
 
 def _tree(root, files=240, seed=0, sizes=(1000, 5000)) -> dict[str, bytes]:
@@ -271,7 +271,7 @@ def test_when_mlock_is_refused_one_warning_and_reads_go_on(packed, caplog):
 
     cache._memlock._mlock = refuse
     try:
-        with caplog.at_level(logging.WARNING, logger="blockfs.cache"):
+        with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache"):
             for name, data in contents.items():
                 assert ds.read(name) == data
         warnings = [r for r in caplog.records if "cannot pin" in r.getMessage()]

@@ -20,10 +20,10 @@ import pytest
 
 import blockfs
 from blockfs.cli import main
-from blockfs.containers import RecordIOSource, TarSource, WebDatasetSource, open_source, read_record_labels
+from blockfs.packing.containers import RecordIOSource, TarSource, WebDatasetSource, open_source, read_record_labels
 from blockfs.errors import NotADatasetError, SourceError
-from blockfs.unpack import unpack
-from blockfs.verify import verify
+from blockfs.core.unpack import unpack
+from blockfs.core.verify import verify
 
 from conftest import make_edge_tree, tree_snapshot
 
@@ -335,7 +335,7 @@ def test_an_error_while_decompressing_stops_the_decompressing_process(tmp_path):
 
 
 def test_a_dead_decompressing_process_is_a_clear_error(tmp_path, monkeypatch):
-    from blockfs.containers import spool
+    from blockfs.packing.containers import spool
 
     path, _ = _plain_tar(tmp_path)
     (tmp_path / "d.tar.gz").write_bytes(gzip.compress(open(path, "rb").read()))

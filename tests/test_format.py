@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockfs import format as fmt
+from blockfs.core import format as fmt
 from blockfs.errors import CorruptBlockError, UnsupportedVersionError
 
 files_strategy = st.lists(st.binary(max_size=300), max_size=20)

@@ -1,4 +1,4 @@
-"""Importance-aware selection (blockfs.importance) on synthetic losses."""
+"""Importance-aware selection (blockfs.loader.importance) on synthetic losses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockfs.importance import (
+from blockfs.loader.importance import (
     ImportanceConfig,
     LossTracker,
     select_important,
@@ -17,7 +17,7 @@ from blockfs.importance import (
     two_means_threshold,
     volatile_mask,
 )
-from blockfs.order import BlockLayout
+from blockfs.loader.order import BlockLayout
 
 
 def brute_force_threshold(values: np.ndarray) -> float:

@@ -10,7 +10,7 @@ import pytest
 
 import blockfs
 from blockfs.errors import IndexFormatError
-from blockfs.index import KIND_DIR, PackedIndex
+from blockfs.core.index import KIND_DIR, PackedIndex
 
 
 @pytest.fixture

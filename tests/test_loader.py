@@ -1,4 +1,4 @@
-"""The companion loader (blockfs.loader): order, reads, resume, reuse, importance, device, examples.
+"""The companion loader (blockfs.loader.block_loader): order, reads, resume, reuse, importance, device, examples.
 
 Most tests read a *fake mount*: the packed tree unpacked into a directory that carries the control
 directory and its ``user.blockfs.control`` attribute exactly as a mount shows them, so the loader's logic
@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.dataset import PackedDataset
+from blockfs.core.dataset import PackedDataset
 from blockfs.errors import FormatError
-from blockfs.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
-from blockfs.unpack import unpack
+from blockfs.loader.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
+from blockfs.core.unpack import unpack
 from conftest import has_fuse, require
 from mountutil import mounted
 
@@ -74,9 +74,9 @@ def tiny(tmp_path_factory):
 @pytest.fixture
 def bl(torch_module):
     """The loader module (it imports torch): a skip where torch is missing."""
-    import blockfs.loader
+    import blockfs.loader.block_loader
 
-    return blockfs.loader
+    return blockfs.loader.block_loader
 
 
 def epoch_ids(loader) -> list[list[int]]:
@@ -88,7 +88,7 @@ def flat(batches: list[list[int]]) -> list[int]:
 
 
 def index_of(tiny):
-    from blockfs.index import PackedIndex
+    from blockfs.core.index import PackedIndex
 
     return PackedIndex(tiny / "packed" / "index.bfi")
 
@@ -477,7 +477,7 @@ def test_importance_trains_on_the_volatile_and_hardest_samples_in_block_order(bl
     # Still block order: the block-shuffled order of the layout cut down to the selected files.
     keep = np.zeros(loader.mount.n_entries, dtype=bool)
     keep[loader.selected] = True
-    from blockfs.importance import subset_layout
+    from blockfs.loader.importance import subset_layout
 
     sub = subset_layout(loader.mount.layout, keep)
     w = max(1, workers)
@@ -621,7 +621,7 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
 
 @pytest.mark.fuse
 def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny, tmp_path, fuse_ok):
-    from blockfs.mountview import BlockfsMount
+    from blockfs.loader.mountview import BlockfsMount
 
     dest = tmp_path / "packed"
     shutil.copytree(tiny / "packed", dest)

@@ -26,10 +26,10 @@ import pytest
 
 import blockfs
 from blockfs import cli
-from blockfs import format as fmt
-from blockfs.dataset import PackedDataset
-from blockfs.index import PackedIndex
-from blockfs.mount import control_dir, is_mounted, read_stats
+from blockfs.core import format as fmt
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.index import PackedIndex
+from blockfs.serve.process import control_dir, is_mounted, read_stats
 from conftest import has_fuse, has_torch, make_edge_tree, require
 from mountutil import BINDINGS, mounted, release
 
@@ -489,7 +489,7 @@ def test_block_files_read_through_the_control_directory(tmp_path):
 def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
     # The prefetch socket named by user.blockfs.prefetch: announced blocks are loaded in the background,
     # in order, into free room only; a malformed announcement is dropped and the mount stays up.
-    from blockfs.mountview import BlockfsMount
+    from blockfs.loader.mountview import BlockfsMount
 
     md.make_dataset(tmp_path / "src", "tiny", files=300, classes=3, seed=7)
     blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)

@@ -1,4 +1,4 @@
-"""Invariants of the loader's sample orders (blockfs.order), checked over random layouts."""
+"""Invariants of the loader's sample orders (blockfs.loader.order), checked over random layouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from blockfs.order import (
+from blockfs.loader.order import (
     ORDERS,
     BlockLayout,
     batch_class_entropy,

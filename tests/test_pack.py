@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import blockfs
-import blockfs.pack  # noqa: F401  (the package's `pack` attribute is the function)
-from blockfs import format as fmt
+import blockfs.packing.packer  # noqa: F401  (the package's `pack` attribute is the function)
+from blockfs.core import format as fmt
 from blockfs.errors import NotADatasetError, PackError, SourceError, UnsupportedVersionError
-from blockfs.sources import DirectorySource
-from blockfs.unpack import unpack
-from blockfs.verify import summary, verify
+from blockfs.packing.sources import DirectorySource
+from blockfs.core.unpack import unpack
+from blockfs.core.verify import summary, verify
 
-pack_module = sys.modules["blockfs.pack"]
+pack_module = sys.modules["blockfs.packing.packer"]
 
 from conftest import make_edge_tree, tree_snapshot
 
@@ -212,7 +212,7 @@ def test_killed_pack_leaves_nothing_that_opens_and_a_rerun_succeeds(tmp_path, wo
     (tmp_path / "pids").mkdir()
     slow = (
         "import os, sys, time, blockfs\n"
-        "from blockfs.sources import DirectorySource\n"
+        "from blockfs.packing.sources import DirectorySource\n"
         "class Slow(DirectorySource):\n"
         "    def read_into(self, e, buf, offset=0):\n"
         "        open(os.path.join(sys.argv[3], str(os.getpid())), 'w').close()\n"

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.cache import FILE_BUFFER_BYTES
-from blockfs.dataset import PackedDataset
-from blockfs.format import BLOCKS_DIR
-from blockfs.mount import read_stats
-from blockfs.retain import plan_dataset, unique_files
+from blockfs.serve.cache import FILE_BUFFER_BYTES
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.format import BLOCKS_DIR
+from blockfs.serve.process import read_stats
+from blockfs.serve.retain import plan_dataset, unique_files
 from conftest import has_fuse, require
 from mountutil import mounted, release
 
@@ -125,7 +125,7 @@ def test_foreground_mount_with_relative_paths_serves_after_chdir(packed, tmp_pat
         cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        from blockfs.mount import wait_until_mounted
+        from blockfs.serve.process import wait_until_mounted
 
         wait_until_mounted(tmp_path / "mnt", proc, 30, str(log))
         name = _names(packed / "src")[0]
@@ -186,7 +186,7 @@ def test_plan_selection_for_a_million_files_is_fast():
 
     sizes = np.random.default_rng(0).lognormal(11, 1, 1_000_000).astype(np.int64)
     started = time.perf_counter()
-    from blockfs.plan import make_memory_plan
+    from blockfs.serve.plan import make_memory_plan
 
     plan = make_memory_plan(sizes, int(sizes.sum()) // 2)
     assert time.perf_counter() - started < 1.0 and plan.retained_files > 500_000

@@ -1,4 +1,4 @@
-"""The reuse plan (blockfs.reuse): half fresh, half cached, every sample twice per epoch."""
+"""The reuse plan (blockfs.loader.reuse): half fresh, half cached, every sample twice per epoch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockfs.reuse import plan_reuse
+from blockfs.loader.reuse import plan_reuse
 
 
 def replay(plan, batch_size):

@@ -1,4 +1,4 @@
-"""blockfs.share and BlockCache.share: cached blocks handed to loaders as sealed memory (no FUSE needed)."""
+"""blockfs.serve.share and BlockCache.share: cached blocks handed to loaders as sealed memory (no FUSE needed)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs import format as fmt
-from blockfs.cache import BlockCache, NotShared
-from blockfs.dataset import PackedDataset
-from blockfs.index import KIND_FILE
-from blockfs.share import ShareServer, SharedBlocks
+from blockfs.core import format as fmt
+from blockfs.serve.cache import BlockCache, NotShared
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.index import KIND_FILE
+from blockfs.serve.share import ShareServer, SharedBlocks
 
 
 @pytest.fixture(scope="module")
@@ -206,10 +206,10 @@ def test_the_fast_crc_is_zlibs_crc():
 def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
     import resource
 
-    import blockfs.cache
+    import blockfs.serve.cache
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    monkeypatch.setattr(blockfs.cache, "FDS_KEPT_FREE", soft - blockfs.cache.FDS_PER_MEMFD)  # room for one
+    monkeypatch.setattr(blockfs.serve.cache, "FDS_KEPT_FREE", soft - blockfs.serve.cache.FDS_PER_MEMFD)  # room for one
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
         ds.reader = cache

@@ -10,8 +10,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from blockfs.containers.base import WindowReader
-from blockfs.containers.tarheaders import fast_members
+from blockfs.packing.containers.base import WindowReader
+from blockfs.packing.containers.tarheaders import fast_members
 from conftest import make_edge_tree
 
 ENCODING = ("utf-8", "surrogateescape")

@@ -12,7 +12,7 @@ WebDataset recommends, each file with a ``.cls`` member holding its label); they
 Every system reads every sample's bytes (no decoding, so the loaders' I/O is what is compared), with the
 same batch size and number of worker processes, for ``--epochs`` epochs:
 
-- ``blockfs``: :class:`blockfs.loader.BlockLoader` over a fresh mount of the packed dataset;
+- ``blockfs``: :class:`blockfs.loader.block_loader.BlockLoader` over a fresh mount of the packed dataset;
 - ``blockfs-no-share``: the same over a mount with ``--no-share`` (every file through FUSE, via ``blocks/``);
 - ``dataloader-raw``: torch ``DataLoader(shuffle=True)`` over a plain file dataset (ImageFolder-style
   listing, ``open``/``read`` per file) of the raw directory;
@@ -108,7 +108,7 @@ def write_shards(src: Path, shards: Path, per_shard: int, seed: int) -> None:
 @contextlib.contextmanager
 def mounted(packed: Path, mountpoint: Path, cache_size: str, *extra: str) -> Iterator[str]:
     """A fresh (cold) mount of ``packed``, served by a child process and always unmounted."""
-    from blockfs.mount import is_mounted, unmount, wait_until_mounted
+    from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
 
     mountpoint.mkdir(parents=True, exist_ok=True)
     log = mountpoint.parent / f"{mountpoint.name}.log"
@@ -257,7 +257,7 @@ RUNNERS = {
 # --- measures and reports ---------------------------------------------------------------------------
 def mean_batch_entropy(batches: list[np.ndarray], batch_size: int) -> float:
     """Mean class entropy (bits) of the full batches."""
-    from blockfs.order import batch_class_entropy
+    from blockfs.loader.order import batch_class_entropy
 
     full = [b for b in batches if b.size == batch_size]
     labels = np.concatenate(full)
@@ -265,7 +265,7 @@ def mean_batch_entropy(batches: list[np.ndarray], batch_size: int) -> float:
 
 
 def global_entropy(src: Path, batch_size: int, seed: int) -> float:
-    from blockfs.order import batch_class_entropy, global_shuffled_order
+    from blockfs.loader.order import batch_class_entropy, global_shuffled_order
 
     _, samples = list_tree(src)
     labels = np.array([label for _, label in samples])

@@ -49,10 +49,10 @@ from benchutil import drop_caches  # noqa: E402
 import make_dataset as md  # noqa: E402
 
 import blockfs  # noqa: E402
-from blockfs.mount import read_stats, start_background, unmount  # noqa: E402
-from blockfs.pack import plan_blocks  # noqa: E402
-from blockfs.plan import parse_size  # noqa: E402
-from blockfs.policies import make_policy  # noqa: E402
+from blockfs.serve.process import read_stats, start_background, unmount  # noqa: E402
+from blockfs.packing.packer import plan_blocks  # noqa: E402
+from blockfs.serve.plan import parse_size  # noqa: E402
+from blockfs.serve.policies import make_policy  # noqa: E402
 
 RATIOS = (0.25, 0.5, 0.75)
 POLICIES = ("cache-once", "lru", "fifo")
@@ -199,7 +199,7 @@ def bench_blockfs(tree: dict, work: Path, repeats: int) -> dict:
 
 def bench_null(tree: dict, work: Path, repeats: int) -> dict:
     """The same reads from tools/null_fs.py, a FUSE server that does no work: what the round trips cost."""
-    from blockfs.mount import wait_until_mounted
+    from blockfs.serve.process import wait_until_mounted
 
     keys = ("memory", "memory_no_kernel_cache", "memory_4_threads")
     out: dict[str, list] = {k: [] for k in keys}

@@ -29,9 +29,9 @@ from benchutil import drop_caches  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 import blockfs  # noqa: E402
-from blockfs.format import METADATA_NAME, FORMAT_VERSION  # noqa: E402
-from blockfs.index import KIND_DIR, KIND_FILE, IndexColumns, write_index  # noqa: E402
-from blockfs.verify import summary  # noqa: E402
+from blockfs.core.format import METADATA_NAME, FORMAT_VERSION  # noqa: E402
+from blockfs.core.index import KIND_DIR, KIND_FILE, IndexColumns, write_index  # noqa: E402
+from blockfs.core.verify import summary  # noqa: E402
 
 
 

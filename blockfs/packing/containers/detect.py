@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import tarfile
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .recordio import RECORD_MAGIC
 from .spool import DECOMPRESS_ERRORS, DECOMPRESSORS
 

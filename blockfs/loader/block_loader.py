@@ -5,11 +5,11 @@
         loader.set_epoch(epoch)
         for samples, labels, ids in loader: ...
 
-The mount is found and read by :class:`~blockfs.mountview.BlockfsMount` (which also announces each epoch's
-blocks to the mount); batches, reuse's sample cache and the copy to the device are in :mod:`blockfs.batches`.
+The mount is found and read by :class:`~blockfs.loader.mountview.BlockfsMount` (which also announces each epoch's
+blocks to the mount); batches, reuse's sample cache and the copy to the device are in :mod:`blockfs.loader.batches`.
 
 **The epoch's sequence** is a pure function of (seed, epoch, rank, world size, number of workers, batch
-size), planned by :func:`~blockfs.epochplan.plan_epoch`; batch ``k`` is read by worker process ``k mod W``
+size), planned by :func:`~blockfs.loader.epochplan.plan_epoch`; batch ``k`` is read by worker process ``k mod W``
 and resuming replays the same plan from the first batch not yet handed out.
 """
 
@@ -139,8 +139,8 @@ class BlockLoader:
     ``decode(bytes) -> sample`` runs in the workers; ``collate(list of samples)`` (default
     :func:`collate_samples`) makes the batch. ``rank``/``world_size`` default to torch.distributed's when it
     is initialised. ``drop_last`` follows ``DistributedSampler`` (drop rather than pad to equal rank sizes)
-    and also drops a last partial batch. ``reuse=True``: see :mod:`blockfs.reuse`. ``importance=``: an
-    :class:`ImportanceConfig`, see :mod:`blockfs.importance` and :meth:`report_losses`.
+    and also drops a last partial batch. ``reuse=True``: see :mod:`blockfs.loader.reuse`. ``importance=``: an
+    :class:`ImportanceConfig`, see :mod:`blockfs.loader.importance` and :meth:`report_losses`.
 
     One iteration at a time; ``state_dict()`` after a batch and ``load_state_dict()`` in a new loader
     (same arguments, same number of workers) continue with exactly the batches that would have followed.

@@ -8,7 +8,7 @@ read of it is a memory copy, whatever happened to its block since (evicted, neve
 One arena rather than one map per file: small files would each round up to a page, and the offsets of
 every target are known from the plan, so no allocator is needed.  The arena is an anonymous map (never
 file-backed, which the kernel would reclaim like page cache); its pages become resident as files arrive,
-and it is ``mlock``-ed where the process may (see :class:`blockfs.cache._MemoryLock`).
+and it is ``mlock``-ed where the process may (see :class:`blockfs.serve.cache._MemoryLock`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .cache import BlockCache, _MemoryLock
-from .index import KIND_FILE
+from ..core.index import KIND_FILE
 
 
 def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

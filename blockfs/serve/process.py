@@ -1,6 +1,6 @@
 """Mount and unmount processes: start a serving process, wait until it serves, unmount (dead mounts too).
 
-The serving process itself is ``blockfs mount --foreground`` (:func:`blockfs.fs.serve`); this module starts
+The serving process itself is ``blockfs mount --foreground`` (:func:`blockfs.serve.fs.serve`); this module starts
 it in the background, checks a mount point before and after, clears mounts (also one left behind by a
 serving process killed with SIGKILL, whose mount point then answers ENOTCONN), and reads the live
 statistics a mount publishes.  No FUSE binding is imported here.
@@ -16,8 +16,8 @@ import subprocess
 import time
 from typing import Any, Sequence
 
-from .dataset import read_metadata
-from .errors import MountError
+from ..core.dataset import read_metadata
+from ..errors import MountError
 
 CONTROL_XATTR = "user.blockfs.control"
 STATS_XATTR = "user.blockfs.stats"

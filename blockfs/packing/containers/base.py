@@ -6,8 +6,8 @@ import os
 import stat
 from typing import Callable, Iterator
 
-from ..errors import SourceError
-from ..index import KIND_DIR, KIND_FILE
+from ...errors import SourceError
+from ...core.index import KIND_DIR, KIND_FILE
 from ..sources import SourceEntry
 
 DIR_MODE = stat.S_IFDIR | 0o755  # directories a container implies but does not list

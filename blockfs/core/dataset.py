@@ -2,7 +2,7 @@
 
 The one API under the FUSE adapter, the CLI, the tools and the tests.  Paths may be ``str`` or ``bytes``,
 relative or with a leading ``/``; the root is ``""`` or ``"/"``.  Reads go through a *reader*: the
-:class:`~blockfs.store.BlockStore` itself by default, or a cache in front of it (the mount's).
+:class:`~blockfs.core.store.BlockStore` itself by default, or a cache in front of it (the mount's).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from . import format as fmt
-from .errors import (
+from ..errors import (
     CorruptBlockError,
     EntryNotFoundError,
     FormatError,

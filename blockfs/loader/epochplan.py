@@ -1,13 +1,13 @@
 """Which ids each batch of an epoch reads: pure NumPy, no torch, no I/O.
 
 **The epoch's sequence** is a pure function of (seed, epoch, rank, world size, number of workers, batch
-size): each of the ``W = max(1, num_workers)`` workers has its own :func:`~blockfs.order.block_shuffled_order`
+size): each of the ``W = max(1, num_workers)`` workers has its own :func:`~blockfs.loader.order.block_shuffled_order`
 (disjoint whole blocks); the rank's sequence takes ``batch_size`` samples from worker 0, then from worker 1,
 and so on round robin, skipping a worker that has run out -- the sequence a torch ``DataLoader`` with
-``batch_size`` gives over :class:`~blockfs.loader.BlockShuffleDataset` -- and is cut into batches of
+``batch_size`` gives over :class:`~blockfs.loader.block_loader.BlockShuffleDataset` -- and is cut into batches of
 ``batch_size``, so every rank has the same number of batches. Batch ``k`` is read by worker process
 ``k mod W``, mostly the one that owns its blocks. Resuming replays the same plan from the first batch not
-yet handed out. With reuse (see :mod:`blockfs.reuse`) a batch reads only its fresh half from the sequence.
+yet handed out. With reuse (see :mod:`blockfs.loader.reuse`) a batch reads only its fresh half from the sequence.
 """
 
 from __future__ import annotations

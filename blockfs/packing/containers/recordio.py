@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ..errors import SourceError
-from ..index import KIND_FILE
+from ...errors import SourceError
+from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
 
 if TYPE_CHECKING:
-    from ..dataset import PackedDataset
+    from ...core.dataset import PackedDataset
 
 log = logging.getLogger(__name__)
 

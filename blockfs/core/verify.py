@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dataset import PackedDataset
-from .errors import BlockfsError
+from ..errors import BlockfsError
 from .format import INDEX_NAME, crc32
 from .index import KIND_FILE
 

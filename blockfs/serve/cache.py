@@ -16,13 +16,13 @@ What it promises (the mount's serving rules):
   by its own CRC, so only the files whose bytes are damaged fail.
 * A cached block's memory is a sealed memfd where the process has descriptors to spare, so that
   :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it: the loader then maps the
-  verified block and copies its files out with no FUSE round trip per file (:mod:`blockfs.share`).  The
+  verified block and copies its files out with no FUSE round trip per file (:mod:`blockfs.serve.share`).  The
   seals forbid writing through any new descriptor or map, and growing or shrinking the memory, so a
   loader can read the cache but never change it.  Only policies that never evict share: a loader's map
   keeps a block's pages alive, which must not hold memory the budget has given back.
 
 The cache holds blocks only.  Retained small files (the memory plan's other half) sit in a store of their
-own (:mod:`blockfs.retain`), consulted before the blocks and funded from the same budget by the plan.
+own (:mod:`blockfs.serve.retain`), consulted before the blocks and funded from the same budget by the plan.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
-from . import format as fmt
-from .errors import CorruptBlockError, MissingBlockError
+from ..core import format as fmt
+from ..errors import CorruptBlockError, MissingBlockError
 from .policies import DEFAULT_POLICY, make_policy
-from .store import BlockStore
+from ..core.store import BlockStore
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class BlockCache:
     """Serves ``read_file`` from whole cached blocks, or file by file from the store.
 
     ``budget_bytes`` bounds the bytes of cached block data; ``policy`` is a name from
-    :data:`blockfs.policies.POLICIES`.  ``n_files`` (the dataset's file count) lets the statistics cut
+    :data:`blockfs.serve.policies.POLICIES`.  ``n_files`` (the dataset's file count) lets the statistics cut
     reads into epochs.  Thread-safe; call :meth:`close` to stop the loaders.
     """
 

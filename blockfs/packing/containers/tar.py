@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Iterator
 
-from ..errors import SourceError
-from ..index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from ...errors import SourceError
+from ...core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from ..sources import SourceEntry
 from .base import DamageLog, ListedOnce, TreeBuilder, WindowReader, clean_member_name, pread_into
 from .spool import Spool

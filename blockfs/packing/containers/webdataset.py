@@ -4,7 +4,7 @@ The packed tree is the union of the shards' member trees, so a sample keeps its 
 ``<key>.<ext>`` files; a key holding "/" makes directories.  As in WebDataset, a member's key is its
 path up to the first "." of its last component.  A sample's ``.cls`` member (an integer as text) gives
 every file of the sample its label, and stays in the tree; samples without one get -1.  Shards may be
-compressed; each is read as :class:`~blockfs.containers.tar.TarSource` reads a tar, several at once.
+compressed; each is read as :class:`~blockfs.packing.containers.tar.TarSource` reads a tar, several at once.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import SourceError
-from ..index import KIND_DIR, KIND_FILE
+from ...errors import SourceError
+from ...core.index import KIND_DIR, KIND_FILE
 from ..sources import SourceEntry
 from .base import ListedOnce, TreeBuilder
 from .tar import TarEntry, TarSource

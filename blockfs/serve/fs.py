@@ -58,10 +58,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .cache import READAHEAD_BLOCKS, BlockCache
-from .dataset import PackedDataset
-from .errors import BlockfsError, CorruptBlockError, MountError
-from .format import INDEX_NAME, METADATA_NAME
-from .index import KIND_FILE, KIND_SYMLINK
+from ..core.dataset import PackedDataset
+from ..errors import BlockfsError, CorruptBlockError, MountError
+from ..core.format import INDEX_NAME, METADATA_NAME
+from ..core.index import KIND_FILE, KIND_SYMLINK
 from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
 from .announce import PrefetchListener

@@ -2,7 +2,7 @@
 
 Through FUSE every file costs a round trip to the mount's Python server, whatever it serves it from.  A
 loader on the same machine can skip that: it asks the mount for a block and gets a descriptor of the
-sealed memory the mount's cache holds that block in (:meth:`blockfs.cache.BlockCache.share`), maps it
+sealed memory the mount's cache holds that block in (:meth:`blockfs.serve.cache.BlockCache.share`), maps it
 read-only, and copies its files out itself.  The block is still read from storage once, by the mount,
 whole and verified by its CRC, and counted in its statistics (``blocks_shared``); only the per-file round
 trips go.  A block the mount does not share (its policy evicts, its budget is full, the block is damaged)

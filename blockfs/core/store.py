@@ -20,7 +20,7 @@ import threading
 import numpy as np
 
 from . import format as fmt
-from .errors import CorruptBlockError, MissingBlockError
+from ..errors import CorruptBlockError, MissingBlockError
 
 
 def raise_open_file_limit() -> None:

@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass
 import numpy as np
 
-from .errors import (
+from ..errors import (
     EntryNotFoundError,
     IndexFormatError,
     NotADirectoryEntryError,

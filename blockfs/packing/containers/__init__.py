@@ -1,6 +1,6 @@
 """Pack sources for the containers datasets already live in: MXNet RecordIO, tar, WebDataset shards.
 
-:func:`open_source` turns what a user names as SOURCE into a :class:`~blockfs.sources.Source`, choosing
+:func:`open_source` turns what a user names as SOURCE into a :class:`~blockfs.packing.sources.Source`, choosing
 the reader from the file's first bytes (not its name): a directory, a RecordIO file, a tar (plain, gzip,
 bzip2 or xz), or — for a list, a glob or a brace range of files — WebDataset shards.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..errors import SourceError
+from ...errors import SourceError
 from ..sources import DirectorySource, Source
 from .detect import sniff
 from .recordio import RecordIOSource, read_record_labels

@@ -22,12 +22,12 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from . import format as fmt
-from .format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
-from .errors import PackError
+from ..core import format as fmt
+from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from ..errors import PackError
 from .forking import forked_pool
 from .writeback import start_writeback
-from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, prepare_index
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, prepare_index
 from .containers import open_source, spool_dir_for
 from .sources import DirectorySource, Source, SourceEntry
 
@@ -391,7 +391,7 @@ def pack(
     **overrides: object,
 ) -> PackResult:
     """Pack a directory tree, a tar, a RecordIO file or WebDataset shards (picked by
-    :func:`~blockfs.containers.open_source`), or any :class:`~blockfs.sources.Source`, into ``dest``.
+    :func:`~blockfs.packing.containers.open_source`), or any :class:`~blockfs.packing.sources.Source`, into ``dest``.
 
     ``overrides`` are :class:`PackOptions` fields, for ``pack(src, dest, block_size=1 << 20)``.
     ``listing(n)``: entries found so far while the source is listed (every 10,000, and the total last);
@@ -530,7 +530,7 @@ def _write_blocks(
     """Write every block with ``workers`` processes or threads; return the CRC of each stored file, in
     order, and what ``meanwhile()`` returned.
 
-    Forked processes where the source allows it (see :mod:`blockfs.forking`), threads otherwise.  With
+    Forked processes where the source allows it (see :mod:`blockfs.packing.forking`), threads otherwise.  With
     processes, ``meanwhile`` runs on a thread of this otherwise idle process while they write; with
     threads it runs after them (on the GIL it would only slow them down).
     """

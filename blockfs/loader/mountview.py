@@ -7,7 +7,7 @@ through the mount in block order, so the mount reads each block from storage onc
 its files from memory. Labels come from the index, never from paths.
 
 **Reading a file.** Where the mount shares its cached blocks (the control directory's
-``user.blockfs.share`` attribute; :mod:`blockfs.share`), the loader maps each block it reads once, read-only,
+``user.blockfs.share`` attribute; :mod:`blockfs.serve.share`), the loader maps each block it reads once, read-only,
 from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
 mount does not share (its budget is full, its policy evicts, it is damaged) is read through ``blocks/``
 (the block files as stored, served by the mount from its cache): a file is one ``pread`` of its block at
@@ -40,11 +40,11 @@ import errno
 
 import numpy as np
 
-from . import format as fmt
-from .errors import FormatError, NotADatasetError
-from .index import KIND_FILE, PackedIndex
+from ..core import format as fmt
+from ..errors import FormatError, NotADatasetError
+from ..core.index import KIND_FILE, PackedIndex
 from .order import BlockLayout
-from .share import SHARE_XATTR, SharedBlocks
+from ..serve.share import SHARE_XATTR, SharedBlocks
 
 __all__ = ["BlockfsMount"]
 

@@ -26,7 +26,7 @@ import tempfile
 import zlib
 from typing import Callable, Iterator, Union
 
-from ..errors import SourceError
+from ...errors import SourceError
 from ..forking import fork_child
 from .base import DamageLog
 

@@ -43,7 +43,7 @@ try:  # the same CRC-32 as zlib's, 5-8x faster (vectorised): it bounds how fast 
 except ImportError:  # pragma: no cover - zlib-ng is a dependency; a build without it still reads right
     from zlib import crc32  # noqa: F401
 
-from .errors import CorruptBlockError, UnsupportedVersionError
+from ..errors import CorruptBlockError, UnsupportedVersionError
 
 BLOCK_MAGIC = b"BLKFSBLK"
 FORMAT_VERSION = 1

@@ -6,7 +6,7 @@ import os
 
 from . import format as fmt
 from .dataset import PackedDataset
-from .errors import BlockfsError
+from ..errors import BlockfsError
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
 PIECE = 16 << 20

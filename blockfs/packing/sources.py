@@ -13,8 +13,8 @@ import stat
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
-from .errors import PackError, SourceError
-from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from ..errors import PackError, SourceError
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
 log = logging.getLogger(__name__)
 

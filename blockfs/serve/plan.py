@@ -195,25 +195,9 @@ def make_memory_plan(
     is larger than the block cache (its block cannot fit).  See :data:`DEFAULT_RETAIN_SHARE` for why
     retention takes the whole budget by default.
     """
-    sizes = np.asarray(sizes)
-    if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
-        raise ValueError(f"sizes must be a 1-D array of integers, not {sizes.dtype} of shape {sizes.shape}")
-    sizes = sizes.astype(np.int64, copy=False)
-    if sizes.size and sizes.min() < 0:
-        raise ValueError(f"file {int(np.argmin(sizes))} has a negative size, {int(sizes.min())}")
+    sizes = _checked_sizes(sizes)
     budget_bytes = operator.index(budget_bytes)
-    if budget_bytes < 0:
-        raise ValueError(f"memory budget must be >= 0 bytes, not {budget_bytes}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown retain strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    if not 0 <= retain_share <= 1:
-        raise ValueError(f"retain share must be in [0, 1], not {retain_share!r}")
-    requested = None if threshold is None or threshold == "auto" else operator.index(threshold)
-    if requested is not None and (strategy != "threshold" or requested < 0):
-        raise ValueError(
-            f"a retain threshold ({requested}) needs strategy 'threshold' (not {strategy!r}) and must be >= 0"
-        )
-
+    requested = _checked_options(budget_bytes, strategy, threshold, retain_share)
     dataset_bytes = int(sizes.sum())
     fits = dataset_bytes <= budget_bytes
     if fits:
@@ -226,11 +210,7 @@ def make_memory_plan(
     block_cache_bytes = budget_bytes - retained_bytes
     file_hit_rate, byte_hit_rate = 1.0, 1.0
     if not fits:
-        cached_fraction = block_cache_bytes / dataset_bytes
-        cacheable = ~retained & (sizes <= block_cache_bytes)
-        file_hits = retained_files + cached_fraction * int(np.count_nonzero(cacheable))
-        byte_hits = retained_bytes + cached_fraction * int(sizes[cacheable].sum())
-        file_hit_rate, byte_hit_rate = file_hits / sizes.size, byte_hits / dataset_bytes
+        file_hit_rate, byte_hit_rate = _expected_hit_rates(sizes, retained, retained_bytes, block_cache_bytes)
     return MemoryPlan(
         budget_bytes=budget_bytes,
         dataset_bytes=dataset_bytes,
@@ -247,6 +227,47 @@ def make_memory_plan(
         expected_byte_hit_rate=byte_hit_rate,
         retained=retained,
     )
+
+
+def _checked_sizes(sizes: np.ndarray) -> np.ndarray:
+    sizes = np.asarray(sizes)
+    if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+        raise ValueError(f"sizes must be a 1-D array of integers, not {sizes.dtype} of shape {sizes.shape}")
+    sizes = sizes.astype(np.int64, copy=False)
+    if sizes.size and sizes.min() < 0:
+        raise ValueError(f"file {int(np.argmin(sizes))} has a negative size, {int(sizes.min())}")
+    return sizes
+
+
+def _checked_options(
+    budget_bytes: int, strategy: str, threshold: int | Literal["auto"] | None, retain_share: float
+) -> int | None:
+    """Check the plan's options; returns the threshold the user asked for (None for none or ``auto``)."""
+    if budget_bytes < 0:
+        raise ValueError(f"memory budget must be >= 0 bytes, not {budget_bytes}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown retain strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if not 0 <= retain_share <= 1:
+        raise ValueError(f"retain share must be in [0, 1], not {retain_share!r}")
+    requested = None if threshold is None or threshold == "auto" else operator.index(threshold)
+    if requested is not None and (strategy != "threshold" or requested < 0):
+        raise ValueError(
+            f"a retain threshold ({requested}) needs strategy 'threshold' (not {strategy!r}) and must be >= 0"
+        )
+    return requested
+
+
+def _expected_hit_rates(
+    sizes: np.ndarray, retained: np.ndarray, retained_bytes: int, block_cache_bytes: int
+) -> tuple[float, float]:
+    """(file, byte) hit rates per epoch for a dataset that does not fit: a retained file always hits; any
+    other file hits when its block is cached, never when it is larger than the block cache."""
+    dataset_bytes = int(sizes.sum())
+    cached_fraction = block_cache_bytes / dataset_bytes
+    cacheable = ~retained & (sizes <= block_cache_bytes)
+    file_hits = int(np.count_nonzero(retained)) + cached_fraction * int(np.count_nonzero(cacheable))
+    byte_hits = retained_bytes + cached_fraction * int(sizes[cacheable].sum())
+    return file_hits / sizes.size, byte_hits / dataset_bytes
 
 
 def _select(

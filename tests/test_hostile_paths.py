@@ -1,4 +1,6 @@
-"""Issue 17 #4: a forged index must not make ``unpack`` write outside OUT, and is refused when opened.
+"""Issue 17 #4 and #5: nothing written outside OUT, nothing read from outside SRC.
+
+A forged index must not make ``unpack`` write outside OUT, and is refused when opened.
 
 Each forged dataset keeps ``blockfs.json``'s index CRC right, so only the tree checks can tell.  The
 ``unpack`` tests also switch the open-time tree check off, to show that ``unpack`` is safe on its own.
@@ -18,8 +20,9 @@ from blockfs.cli import main
 from blockfs.core import treecheck
 from blockfs.core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from blockfs.core.unpack import unpack
-from blockfs.errors import BlockfsError, IndexFormatError
+from blockfs.errors import BlockfsError, IndexFormatError, SourceError
 from blockfs.packing.packer import pack
+from blockfs.packing.sources import DirectorySource
 from conftest import make_edge_tree
 from indexedit import entry_of, index_arrays, rename_entry, rewrite_index
 
@@ -215,3 +218,82 @@ def test_tree_check_agrees_with_a_plain_loop_on_random_damage(edge_arrays, chang
         assert str(e).startswith("index X: ")
     else:
         assert expected is None, f"accepted a tree with a bad {expected}"
+
+
+# --- issue 17 #5: pack reads nothing from outside SRC, whatever changes under it -------------------
+@pytest.fixture
+def racy(tmp_path):
+    """SRC with d/x, d/y, e/z, and a secret directory beside it (same filesystem: it can be hard-linked)."""
+    for rel, data in (("src/d/x", b"public x"), ("src/d/y", b"public y"), ("src/e/z", b"public z"),
+                      ("secret/x", b"SECRET x"), ("secret/y", b"SECRET y")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    return tmp_path
+
+
+def _dir_to_symlink(root):
+    os.rename(root / "src" / "d", root / "d_old")
+    os.symlink(root / "secret", root / "src" / "d")
+
+
+def _file_to_hard_link(root):
+    os.unlink(root / "src" / "d" / "x")
+    os.link(root / "secret" / "x", root / "src" / "d" / "x")
+
+
+def _nothing_secret_in(dest) -> None:
+    for dirpath, _, names in os.walk(dest):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                assert b"SECRET" not in f.read(), os.path.join(dirpath, name)
+
+
+class _SwapAfterWalk(DirectorySource):
+    """A source whose tree is changed between the walk and the reads, as a racing user would."""
+
+    def __init__(self, root, swap, use_openat2: bool) -> None:
+        super().__init__(root / "src")
+        self._swap, self._swap_root = swap, root
+        if not use_openat2:
+            self._openat2 = False  # the component-by-component fallback
+
+    def entries(self):
+        yield from super().entries()
+        self._swap(self._swap_root)
+
+
+@pytest.mark.parametrize("use_openat2", [True, False], ids=["openat2", "per-component"])
+@pytest.mark.parametrize("workers", [1, 2], ids=["threads", "forked"])
+@pytest.mark.parametrize("swap", [_dir_to_symlink, _file_to_hard_link])
+def test_pack_reads_nothing_swapped_in_after_the_walk(racy, swap, workers, use_openat2):
+    if use_openat2 and not _SwapAfterWalk(racy, swap, True)._openat2:
+        pytest.skip("this kernel has no openat2")
+    source = _SwapAfterWalk(racy, swap, use_openat2)
+    with pytest.raises(SourceError, match=r"'d/[xy]' in .* is not what the walk listed"):
+        pack(source, racy / "ds", files_per_block=1, workers=workers, fsync=False)
+    _nothing_secret_in(racy / "ds")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["threads", "forked"])
+def test_skip_unreadable_leaves_swapped_files_out(racy, workers):
+    pack(_SwapAfterWalk(racy, _dir_to_symlink, True), racy / "ds", files_per_block=1, workers=workers,
+         fsync=False, skip_unreadable=True)
+    _nothing_secret_in(racy / "ds")
+    with open_dataset(racy / "ds") as ds:
+        assert ds.read_entry(ds.lookup("e/z")) == b"public z"
+        assert ds.index.find(b"d/x") < 0 and ds.index.find(b"d/y") < 0
+
+
+def test_the_walk_does_not_list_a_directory_swapped_during_it(racy, monkeypatch):
+    listed = DirectorySource._entry
+
+    def swap_after_listing_d(self, path, *rest):
+        entry = listed(self, path, *rest)
+        if path == b"d":
+            _dir_to_symlink(racy)
+        return entry
+
+    monkeypatch.setattr(DirectorySource, "_entry", swap_after_listing_d)
+    with pytest.raises(SourceError, match=r"'d' in .* is not what the walk listed"):
+        pack(racy / "src", racy / "ds", fsync=False, workers=1)
+    assert not os.path.exists(racy / "ds")

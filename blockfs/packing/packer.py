@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core import format as fmt
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
-from ..errors import PackError
+from ..errors import PackError, SourceError
 from .forking import forked_pool
 from .writeback import start_writeback
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, prepare_index
@@ -228,6 +228,8 @@ class _BlockWriter:
             with self._lock:
                 self.unreadable.append(entry.path)
             return False
+        if isinstance(error, SourceError):  # it names the path and the fix itself
+            raise error
         raise PackError(
             f"cannot read {os.fsdecode(entry.path)!r} in {self.source.description!r}: {error.strerror}; "
             "fix its permissions or pass --skip-unreadable"

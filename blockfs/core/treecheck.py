@@ -90,8 +90,7 @@ class _Tree:
         p_start = off[parent].astype(np.int64)
         p_len = off[parent + 1].astype(np.int64) - p_start - 1
         # The last "/" of each path must be the one right after the parent's path (none under the root).
-        slashes = np.concatenate([[-1], start[0] + np.flatnonzero(a["paths"][start[0] : end[-1]] == _SLASH)])
-        last = slashes[np.searchsorted(slashes, end) - 1]  # -1: no "/" in the piece before that end
+        last = self._last_slashes(int(start[0]) - 1, end)
         under_root = p_len == 0  # only the root has an empty path (index checks that)
         bad = np.where(under_root, last >= start, last != start + p_len)
         bad |= end - start < p_len + 2 - under_root  # an empty name
@@ -100,6 +99,18 @@ class _Tree:
         if first.size:
             e = lo + int(first[0])
             self.fail(e, f"is not a name inside its parent directory entry {int(a['parent'][e])}")
+
+    def _last_slashes(self, first: int, ends: np.ndarray) -> np.ndarray:
+        """Position of the last "/" of each path ending (NUL) at ``ends``, or -1; ``first``: the NUL
+        just before the first of these paths.  One pass finds every NUL and "/", in order: the mark
+        before each path's NUL is its last "/" or, if it has none, the previous path's NUL."""
+        seg = self.a["paths"][first : int(ends[-1]) + 1]
+        marks = np.flatnonzero((seg == 0) | (seg == _SLASH))
+        nuls = np.flatnonzero(seg[marks] == 0)
+        if nuls.size != ends.size + 1 or np.any(marks[nuls[1:]] != ends - first):
+            raise IndexFormatError(f"{self.where}: path table is inconsistent")
+        before = marks[nuls[1:] - 1]
+        return np.where(seg[before] == _SLASH, before + first, -1)
 
     def check_child_ranges(self) -> None:
         """Every directory's child range holds exactly the entries whose parent it is, and only those."""

@@ -40,8 +40,10 @@ def _one_bit_apart(arrays) -> tuple[int, int]:
 
 
 def _flip_ino_bit(arrays) -> None:
+    """One bit of a file's inode number flipped, and (as a thorough forger would) both link counts 2."""
     e, other = _one_bit_apart(arrays)
     arrays["ino"][e] = arrays["ino"][other]
+    arrays["nlink"][[e, other]] = 2
 
 
 def test_unpack_gives_back_the_tree_with_its_hard_links(tmp_path):

@@ -102,8 +102,10 @@ class _Tree:
 
     def make_file(self, e: int) -> None:
         parent, name = self._where(e)
+        # Only files the index says are linked are remembered: a million files need no million keys.
+        linked = int(self.a["nlink"][e]) > 1
         key = (int(self.a["block"][e]), int(self.a["slot"][e]), int(self.a["ino"][e]))
-        first = self._written.get(key)
+        first = self._written.get(key) if linked else None
         if first is not None:
             self._do(e, lambda: self._link(first, parent, name))
             return
@@ -114,7 +116,8 @@ class _Tree:
             mtime = int(self.a["mtime_ns"][e])
             os.fchmod(fd, int(self.a["mode"][e]) & 0o7777)
             os.utime(fd, ns=(mtime, mtime))
-        self._written[key] = (self._dir[0], name)
+        if linked:
+            self._written[key] = (self._dir[0], name)
 
     def finish_dir(self, e: int) -> None:
         """Set a directory's mode and times (after its children: creating them changes the times)."""

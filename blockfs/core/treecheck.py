@@ -137,17 +137,16 @@ class _Tree:
     def check_sibling_order(self, lo: int, hi: int) -> None:
         """Entries e in lo..hi-1 and e+1 with one parent: e's name sorts strictly before e+1's."""
         a, off = self.a, self.off
-        parent = a["parent"]
-        pairs = lo + np.flatnonzero(parent[lo:hi] == parent[lo + 1 : hi + 1])
+        parent = a["parent"][lo : hi + 1].astype(np.int64)
+        pairs = np.flatnonzero(parent[:-1] == parent[1:])  # e - lo for each pair (e, e + 1)
         if not pairs.size:
             return
-        p = parent[pairs].astype(np.int64)
-        skip = off[p + 1].astype(np.int64) - off[p].astype(np.int64)  # the parent's path and its "/" (the root: nothing)
-        skip -= skip == 1
-        not_before = _not_before(self.load, off[pairs].astype(np.int64) + skip, off[pairs + 1].astype(np.int64) + skip)
-        first = np.flatnonzero(not_before)
+        skip = off[parent + 1].astype(np.int64) - off[parent].astype(np.int64)  # parent's path and "/"
+        skip -= skip == 1  # under the root: nothing to skip
+        names = off[lo : hi + 1].astype(np.int64) + skip
+        first = np.flatnonzero(_not_before(self.load, names, pairs))
         if first.size:
-            e = int(pairs[first[0]])
+            e = lo + int(pairs[first[0]])
             self.fail(e + 1, f"repeats or is out of order after its sibling entry {e}")
 
     def check_hard_links(self, lo: int, hi: int) -> None:
@@ -189,34 +188,38 @@ def _word_loader(blob: np.ndarray) -> WordLoader:
 def _differs(load: WordLoader, a: np.ndarray, b: np.ndarray, length: np.ndarray) -> np.ndarray:
     """For each i: do the ``length[i]`` bytes at ``a[i]`` and at ``b[i]`` differ?"""
     differs = np.zeros(a.size, dtype=bool)
-    active = np.flatnonzero(length > 0)
-    done = 0
-    while active.size:
-        left = length[active] - done
-        keep = np.left_shift(np.uint64(1), (8 * np.minimum(left, 7)).astype(np.uint64)) - np.uint64(1)
-        mask = np.where(left >= 8, _ALL, keep)
-        diff = (load(a[active] + done) ^ load(b[active] + done)) & mask
-        differs[active[diff != 0]] = True
-        active = active[(left > 8) & (diff == 0)]
-        done += 8
+    which = np.flatnonzero(length > 0)  # the pairs still being compared, eight bytes further each round
+    a, b, left = a[which], b[which], length[which]
+    while which.size:
+        keep = np.left_shift(_ONE, (8 * np.minimum(left, 7)).astype(np.uint64)) - _ONE
+        diff = (load(a) ^ load(b)) & np.where(left >= 8, _ALL, keep)
+        differs[which[diff != 0]] = True
+        go = (left > 8) & (diff == 0)
+        which, a, b, left = which[go], a[go] + 8, b[go] + 8, left[go] - 8
     return differs
 
 
-def _not_before(load: WordLoader, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For NUL-terminated byte strings at ``a[i]`` and ``b[i]``: is string a not strictly less than b?"""
-    result = np.zeros(a.size, dtype=bool)
-    active = np.arange(a.size)
-    done = 0
-    while active.size:
-        wa, wb = load(a[active] + done), load(b[active] + done)
-        nul = (wa - _ONES) & ~wa & _HIGHS  # lowest set bit: a's first NUL byte, if any (bit 7 of it)
+def _not_before(load: WordLoader, names: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """For each i, the NUL-terminated names at ``names[pairs[i]]`` and ``names[pairs[i] + 1]``: is the
+    first not strictly less than the second?  Neighbours share words: while most pairs are still being
+    compared, each round reads every name's next word once instead of twice."""
+    result = np.zeros(pairs.size, dtype=bool)
+    which = np.arange(pairs.size)  # the pairs still being compared, eight bytes further each round
+    at = names.copy()
+    while which.size:
+        first = pairs[which]
+        if 2 * which.size > at.size:
+            words = load(at)
+            wa, wb = words[first], words[first + 1]
+        else:
+            wa, wb = load(at[first]), load(at[first + 1])
+        nul = (wa - _ONES) & ~wa & _HIGHS  # lowest set bit: the first name's first NUL byte, if any
         keep = ((nul & (~nul + _ONE)) << _ONE) - _ONE  # bytes up to that NUL; every byte if none
-        wa, wb = wa & keep, wb & keep  # what follows a's end cannot matter
+        wa, wb = wa & keep, wb & keep  # what follows the first name's end cannot matter
         same = wa == wb
         ended = nul != 0
         # Big-endian, the words compare as the byte strings do.
-        later = wa.byteswap() > wb.byteswap()
-        result[active[(same & ended) | (~same & later)]] = True
-        active = active[same & ~ended]
-        done += 8
+        result[which[np.where(same, ended, wa.byteswap() > wb.byteswap())]] = True
+        which = which[same & ~ended]
+        at += 8
     return result

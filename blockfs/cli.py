@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import stat
 import sys
 import time
@@ -489,6 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports POLLERR on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness: not a pipe of ours
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error)."""
     parser = build_parser()
@@ -498,8 +510,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="blockfs: %(levelname)s: %(message)s" if args.verbose else "blockfs: %(message)s",
     )
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return status
     except (BlockfsError, ValueError, OSError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_gone():
+            # `blockfs ls ds | head -1`: the reader has what it wanted.  Quietly, as ls does; stdout is
+            # pointed at /dev/null so the interpreter's last flush cannot complain (Python docs, "Note
+            # on SIGPIPE").  A broken pipe of the command's own is an error like any other.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         if args.verbose:
             log.exception("failed")
         print(f"blockfs {args.command}: error: {e}", file=sys.stderr)

@@ -33,6 +33,7 @@ from ..errors import (
     NotADirectoryEntryError,
     UnsupportedVersionError,
 )
+from .treecheck import check_tree
 
 INDEX_MAGIC = b"BLKFSIDX"
 INDEX_VERSION = 1
@@ -351,6 +352,7 @@ class PackedIndex:
                 f"{where}: a path has a forbidden form near byte {bad} of the path table: absolute "
                 "paths, '.', '..' and empty components are rejected"
             )
+        check_tree(self.arrays, where)
         # Validation read the whole file; drop those pages from this process (they stay in the page
         # cache) so an open index costs memory only for what lookups touch.
         self._mm.madvise(mmap.MADV_DONTNEED)

@@ -8,7 +8,6 @@ and starts over without ``--force``.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import logging
@@ -24,11 +23,12 @@ import numpy as np
 
 from ..core import format as fmt
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
-from ..errors import PackError
+from ..errors import PackError, SourceError
 from .forking import forked_pool
 from .writeback import start_writeback
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, prepare_index
 from .containers import open_source, spool_dir_for
+from .labels import assign_labels
 from .sources import DirectorySource, Source, SourceEntry
 
 log = logging.getLogger(__name__)
@@ -106,62 +106,6 @@ def plan_blocks(sizes: np.ndarray, block_size: int, files_per_block: int | None 
         bounds.append(j)
         i = j
     return np.asarray(bounds, dtype=np.int64)
-
-
-def assign_labels(files: list[SourceEntry], spec: str, root_entries: list[SourceEntry]) -> list[str] | None:
-    """Set ``label`` on each file from ``spec``; return the class names, if the labels have names.
-
-    ``dirname`` follows torchvision's ImageFolder exactly: the classes are the directories directly
-    under the root, indexed in sorted order; files outside them get -1.
-    """
-    if spec == "none":
-        for f in files:
-            f.label = -1
-        return None
-    if spec == "dirname":
-        classes = sorted(os.fsdecode(e.path) for e in root_entries if e.kind == KIND_DIR and b"/" not in e.path and e.path)
-        index = {os.fsencode(c): i for i, c in enumerate(classes)}
-        for f in files:
-            top, sep, _ = f.path.partition(b"/")
-            f.label = index.get(top, -1) if sep else -1
-        return classes
-    return _labels_from_csv(files, spec)
-
-
-def _labels_from_csv(files: list[SourceEntry], csv_path: str) -> list[str] | None:
-    try:
-        with open(csv_path, newline="", encoding="utf-8", errors="surrogateescape") as f:
-            rows = [r for r in csv.reader(f) if r]
-    except OSError as e:
-        raise PackError(f"cannot read labels file {csv_path!r}: {e.strerror}") from e
-    if rows and rows[0][:2] == ["path", "label"]:
-        rows = rows[1:]
-    bad = [r for r in rows if len(r) != 2]
-    if bad:
-        raise PackError(f"labels file {csv_path!r}: each row must be 'path,label'; got {bad[0]!r}")
-    raw = {os.fsencode(p.strip("/")): lab for p, lab in rows}
-    try:
-        by_path = {p: int(v) for p, v in raw.items()}
-        classes = None
-    except ValueError:
-        classes = sorted(set(raw.values()))
-        by_path = {p: classes.index(v) for p, v in raw.items()}
-    if any(v < -1 for v in by_path.values()):
-        raise PackError(f"labels file {csv_path!r}: labels must be integers >= -1 or class names")
-    known = {f.path for f in files}
-    stray = [p for p in by_path if p not in known]
-    if stray:
-        raise PackError(
-            f"labels file {csv_path!r} names {len(stray)} paths that are not files in the source, "
-            f"e.g. {os.fsdecode(stray[0])!r}; paths must be relative to the source directory"
-        )
-    unlabelled = 0
-    for f in files:
-        f.label = by_path.get(f.path, -1)
-        unlabelled += f.path not in by_path
-    if unlabelled:
-        log.warning("labels file %s gives no label to %d files; they get label -1", csv_path, unlabelled)
-    return classes
 
 
 def _prepare_dest(src: str | None, dest: str, force: bool) -> None:
@@ -284,6 +228,8 @@ class _BlockWriter:
             with self._lock:
                 self.unreadable.append(entry.path)
             return False
+        if isinstance(error, SourceError):  # it names the path and the fix itself
+            raise error
         raise PackError(
             f"cannot read {os.fsdecode(entry.path)!r} in {self.source.description!r}: {error.strerror}; "
             "fix its permissions or pass --skip-unreadable"
@@ -408,14 +354,14 @@ def pack(
     entries = _list_entries(source, listing)
     if not entries or entries[0].path != b"":
         entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
-    src_dir = os.fsdecode(source.root) if isinstance(source, DirectorySource) else None
-    _prepare_dest(src_dir, dest, options.force)
-
     files = [e for e in entries if e.kind == KIND_FILE]
     labels = options.labels
     if labels == "dirname" and getattr(source, "provides_labels", False):
         labels = "source"  # RecordIO headers, WebDataset .cls: the container's own labels win by default
+    # Before DEST is touched: a bad labels file leaves no unfinished DEST behind.
     classes = assign_labels(files, labels, entries) if labels and labels != "source" else None
+    src_dir = os.fsdecode(source.root) if isinstance(source, DirectorySource) else None
+    _prepare_dest(src_dir, dest, options.force)
     primary = _primaries(entries)
     stored_at = np.flatnonzero(primary == np.arange(len(entries)))  # the entries whose bytes are stored
     if options.order == "shuffled":

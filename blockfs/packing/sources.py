@@ -3,18 +3,26 @@
 A source is anything with ``entries()`` and ``read_into()``; the packer never looks inside it otherwise.
 :class:`DirectorySource` walks a directory tree.  Container formats (tar, RecordIO, ...) are other sources
 with the same two methods.
+
+SRC may change while it is packed, by accident or by someone racing the pack.  Without
+``--follow-symlinks`` nothing outside SRC may be read: the walk lists each directory through a descriptor
+opened beneath SRC's with no symlink followed (:mod:`.beneath`), files are opened the same way, and each
+opened directory or file must be the one the walk saw (same device and inode), or it is refused.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from ..errors import PackError, SourceError
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from .beneath import has_openat2, open_beneath
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,11 @@ class SourceEntry:
     link_target: bytes = b""
     hardlink_key: object = None  # entries with the same key share one stored copy
     label: int = -1  # a label the source itself knows (RecordIO headers); -1 = none
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) the walk saw; the file read must be it
+
+
+class SourceChangedError(SourceError, OSError):
+    """A file or directory of SRC is not the one the walk listed (swapped, or a symlink on its path)."""
 
 
 class Source(Protocol):
@@ -75,9 +88,10 @@ class DirectorySource:
                 f"source {self.description!r} is not a directory (tar, RecordIO and WebDataset "
                 "sources are not supported by this version)"
             )
-        self._root_stat = st
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_stat = os.fstat(self._root_fd)  # the directory opened, whatever the path means later
         self._open_flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+        self._openat2 = not follow_symlinks and has_openat2(self._root_fd)  # asked once, before any fork
 
     def __del__(self) -> None:
         fd = getattr(self, "_root_fd", None)
@@ -86,55 +100,85 @@ class DirectorySource:
 
     def entries(self) -> Iterator[SourceEntry]:
         st = self._root_stat
-        yield SourceEntry(b"", KIND_DIR, st.st_mode, st.st_mtime_ns)
+        yield SourceEntry(b"", KIND_DIR, st.st_mode, st.st_mtime_ns, identity=(st.st_dev, st.st_ino))
         # With --follow-symlinks a link may lead back to one of its own ancestors: refuse that cycle.
         stack = [(b"", ((st.st_dev, st.st_ino),))]
         while stack:
             rel, ancestors = stack.pop()
+            subdirs = []
+            with self._listing(rel, ancestors[-1]) as (found, dir_fd):
+                for dirent in found:
+                    name = os.fsencode(dirent.name)  # str when listed through a descriptor
+                    path = rel + b"/" + name if rel else name
+                    entry = self._entry(path, dirent, dir_fd)
+                    if entry is None:
+                        continue
+                    yield entry
+                    if entry.kind == KIND_DIR:
+                        if entry.identity in ancestors:
+                            raise PackError(
+                                f"directory cycle through a symlink at {os.fsdecode(path)!r}: "
+                                "pack without --follow-symlinks"
+                            )
+                        subdirs.append((path, ancestors + (entry.identity,)))
+            # Depth-first, in sorted order (the stack pops the last pushed first).
+            stack.extend(reversed(subdirs))
+
+    @contextmanager
+    def _listing(self, rel: bytes, identity: tuple[int, int]) -> Iterator[tuple[list[os.DirEntry], int | None]]:
+        """The sorted entries of directory ``rel``, and a descriptor they are relative to (None: by path).
+
+        Without --follow-symlinks the directory is opened beneath the root and must be the one its
+        parent's listing showed: a directory swapped for a symlink since is refused, not followed.
+        """
+        if self.follow_symlinks:
             where = os.path.join(self.root, rel) if rel else self.root
             try:
                 with os.scandir(where) as it:
                     found = sorted(it, key=lambda d: d.name)
             except OSError as e:
                 raise PackError(f"cannot list directory {os.fsdecode(where)!r}: {e.strerror}") from e
-            subdirs = []
-            for dirent in found:
-                path = rel + b"/" + dirent.name if rel else dirent.name
-                entry = self._entry(path, dirent)
-                if entry is None:
-                    continue
-                yield entry
-                if entry.kind == KIND_DIR:
-                    if entry.hardlink_key in ancestors:
-                        raise PackError(
-                            f"directory cycle through a symlink at {os.fsdecode(path)!r}: "
-                            "pack without --follow-symlinks"
-                        )
-                    subdirs.append((path, ancestors + (entry.hardlink_key,)))
-            # Depth-first, in sorted order (the stack pops the last pushed first).
-            stack.extend(reversed(subdirs))
+            yield found, None
+            return
+        try:
+            fd = open_beneath(self._root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, self._openat2) if rel else os.dup(self._root_fd)
+        except OSError as e:
+            raise self._changed(rel, e) from e
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != identity:
+                raise self._changed(rel)
+            try:
+                with os.scandir(fd) as it:
+                    found = sorted(it, key=lambda d: os.fsencode(d.name))  # byte order, as by path
+            except OSError as e:
+                raise PackError(f"cannot list directory {os.fsdecode(os.path.join(self.root, rel))!r}: {e.strerror}") from e
+            yield found, fd
+        finally:
+            os.close(fd)
 
-    def _entry(self, path: bytes, dirent: os.DirEntry) -> SourceEntry | None:
+    def _entry(self, path: bytes, dirent: os.DirEntry, dir_fd: int | None) -> SourceEntry | None:
         try:
             st = dirent.stat(follow_symlinks=self.follow_symlinks)
         except FileNotFoundError:
             if not self.follow_symlinks:
-                raise PackError(f"{os.fsdecode(dirent.path)!r} vanished while packing") from None
+                raise PackError(f"{os.fsdecode(os.path.join(self.root, path))!r} vanished while packing") from None
             st = dirent.stat(follow_symlinks=False)  # a dangling link: keep it as a link
         mode = st.st_mode
+        identity = (st.st_dev, st.st_ino)
         if stat.S_ISREG(mode):
-            key = (st.st_dev, st.st_ino) if st.st_nlink > 1 else None
-            return SourceEntry(path, KIND_FILE, mode, st.st_mtime_ns, st.st_size, hardlink_key=key)
+            key = identity if st.st_nlink > 1 else None
+            return SourceEntry(path, KIND_FILE, mode, st.st_mtime_ns, st.st_size, hardlink_key=key, identity=identity)
         if stat.S_ISDIR(mode):
-            return SourceEntry(path, KIND_DIR, mode, st.st_mtime_ns, hardlink_key=(st.st_dev, st.st_ino))
+            return SourceEntry(path, KIND_DIR, mode, st.st_mtime_ns, hardlink_key=identity, identity=identity)
         if stat.S_ISLNK(mode):
-            return SourceEntry(path, KIND_SYMLINK, mode, st.st_mtime_ns, link_target=os.readlink(dirent.path))
+            target = os.readlink(os.fsencode(dirent.name), dir_fd=dir_fd) if dir_fd is not None else os.readlink(dirent.path)
+            return SourceEntry(path, KIND_SYMLINK, mode, st.st_mtime_ns, link_target=target)
         self._skipped.append(path)
         return None
 
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
-        # Relative to the root's descriptor: no path joining, and a shorter lookup in the kernel.
-        fd = os.open(entry.path, self._open_flags, dir_fd=self._root_fd)
+        fd = self._open(entry)
         try:
             done = os.preadv(fd, [buf], offset)
             while 0 < done < len(buf):
@@ -146,5 +190,36 @@ class DirectorySource:
         finally:
             os.close(fd)
 
+    def _open(self, entry: SourceEntry) -> int:
+        """Open the file ``entry`` names, and check it is the file the walk saw."""
+        if self.follow_symlinks:
+            # Relative to the root's descriptor: no path joining, and a shorter lookup in the kernel.
+            fd = os.open(entry.path, self._open_flags, dir_fd=self._root_fd)
+        else:
+            try:
+                fd = open_beneath(self._root_fd, entry.path, self._open_flags, self._openat2)
+            except OSError as e:
+                if e.errno in _SWAPPED:
+                    raise self._changed(entry.path, e) from e
+                raise
+        if entry.identity is not None:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != entry.identity:
+                os.close(fd)
+                raise self._changed(entry.path)
+        return fd
+
+    def _changed(self, path: bytes, error: OSError | None = None) -> SourceChangedError:
+        why = f" ({error.strerror})" if error is not None and error.strerror else ""
+        return SourceChangedError(
+            f"{os.fsdecode(path)!r} in {self.description!r} is not what the walk listed{why}: it was "
+            "replaced, or a directory on its path became a symlink; pack a tree that is not being changed "
+            "(or pass --skip-unreadable to leave such files out)"
+        )
+
     def skipped(self) -> list[bytes]:
         return list(self._skipped)
+
+
+# What opening beneath the root reports when a directory on the path is a symlink or not a directory.
+_SWAPPED = {errno.ELOOP, errno.ENOTDIR, errno.EXDEV}

@@ -1,0 +1,62 @@
+"""What the index's tree check (blockfs/core/treecheck.py) adds to opening a million-entry index.
+
+Builds the synthetic 1,001,001-entry index of ``tools/bench_pack.py`` (reused if ``--dest`` already holds
+one), then opens it ``--repeat`` times with the check and as many times with it switched off, alternating,
+and prints the minimum and median of each, in wall-clock and in CPU seconds of this process (minimum,
+and CPU time: the least disturbed by other work on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_pack import synthetic_million  # noqa: E402
+
+import blockfs.core.index as index_module  # noqa: E402
+from blockfs.core.treecheck import check_tree  # noqa: E402
+
+
+def time_open(path: str, checked: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds to open the index, with or without the tree check."""
+    index_module.check_tree = check_tree if checked else (lambda arrays, where: None)
+    wall, cpu = time.perf_counter(), time.process_time()
+    index_module.PackedIndex(path).close()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dest", help="a directory for the synthetic index (default: a temporary one)")
+    ap.add_argument("--repeat", type=int, default=9)
+    args = ap.parse_args(argv)
+    dest = args.dest or tempfile.mkdtemp(prefix="blockfs-bench-treecheck-", dir="/var/tmp")
+    path = os.path.join(dest, "index.bfi")
+    if not os.path.exists(path):
+        synthetic_million(dest)
+    runs: dict[str, list[float]] = {}
+    for _ in range(args.repeat):
+        for checked in (True, False):
+            name = "with_check" if checked else "without_check"
+            wall, cpu = time_open(path, checked)
+            runs.setdefault(f"{name}_wall_s", []).append(wall)
+            runs.setdefault(f"{name}_cpu_s", []).append(cpu)
+    result = {k: {"min": round(min(v), 4), "median": round(statistics.median(v), 4)} for k, v in runs.items()}
+    for clock in ("wall", "cpu"):
+        result[f"check_{clock}_s"] = {
+            k: round(result[f"with_check_{clock}_s"][k] - result[f"without_check_{clock}_s"][k], 4) for k in ("min", "median")
+        }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

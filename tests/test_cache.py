@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.serve.cache import FILE_BUFFER_FILES, BlockCache
+from blockfs.serve.cache import BlockCache
+from blockfs.serve.uncached import FILE_BUFFER_FILES
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
 from blockfs.serve.policies import POLICIES
@@ -269,9 +270,9 @@ def test_when_mlock_is_refused_one_warning_and_reads_go_on(packed, caplog):
         ctypes.set_errno(errno.ENOMEM)
         return -1
 
-    cache._memlock._mlock = refuse
+    cache._memory.memlock._mlock = refuse
     try:
-        with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache"):
+        with caplog.at_level(logging.WARNING, logger="blockfs.serve.memory"):
             for name, data in contents.items():
                 assert ds.read(name) == data
         warnings = [r for r in caplog.records if "cannot pin" in r.getMessage()]

@@ -176,7 +176,14 @@ class PackedDataset:
             raise EntryNotFoundError(f"not a regular file: {os.fsdecode(self.path_of(e))!r}")
         block, slot, length = int(a["block"][e]), int(a["slot"][e]), int(a["size"][e])
         try:
-            # The index's size decides where the file ends: it must be the block's, or the file comes out cut.
+            data = b""
+            if offset < length and size != 0:
+                if size < 0 or offset + size > length:
+                    size = length - offset
+                data = self.reader.read_file(block, slot, int(a["crc"][e]), offset, size)
+            # The index's size decides where the file ends: it must be the block's, or the file comes out
+            # cut.  Checked after the read, whose reader (a cache) sees the header's faults first and has
+            # left the header with the store.
             stored = int(self.store.header(block).sizes[slot])
             if stored != length:
                 raise CorruptBlockError(
@@ -184,11 +191,7 @@ class PackedDataset:
                     "the index or the block is damaged; run 'blockfs verify'",
                     block=block,
                 )
-            if offset >= length or size == 0:
-                return b""
-            if size < 0 or offset + size > length:
-                size = length - offset
-            return self.reader.read_file(block, slot, int(a["crc"][e]), offset, size)
+            return data
         except (CorruptBlockError, BlockReadError) as err:
             raise _naming(err, f"{os.fsdecode(self.path_of(e))!r}") from err
 

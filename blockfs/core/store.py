@@ -133,7 +133,7 @@ class BlockStore:
         self._index = index
         self._fds = _Descriptors(block_paths)
         self._headers: dict[int, fmt.BlockHeader] = {}
-        self._verified: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._verified: OrderedDict[tuple[int, int, int], None] = OrderedDict()
         self._verified_lock = threading.Lock()
         raise_open_file_limit()
 
@@ -335,7 +335,7 @@ class BlockStore:
     def verify_file(self, block: int, slot: int, crc: int) -> int:
         """Stream one file through its CRC-32 in pieces (remembered for the last few files, so a file read
         in pieces is checked once); return the bytes read for it (0 when it was already verified)."""
-        key = (block, slot)
+        key = (block, slot, crc)
         with self._verified_lock:
             if key in self._verified:
                 self._verified.move_to_end(key)

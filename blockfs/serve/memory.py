@@ -53,7 +53,7 @@ class MemoryLock:
         """Try to lock ``buf`` in memory; whether it is locked."""
         if self._mlock is None or self.failure is not None or not isinstance(buf, mmap.mmap):
             return False
-        if self._mlock(address_of(buf), len(buf)) == 0:
+        if self._mlock(_address_of(buf), len(buf)) == 0:
             self.locked_bytes += len(buf)
             return True
         code = ctypes.get_errno()
@@ -83,7 +83,7 @@ class MemoryLock:
         )
 
 
-def address_of(buf: mmap.mmap) -> int:
+def _address_of(buf: mmap.mmap) -> int:
     """The address a map starts at (``from_buffer`` exports the map only for this call, so it can still be
     closed later)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))

@@ -184,7 +184,7 @@ class PackedDataset:
             # The index's size decides where the file ends: it must be the block's, or the file comes out
             # cut.  Checked after the read, whose reader (a cache) sees the header's faults first and has
             # left the header with the store.
-            stored = int(self.store.header(block).sizes[slot])
+            stored = self.store.file_size(block, slot)
             if stored != length:
                 raise CorruptBlockError(
                     f"{self.store.where(block)}: slot {slot} holds {stored} bytes, the index says {length}: "

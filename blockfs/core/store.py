@@ -133,6 +133,7 @@ class BlockStore:
         self._index = index
         self._fds = _Descriptors(block_paths)
         self._headers: dict[int, fmt.BlockHeader] = {}
+        self._sizes: dict[int, memoryview] = {}  # each checked header's file sizes, for file_size
         self._verified: OrderedDict[tuple[int, int, int], None] = OrderedDict()
         self._verified_lock = threading.Lock()
         raise_open_file_limit()
@@ -212,8 +213,17 @@ class BlockStore:
             except CorruptBlockError as e:
                 e.block = block
                 raise
+            self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
             self._headers[block] = head
         return head
+
+    def file_size(self, block: int, slot: int) -> int:
+        """The size of the file in ``slot`` as the block's checked header gives it (a read's own check)."""
+        sizes = self._sizes.get(block)
+        if sizes is None:
+            self.header(block)
+            sizes = self._sizes[block]
+        return sizes[slot]
 
     def _read_header(self, block: int) -> fmt.BlockHeader:
         where = self.where(block)

@@ -57,7 +57,8 @@ class BackgroundLoads:
             self._pool.submit(self.prefill)
 
     def prefill(self, on_block: Callable[[int], None] | None = None) -> None:
-        """Load blocks in order while they fit without evicting (``on_block(bytes)`` after each)."""
+        """Load blocks in order while they fit without evicting (``on_block(bytes)`` after each).  A block
+        too big for the room left is passed over: a smaller one further on may still fit."""
         for block in range(self._n_blocks):
             if self._cache.closed or self._cache.full:
                 return
@@ -65,7 +66,6 @@ class BackgroundLoads:
                 loaded = self._cache.load_ahead(block, "prefill_loads", fill_only=True)
                 if loaded is not None and on_block is not None:
                     on_block(loaded)
-                # Declined: too big for the room left; a smaller block further on may still fit.
 
     def read_ahead(self, block: int) -> None:
         """Load the blocks after ``block`` (reads move through blocks in order)."""

@@ -42,6 +42,12 @@ class CacheCounters:
         with self._lock:
             self._c[name] += n
 
+    def add_many(self, **counts: int) -> None:
+        """Several counters at once, under one lock (for the per-read paths)."""
+        with self._lock:
+            for name, n in counts.items():
+                self._c[name] += n
+
     def read(self, offset: int, nbytes: int, hit: bool) -> None:
         """One read request served (``hit``: from memory); ``offset == 0`` counts a file served."""
         with self._lock:

@@ -55,8 +55,7 @@ class UncachedFiles:
 
     def _store_read(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
         data = self._store.read_file(block, slot, crc, offset, size)
-        self._counters.add("file_reads")
-        self._counters.add("file_bytes_read", len(data))
+        self._counters.add_many(file_reads=1, file_bytes_read=len(data))
         return data
 
 

@@ -12,7 +12,6 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import blockfs

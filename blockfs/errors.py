@@ -27,15 +27,28 @@ class UnsupportedVersionError(FormatError):
 
 
 class CorruptBlockError(FormatError):
-    """A block's checksum, header or length is wrong: its files must not be served."""
+    """A block is damaged: its checksum, header or length is wrong, or it does not belong to the index.
+
+    What it says about the block holds until the block file is replaced, so a mount remembers it.
+    """
 
     def __init__(self, message: str, *, block: int | None = None) -> None:
         super().__init__(message)
         self.block = block
 
 
-class MissingBlockError(CorruptBlockError):
-    """A block file named by the index does not exist or cannot be read."""
+class BlockReadError(BlockfsError, OSError):
+    """Reading a block file failed: it is missing, a read came back short, or the system refused (EMFILE,
+    EIO from the device).
+
+    Not a verdict on the block: only this read fails, and the next read of the block tries again.
+    """
+
+    errno = _errno.EIO
+
+    def __init__(self, message: str, *, block: int | None = None) -> None:
+        super().__init__(message)
+        self.block = block
 
 
 class IndexFormatError(FormatError):

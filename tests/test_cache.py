@@ -1,4 +1,6 @@
-"""blockfs.serve.cache: what the block cache promises, checked in-process (no FUSE)."""
+"""blockfs.serve.cache: what the block cache promises, checked in-process (no FUSE).
+
+(That cached blocks live in anonymous memory is checked in test_memory.py.)"""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import blockfs
-from blockfs.serve.cache import FILE_BUFFER_FILES, BlockCache
+from blockfs.serve.cache import BlockCache
+from blockfs.serve.uncached import FILE_BUFFER_FILES
 from blockfs.core.dataset import PackedDataset
-from blockfs.errors import CorruptBlockError
+from blockfs.core import format as fmt
+from blockfs.errors import BlockReadError, CorruptBlockError
 from blockfs.serve.policies import POLICIES
 
 
@@ -269,9 +272,9 @@ def test_when_mlock_is_refused_one_warning_and_reads_go_on(packed, caplog):
         ctypes.set_errno(errno.ENOMEM)
         return -1
 
-    cache._memlock._mlock = refuse
+    cache._memory.memlock._mlock = refuse
     try:
-        with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache"):
+        with caplog.at_level(logging.WARNING, logger="blockfs.serve.memory"):
             for name, data in contents.items():
                 assert ds.read(name) == data
         warnings = [r for r in caplog.records if "cannot pin" in r.getMessage()]
@@ -298,19 +301,6 @@ def test_epochs_are_cut_by_the_file_count(packed):
         cache.close()
 
 
-def test_cached_memory_is_anonymous(packed):
-    dest, contents = packed
-    ds, cache = open_cached(dest, 1 << 30)
-    try:
-        ds.read(next(iter(contents)))
-        block = next(iter(cache._blocks.values()))
-        import mmap
-
-        assert isinstance(block.buf, mmap.mmap) and np.frombuffer(block.buf, np.uint8).size == block.nbytes
-    finally:
-        cache.close()
-
-
 def test_prefill_loads_what_fits_in_order_without_any_read(packed):
     dest, contents = packed
     sizes = measure(dest)[1]
@@ -328,5 +318,125 @@ def test_prefill_loads_what_fits_in_order_without_any_read(packed):
         for name, data in contents.items():
             assert ds.read(name) == data
         assert cache.stats()["cache"]["evictions"] == 0
+    finally:
+        cache.close()
+
+
+# --- foreign blocks, damaged headers and failed reads ---------------------------------------------------
+def _copy_pack(packed, tmp_path):
+    import shutil
+
+    dest, contents = packed
+    shutil.copytree(dest, tmp_path / "p")
+    return tmp_path / "p", contents
+
+
+def test_a_block_from_another_pack_is_never_cached_or_served(tmp_path):
+    """Issue 17's reproduction: the same tree packed with another seed; one of its blocks copied in."""
+    contents = _tree(tmp_path / "src", files=400)
+    for name, seed in (("A", 0), ("B", 1)):
+        blockfs.pack(tmp_path / "src", tmp_path / name, files_per_block=100, seed=seed, fsync=False)
+    (tmp_path / "A" / "blocks" / "00000000.blk").write_bytes((tmp_path / "B" / "blocks" / "00000000.blk").read_bytes())
+    ds, cache = open_cached(tmp_path / "A", 1 << 30)
+    try:
+        foreign = {os.fsdecode(p) for p in ds.files_in_block(0)}
+        for _ in range(2):
+            for name, data in contents.items():
+                if name in foreign:
+                    with pytest.raises(CorruptBlockError, match="does not belong to this dataset"):
+                        ds.read(name)
+                else:
+                    assert ds.read(name) == data
+        c = cache.stats()["counters"]
+        assert 0 not in cache._blocks and c["damaged_blocks"] == 1 and c["block_loads"] == ds.n_blocks - 1
+    finally:
+        cache.close()
+
+
+def test_a_header_claiming_billions_of_files_is_one_damaged_block(packed, tmp_path):
+    dest, contents = _copy_pack(packed, tmp_path)
+    with open(fmt.block_path(dest, 2), "r+b") as f:
+        f.seek(fmt.PREAMBLE_SIZE)
+        f.write((2**32 - 2).to_bytes(4, "little"))
+    ds, cache = open_cached(dest, 1 << 30)
+    try:
+        bad = {os.fsdecode(p) for p in ds.files_in_block(2)}
+        for name in sorted(bad) * 2:
+            with pytest.raises(CorruptBlockError, match="damaged header") as raised:
+                ds.read(name)
+            assert raised.value.block == 2
+        c = cache.stats()["counters"]
+        assert c["damaged_blocks"] == 1 and c["block_loads"] == 0
+    finally:
+        cache.close()
+
+
+def test_a_block_file_gone_during_reads_fails_them_and_is_read_once_back(packed, tmp_path):
+    """A failed read is not damage: nothing is remembered, and the restored block is cached as usual."""
+    dest, contents = _copy_pack(packed, tmp_path)
+    path = fmt.block_path(dest, 1)
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    try:
+        names = [os.fsdecode(p) for p in ds.files_in_block(1)]
+        os.rename(path, path + ".away")
+        for name in names[:3]:
+            with pytest.raises(BlockReadError) as raised:
+                ds.read(name)
+            assert raised.value.errno == errno.EIO and not isinstance(raised.value, CorruptBlockError)
+        os.rename(path + ".away", path)
+        for name in names:
+            assert ds.read(name) == contents[name]
+        c = cache.stats()["counters"]
+        assert c["damaged_blocks"] == 0 and c["read_errors"] == 3 and 1 in cache._blocks
+        assert c["block_loads"] == 1 and c["file_reads"] == 0  # the whole block, once: not file by file
+    finally:
+        cache.close()
+
+
+def test_an_io_error_while_loading_fails_that_read_and_the_next_read_loads_the_block(packed, monkeypatch):
+    dest, contents = packed
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    real = os.preadv
+    failures = []
+
+    def preadv(fd, buffers, offset):
+        if not failures:
+            failures.append(offset)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    try:
+        name = os.fsdecode(ds.files_in_block(0)[0])
+        with pytest.raises(BlockReadError, match="Input/output error"):
+            ds.read(name)
+        assert ds.read(name) == contents[name]
+        c = cache.stats()["counters"]
+        assert failures and c["load_errors"] == 1 and c["damaged_blocks"] == 0 and c["block_loads"] == 1
+        assert 0 in cache._blocks and cache.stats()["cache"]["used_bytes"] == ds.store.header(0).data_size
+    finally:
+        cache.close()
+
+
+def test_out_of_descriptors_fails_one_read_and_the_next_succeeds(packed, tmp_path, monkeypatch):
+    dest, contents = _copy_pack(packed, tmp_path)
+    real_open = os.open
+    refused = []
+
+    def open_(path, flags, *args, **kw):
+        if not refused and os.fsdecode(path).endswith(".blk"):
+            refused.append(path)  # once: the first block file opened
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), path)
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", open_)
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    try:
+        name = os.fsdecode(ds.files_in_block(0)[0])
+        with pytest.raises(BlockReadError, match="Too many open files"):
+            ds.read(name)
+        for name in map(os.fsdecode, ds.files_in_block(0)):
+            assert ds.read(name) == contents[name]
+        assert refused and cache.stats()["counters"]["damaged_blocks"] == 0 and 0 in cache._blocks
     finally:
         cache.close()

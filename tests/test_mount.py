@@ -442,6 +442,69 @@ def test_damaged_blocks_fail_their_files_with_eio_and_the_mount_stays_up(tmp_pat
         assert any(f"(reading {os.fsdecode(p)!r})" in line for p in bad[kind]), (kind, line)
 
 
+def _read_everything(mnt: bytes, src: bytes, bad: set[bytes], passes: int = 2) -> None:
+    """Read every file ``passes`` times: those in ``bad`` must fail with EIO, the rest give the source's bytes."""
+    for _ in range(passes):
+        for rel in walk(src):
+            path = os.path.join(mnt, rel)
+            if os.path.isdir(path):
+                continue
+            if rel in bad:
+                with pytest.raises(OSError) as raised:
+                    open(path, "rb").read()
+                assert raised.value.errno == errno.EIO, rel
+            else:
+                assert open(path, "rb").read() == open(os.path.join(src, rel), "rb").read(), rel
+
+
+def test_a_foreign_block_and_a_header_bomb_fail_their_files_with_one_log_line_each(tmp_path):
+    """Issue 17: a block copied from another pack is never served; a header claiming 2**32 files costs no
+    huge read and no traceback per read: each block is one log line and counts in the statistics."""
+    md.make_dataset(tmp_path / "src", "tiny", files=400, classes=4, seed=7)
+    for name, seed in (("A", 0), ("B", 1)):
+        blockfs.pack(tmp_path / "src", tmp_path / name, files_per_block=100, seed=seed, fsync=False)
+    (tmp_path / "A" / "blocks" / "00000000.blk").write_bytes((tmp_path / "B" / "blocks" / "00000000.blk").read_bytes())
+    with open(tmp_path / "A" / "blocks" / "00000001.blk", "r+b") as f:
+        f.seek(fmt.PREAMBLE_SIZE)
+        f.write((2**32 - 1).to_bytes(4, "little"))
+    with PackedDataset(tmp_path / "A") as ds:
+        bad = set(ds.files_in_block(0)) | set(ds.files_in_block(1))
+    with mounted(tmp_path / "A", tmp_path / "mnt", "--open-mode", "none") as m:
+        _read_everything(os.fsencode(m.path), os.fsencode(tmp_path / "src"), bad)
+        stats = read_stats(m.path)
+        log = m.log_text()
+    lines = [line for line in log.splitlines() if "EIO" in line]
+    assert len(lines) == 2 and "Traceback" not in log, log
+    (foreign,) = [x for x in lines if "block 0 " in x]
+    (bomb,) = [x for x in lines if "block 1 " in x]
+    assert "does not belong to this dataset" in foreign and "damaged header" in bomb
+    assert stats["errors"]["damaged_blocks_reported"] == [0, 1]
+    assert stats["errors"]["damaged_files_read"] >= 2 * len(bad) and stats["counters"]["damaged_blocks"] == 2
+
+
+def test_a_block_file_missing_for_a_while_fails_its_reads_then_serves_them(tmp_path):
+    """Issue 12: a failed read is not a damaged block: EIO and one log line, then the next read tries again."""
+    md.make_dataset(tmp_path / "src", "tiny", files=300, classes=3, seed=7)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)
+    path = fmt.block_path(tmp_path / "p", 2)
+    with PackedDataset(tmp_path / "p") as ds:
+        bad = set(ds.files_in_block(2))
+    src = os.fsencode(tmp_path / "src")
+    os.rename(path, path + ".away")  # before mounting: no prefill can have loaded it
+    with mounted(tmp_path / "p", tmp_path / "mnt", "--open-mode", "none") as m:
+        mnt = os.fsencode(m.path)
+        _read_everything(mnt, src, bad)
+        os.rename(path + ".away", path)
+        _read_everything(mnt, src, set(), passes=1)
+        stats = read_stats(m.path)
+        log = m.log_text()
+    lines = [line for line in log.splitlines() if "EIO" in line]
+    assert len(lines) == 1 and "block 2 " in lines[0] and "the next read tries again" in lines[0], log
+    assert "cannot open" in lines[0] and "(reading " in lines[0]
+    assert stats["errors"]["damaged_blocks_reported"] == [] and stats["counters"]["damaged_blocks"] == 0
+    assert stats["errors"]["failed_reads"] >= 2 * len(bad) and stats["counters"]["read_errors"] >= 2 * len(bad)
+
+
 def test_block_files_read_through_the_control_directory(tmp_path):
     # blocks/NNNNNNNN is each block file byte for byte, served through the cache; a damaged one fails
     # with EIO only in the ranges it damages, and a log line names the block and a file.

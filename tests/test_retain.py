@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.serve.cache import FILE_BUFFER_BYTES
+from blockfs.serve.uncached import FILE_BUFFER_BYTES
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.format import BLOCKS_DIR
 from blockfs.serve.process import read_stats

@@ -206,10 +206,10 @@ def test_the_fast_crc_is_zlibs_crc():
 def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
     import resource
 
-    import blockfs.serve.cache
+    import blockfs.serve.memory
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    monkeypatch.setattr(blockfs.serve.cache, "FDS_KEPT_FREE", soft - blockfs.serve.cache.FDS_PER_MEMFD)  # room for one
+    monkeypatch.setattr(blockfs.serve.memory, "FDS_KEPT_FREE", soft - blockfs.serve.memory.FDS_PER_MEMFD)  # room for one
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
         ds.reader = cache

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import format as fmt
 from ..errors import (
+    BlockReadError,
     CorruptBlockError,
     EntryNotFoundError,
     FormatError,
@@ -97,9 +98,7 @@ class PackedDataset:
         n_blocks = int(self.metadata["n_blocks"])
         self.index = PackedIndex(os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks)
         a = self.index.arrays
-        self.store = BlockStore(
-            [block_path(self.root, b) for b in range(n_blocks)], a["block_counts"], a["block_sizes"]
-        )
+        self.store = BlockStore([block_path(self.root, b) for b in range(n_blocks)], a)
         self.reader: FileReader = reader or self.store
         self._a = a
         self._crcs_by_block: dict[int, np.ndarray] = {}
@@ -175,15 +174,26 @@ class PackedDataset:
             raise IsADirectoryEntryError(f"is a directory: {os.fsdecode(self.path_of(e))!r}")
         if kind != KIND_FILE:
             raise EntryNotFoundError(f"not a regular file: {os.fsdecode(self.path_of(e))!r}")
-        length = int(a["size"][e])
-        if offset >= length or size == 0:
-            return b""
-        if size < 0 or offset + size > length:
-            size = length - offset
+        block, slot, length = int(a["block"][e]), int(a["slot"][e]), int(a["size"][e])
         try:
-            return self.reader.read_file(int(a["block"][e]), int(a["slot"][e]), int(a["crc"][e]), offset, size)
-        except CorruptBlockError as err:
-            raise type(err)(f"{err} (reading {os.fsdecode(self.path_of(e))!r})", block=err.block) from err
+            data = b""
+            if offset < length and size != 0:
+                if size < 0 or offset + size > length:
+                    size = length - offset
+                data = self.reader.read_file(block, slot, int(a["crc"][e]), offset, size)
+            # The index's size decides where the file ends: it must be the block's, or the file comes out
+            # cut.  Checked after the read, whose reader (a cache) sees the header's faults first and has
+            # left the header with the store.
+            stored = self.store.file_size(block, slot)
+            if stored != length:
+                raise CorruptBlockError(
+                    f"{self.store.where(block)}: slot {slot} holds {stored} bytes, the index says {length}: "
+                    "the index or the block is damaged; run 'blockfs verify'",
+                    block=block,
+                )
+            return data
+        except (CorruptBlockError, BlockReadError) as err:
+            raise _naming(err, f"{os.fsdecode(self.path_of(e))!r}") from err
 
     def read_block_range(self, block: int, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset + size)`` of block ``block``'s file as stored, header included.
@@ -196,10 +206,10 @@ class PackedDataset:
         store = self.store
         try:
             head = store.header(block)
-        except CorruptBlockError as err:  # every file of the block is lost: name them by the first
+        except (CorruptBlockError, BlockReadError) as err:  # every file of the block is lost: name the first
             names = self.files_in_block(block)
             what = f"{os.fsdecode(names[0])!r} and the {len(names) - 1} other files of the block" if names else "it"
-            raise type(err)(f"{err} (reading {what})", block=err.block) from err
+            raise _naming(err, what) from err
         end = min(offset + size, head.total_size)
         if offset >= end:
             return b""
@@ -225,9 +235,9 @@ class PackedDataset:
             if n > 0:
                 try:
                     parts.append(self.reader.read_file(block, slot, int(crcs[slot]), rel - start, n))
-                except CorruptBlockError as err:
+                except (CorruptBlockError, BlockReadError) as err:
                     name = os.fsdecode(self.path_of(self._entry_at(block, slot)))
-                    raise type(err)(f"{err} (reading {name!r})", block=err.block) from err
+                    raise _naming(err, f"{name!r}") from err
                 rel += n
             slot += 1
         return b"".join(parts)
@@ -237,10 +247,7 @@ class PackedDataset:
         a file, since a block is read in many pieces."""
         crcs = self._crcs_by_block.get(block)
         if crcs is None:
-            ids = self._block_entries(block)
-            crcs = np.zeros(int(self._a["block_counts"][block]), dtype=np.uint32)
-            crcs[self._a["slot"][ids]] = self._a["crc"][ids]
-            self._crcs_by_block[block] = crcs  # a race only computes it twice
+            crcs = self._crcs_by_block[block] = self.store.index_crcs(block)  # a race only computes it twice
         return crcs
 
     def _block_entries(self, block: int) -> np.ndarray:
@@ -264,6 +271,11 @@ class PackedDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _naming(err: CorruptBlockError | BlockReadError, what: str) -> CorruptBlockError | BlockReadError:
+    """The same error, its message naming what was being read."""
+    return type(err)(f"{err} (reading {what})", block=err.block)
 
 
 def open_dataset(root: str | os.PathLike, reader: FileReader | None = None) -> PackedDataset:

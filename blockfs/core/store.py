@@ -1,13 +1,25 @@
-"""Reading block bytes from a packed dataset's block files, verified, with ``os.pread``.
+"""``BlockStore``: every read of a block file goes through here, verified, and only from blocks of this index.
 
-Two kinds of read, both checksummed before any byte is returned:
+One place for block I/O, so every reader (the mount's cache, ``cat``, ``unpack``, ``verify``) gets the same
+checks and the same messages:
 
-* a whole block's data section (one sequential read; verified by the block's data CRC) — what a cache
-  loads;
-* one file (verified by its CRC-32 from the index) — what a reader gets when the block is not cached, so
-  a file is never served by reading its whole block and throwing the rest away.
+* **A block proves it belongs to this index** when its header is first read: its number, its file count,
+  each file's size and label, and its data checksum must be the index's.  The format defines the data
+  checksum as the CRC-32 of the block's per-file CRC-32s, and the index holds every file's CRC-32, so this
+  binds each file's bytes to the index with no extra field: a block file copied from another pack is
+  refused, never served.
+* **Sizes are checked before they are trusted**: the header's claimed length is compared with the file's
+  size (``fstat``) before the rest of the header is read, so a damaged count cannot make the store read or
+  allocate more than the file holds.
+* **Every byte returned is verified**: a whole data section by the block's data CRC, one file by its own
+  CRC-32 from the index (so a file is never served by reading its whole block and throwing the rest away),
+  a range of a huge file by its chunk CRCs (WIDE blocks) or by one streamed pass over the file first.
+* **Two kinds of failure, kept apart**: :class:`CorruptBlockError` says the block is damaged or foreign,
+  which stays true until the file is replaced; :class:`BlockReadError` says this read failed (a missing
+  file, a short read, EMFILE, EIO): the store drops the block's descriptor, so the next read opens the file
+  afresh and tries again.
 
-Headers are parsed once per block and kept (they are 12 bytes per file).
+Headers are parsed once per block and kept (12 bytes per file).
 """
 
 from __future__ import annotations
@@ -16,11 +28,16 @@ import errno
 import os
 import resource
 import threading
+from collections import OrderedDict
+from typing import Mapping
 
 import numpy as np
 
 from . import format as fmt
-from ..errors import CorruptBlockError, MissingBlockError
+from ..errors import BlockReadError, CorruptBlockError, IndexFormatError
+
+VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
+VERIFIED_KEPT = 64  # big narrow files remembered as verified, so reading one in pieces checks it once
 
 
 def raise_open_file_limit() -> None:
@@ -30,20 +47,95 @@ def raise_open_file_limit() -> None:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
-            pass  # keep the soft limit; EMFILE is handled by closing descriptors
+            pass  # keep the soft limit; EMFILE is handled by closing idle descriptors
+
+
+class _Descriptor:
+    __slots__ = ("fd", "users", "stale")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.stale = False
+
+
+class _Descriptors:
+    """Open block files, shared by concurrent reads.
+
+    A descriptor is closed only once no read is using it: closing it under a read would fail that read,
+    or, once the kernel reuses the number for another file, make it read the wrong file.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self._paths = paths
+        self._open: dict[int, _Descriptor] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, block: int) -> _Descriptor:
+        """The block's open descriptor, marked in use until :meth:`release`; raises OSError."""
+        with self._lock:
+            d = self._open.get(block)
+            if d is None:
+                d = self._open[block] = _Descriptor(self._open_file(block))
+            d.users += 1
+            return d
+
+    def _open_file(self, block: int) -> int:
+        try:
+            return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.EMFILE or not self._close_idle_locked():
+                raise
+        return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)  # once more, with descriptors freed
+
+    def release(self, d: _Descriptor) -> None:
+        with self._lock:
+            d.users -= 1
+            if d.stale and d.users == 0:
+                os.close(d.fd)
+
+    def discard(self, block: int) -> None:
+        """Forget the block's descriptor (closed once its reads are done): the next read opens the file anew."""
+        with self._lock:
+            d = self._open.pop(block, None)
+            if d is not None:
+                self._retire_locked(d)
+
+    def _close_idle_locked(self) -> bool:
+        """Close every descriptor no read is using; whether any was closed."""
+        idle = [block for block, d in self._open.items() if d.users == 0]
+        for block in idle:
+            self._retire_locked(self._open.pop(block))
+        return bool(idle)
+
+    @staticmethod
+    def _retire_locked(d: _Descriptor) -> None:
+        d.stale = True
+        if d.users == 0:
+            os.close(d.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for d in self._open.values():
+                self._retire_locked(d)
+            self._open.clear()
 
 
 class BlockStore:
-    """Verified reads from the block files of one packed dataset."""
+    """Verified reads from the block files of one packed dataset, checked against its index.
 
-    def __init__(self, block_paths: list[str], block_counts: np.ndarray, block_sizes: np.ndarray) -> None:
+    ``index`` holds the index's arrays (:attr:`blockfs.core.index.PackedIndex.arrays`): the per-block
+    counts and sizes, the block layout and the per-file columns the blocks are checked against.
+    """
+
+    def __init__(self, block_paths: list[str], index: Mapping[str, np.ndarray]) -> None:
         self.block_paths = block_paths
-        self._counts = block_counts
-        self._sizes = block_sizes
-        self._fds: dict[int, int] = {}
+        self._index = index
+        self._fds = _Descriptors(block_paths)
         self._headers: dict[int, fmt.BlockHeader] = {}
-        self._lock = threading.Lock()
-        self.bytes_read = 0  # from storage, for statistics
+        self._sizes: dict[int, memoryview] = {}  # each checked header's file sizes, for file_size
+        self._verified: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+        self._verified_lock = threading.Lock()
         raise_open_file_limit()
 
     @property
@@ -53,94 +145,188 @@ class BlockStore:
     def where(self, block: int) -> str:
         return f"block {block} ({self.block_paths[block]})"
 
-    def _fd(self, block: int) -> int:
-        fd = self._fds.get(block)
-        if fd is not None:
-            return fd
-        with self._lock:
-            fd = self._fds.get(block)
-            if fd is None:
-                fd = self._open(block)
-                self._fds[block] = fd
-            return fd
+    # --- raw I/O: every system call on a block file, and the one translation of its errors -----------
+    def _failed(self, block: int, what: str, e: OSError | None = None) -> BlockReadError:
+        """A failed read: drop the block's descriptor, so the next read opens the file afresh.  A header
+        already checked is kept: every block file that belongs to this index has exactly that header."""
+        self._fds.discard(block)
+        reason = f": {e.strerror or e}" if e is not None else ""
+        return BlockReadError(f"{self.where(block)}: {what}{reason}", block=block)
 
-    def _open(self, block: int) -> int:
+    def _acquire(self, block: int) -> _Descriptor:
         try:
-            return os.open(self.block_paths[block], os.O_RDONLY | os.O_CLOEXEC)
+            return self._fds.acquire(block)
         except OSError as e:
-            if e.errno == errno.EMFILE and self._fds:
-                self._close_all_locked()
-                return self._open(block)
-            raise MissingBlockError(f"{self.where(block)}: cannot open: {e.strerror}", block=block) from e
+            raise self._failed(block, "cannot open", e) from e
+
+    def _file_size(self, block: int) -> int:
+        d = self._acquire(block)
+        try:
+            return os.fstat(d.fd).st_size
+        except OSError as e:
+            raise self._failed(block, "cannot stat", e) from e
+        finally:
+            self._fds.release(d)
 
     def _pread(self, block: int, size: int, offset: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``, or a BlockReadError."""
+        d = self._acquire(block)
         try:
-            data = os.pread(self._fd(block), size, offset)
+            data = os.pread(d.fd, size, offset)
         except OSError as e:
-            raise MissingBlockError(f"{self.where(block)}: read failed: {e.strerror}", block=block) from e
-        self.bytes_read += len(data)
-        if len(data) != size:
-            raise CorruptBlockError(
-                f"{self.where(block)}: truncated: {len(data)} of {size} bytes at offset {offset}", block=block
-            )
-        return data
+            raise self._failed(block, "read failed", e) from e
+        finally:
+            self._fds.release(d)
+        if len(data) == size:
+            return data
+        # Short: the end of the file, or a read past 2 GiB (Linux's most per call); the rest says which.
+        whole = bytearray(size)
+        whole[: len(data)] = data
+        self._read_into(block, memoryview(whole)[len(data) :], offset + len(data))
+        return bytes(whole)
 
+    def _read_into(self, block: int, view: memoryview, offset: int) -> None:
+        """Fill ``view`` with the file's bytes from ``offset`` (``preadv``: no copy), or a BlockReadError."""
+        d = self._acquire(block)
+        try:
+            done, size = 0, len(view)
+            while done < size:
+                try:
+                    n = os.preadv(d.fd, [view[done:]], offset + done)
+                except OSError as e:
+                    raise self._failed(block, "read failed", e) from e
+                if n == 0:
+                    end = f"the file ends at byte {offset + done}, before {offset + size} (did it change?)"
+                    raise self._failed(block, end)
+                done += n
+        finally:
+            self._fds.release(d)
+
+    # --- headers, checked against the file and the index ---------------------------------------------
     def header(self, block: int) -> fmt.BlockHeader:
-        """The block's parsed header, checked against the index's view of the block."""
+        """The block's parsed header, once it is shown to be this index's block ``block``."""
         head = self._headers.get(block)
-        if head is not None:
-            return head
-        where = self.where(block)
-        expected = int(self._counts[block])
-        first = self._pread_header(block, fmt.PREAMBLE_SIZE + 4)
-        flags, count, data_size = fmt.preamble_fields(first, where)
-        length = fmt.header_size(count, bool(flags & fmt.FLAG_WIDE), data_size)
-        try:
-            disk_size = os.fstat(self._fd(block)).st_size
-        except OSError as e:
-            raise MissingBlockError(f"{where}: cannot stat: {e.strerror}", block=block) from e
-        try:
-            head = fmt.decode_header(self._pread_header(block, length), where, file_size=disk_size)
-        except CorruptBlockError as e:
-            e.block = block
-            raise
-        if head.block_id != block or head.count != expected:
-            raise CorruptBlockError(
-                f"{where}: header says block {head.block_id} with {head.count} files; the index expects "
-                f"block {block} with {expected}: the block file is misplaced or from another dataset",
-                block=block,
-            )
-        self._headers[block] = head
+        if head is None:
+            try:
+                head = self._read_header(block)
+                self._check_belongs(block, head)
+            except CorruptBlockError as e:
+                e.block = block
+                raise
+            self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
+            self._headers[block] = head
         return head
 
-    def _pread_header(self, block: int, size: int) -> bytes:
-        try:
-            return self._pread(block, size, 0)
-        except CorruptBlockError as e:
-            raise CorruptBlockError(f"{self.where(block)}: truncated header ({e})", block=block) from None
+    def file_size(self, block: int, slot: int) -> int:
+        """The size of the file in ``slot`` as the block's checked header gives it (a read's own check)."""
+        sizes = self._sizes.get(block)
+        if sizes is None:
+            self.header(block)
+            sizes = self._sizes[block]
+        return sizes[slot]
+
+    def _read_header(self, block: int) -> fmt.BlockHeader:
+        where = self.where(block)
+        disk_size = self._file_size(block)
+        first = fmt.PREAMBLE_SIZE + 4
+        if disk_size < first:
+            raise CorruptBlockError(f"{where}: truncated: {disk_size} bytes, shorter than a block header")
+        flags, count, data_size = fmt.preamble_fields(self._pread(block, first, 0), where)
+        length = fmt.header_size(count, bool(flags & fmt.FLAG_WIDE), data_size)
+        if length + data_size > disk_size:  # checked before reading: a damaged count must not cost a huge read
+            raise CorruptBlockError(
+                f"{where}: truncated or damaged header: it claims {count} files, {length} header and {data_size} "
+                f"data bytes; the file has {disk_size} bytes; run 'blockfs verify'"
+            )
+        expected = int(self._index["block_counts"][block])
+        if count != expected:
+            raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
+        return fmt.decode_header(self._pread(block, length, 0), where, file_size=disk_size)
+
+    def _check_belongs(self, block: int, head: fmt.BlockHeader) -> None:
+        """Raise CorruptBlockError unless ``head`` is the block this index describes (see the module notes)."""
+        a = self._index
+        if head.block_id != block:
+            raise CorruptBlockError(self._foreign(block, f"its header says it is block {head.block_id}"))
+        if head.total_size != int(a["block_sizes"][block]):
+            raise CorruptBlockError(
+                self._foreign(block, f"it is {head.total_size} bytes, the index's block {int(a['block_sizes'][block])}")
+            )
+        ids, slots = self._entries(block)
+        sizes = head.sizes[slots]
+        wrong = np.flatnonzero(sizes != a["size"][ids])
+        if wrong.size:
+            k = int(wrong[0])
+            raise CorruptBlockError(self._foreign(
+                block, f"slot {int(slots[k])} holds {int(sizes[k])} bytes, the index says {int(a['size'][ids[k]])} "
+                f"for {self._path(int(ids[k]))}"))  # fmt: skip
+        empty = np.ones(head.count, dtype=bool)
+        empty[slots] = False  # a slot no entry names held a file the packer could not read: it is empty
+        if np.any(head.sizes[empty] != 0):
+            raise CorruptBlockError(self._foreign(block, "it holds a file the index does not list"))
+        # A hard link's label is its own directory's; the block holds the first path's.
+        own = a["ino"][ids] == (ids + 1).astype(np.uint64)
+        if np.any(head.labels[slots[own]] != a["label"][ids[own]]):
+            raise CorruptBlockError(self._foreign(block, "its labels differ from the index's"))
+        crcs = self.index_crcs(block)
+        if np.any(crcs[slots] != a["crc"][ids]) or fmt.crc_of_crcs(crcs) != head.data_crc:
+            raise CorruptBlockError(self._foreign(block, "its files' checksums differ from the index's"))
+
+    def _foreign(self, block: int, why: str) -> str:
+        return (
+            f"{self.where(block)}: does not belong to this dataset ({why}): copy the right block file back "
+            "from where the dataset came from, or pack it again"
+        )
+
+    def _entries(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(entry ids, their slots) of the files the index places in ``block``."""
+        a = self._index
+        lo, hi = int(a["block_offsets"][block]), int(a["block_offsets"][block + 1])
+        ids = a["block_files"][lo:hi].astype(np.int64)
+        if not 0 <= lo <= hi <= a["block_files"].size or (ids.size and ids.max() >= a["slot"].size):
+            raise IndexFormatError(f"the index's layout of {self.where(block)} runs outside its arrays")
+        slots = a["slot"][ids].astype(np.int64)
+        if slots.size and slots.max() >= int(a["block_counts"][block]):
+            raise IndexFormatError(f"the index places a file of {self.where(block)} outside its slots")
+        return ids, slots
+
+    def _path(self, entry: int) -> str:
+        a = self._index
+        start, end = int(a["path_offsets"][entry]), int(a["path_offsets"][entry + 1]) - 1
+        return repr(os.fsdecode(a["paths"][start:end].tobytes()))
+
+    def index_crcs(self, block: int) -> np.ndarray:
+        """The index's CRC-32 of each slot of ``block`` (0 for a slot no entry names)."""
+        ids, slots = self._entries(block)
+        crcs = np.zeros(int(self._index["block_counts"][block]), dtype=np.uint32)
+        crcs[slots] = self._index["crc"][ids]
+        return crcs
 
     def header_bytes(self, block: int) -> bytes:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
-        return self._pread_header(block, self.header(block).data_start)
+        return self._pread(block, self.header(block).data_start, 0)
 
-    def read_block(self, block: int) -> bytes:
-        """The whole data section of a block, verified by its CRC."""
-        return self._read_verified(block)[0]
+    # --- whole blocks ---------------------------------------------------------------------------------
+    def read_data_into(self, block: int, head: fmt.BlockHeader, buf) -> np.ndarray:
+        """Read ``block``'s data section into ``buf`` (writable, ``head.data_size`` bytes: the caller's
+        memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
+
+        ``head`` is :meth:`header`'s answer the caller sized ``buf`` by."""
+        view = memoryview(buf)
+        try:
+            if len(view) != head.data_size:
+                raise ValueError(f"a buffer of {len(view)} bytes for {head.data_size} bytes of data")
+            self._read_into(block, view, head.data_start)
+            return fmt.check_data(head, view, self.where(block))
+        finally:
+            view.release()
 
     def verified_crcs(self, block: int) -> np.ndarray:
         """Read and verify a whole block; return its files' CRC-32s by slot (for ``verify``)."""
-        return self._read_verified(block)[1]
-
-    def _read_verified(self, block: int) -> tuple[bytes, np.ndarray]:
         head = self.header(block)
-        data = self._pread(block, head.data_size, head.data_start)
-        return data, fmt.check_data(head, data, self.where(block))
+        return self.read_data_into(block, head, bytearray(head.data_size))
 
-    def file_range(self, block: int, slot: int) -> tuple[int, int]:
-        """(offset inside the data section, size) of the file in ``slot``."""
-        head = self.header(block)
-        return int(head.offsets[slot]), int(head.sizes[slot])
-
+    # --- single files -----------------------------------------------------------------------------------
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
         """Bytes ``[offset, offset + size)`` of one file, verified before they are returned."""
         head = self.header(block)
@@ -149,14 +335,40 @@ class BlockStore:
             size = max(0, length - offset)
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             return self._read_chunked(block, head, start + offset, size)
+        if length > VERIFY_PIECE and size < length:  # a piece of a big file: verify it once, then read pieces
+            self.verify_file(block, slot, crc)
+            return self._pread(block, size, head.data_start + start + offset)
         data = self._pread(block, length, head.data_start + start)
-        if fmt.crc32(data) != crc:
+        self._check_file(block, slot, crc, fmt.crc32(data))
+        return data if (offset == 0 and size == length) else data[offset : offset + size]
+
+    def verify_file(self, block: int, slot: int, crc: int) -> int:
+        """Stream one file through its CRC-32 in pieces (remembered for the last few files, so a file read
+        in pieces is checked once); return the bytes read for it (0 when it was already verified)."""
+        key = (block, slot, crc)
+        with self._verified_lock:
+            if key in self._verified:
+                self._verified.move_to_end(key)
+                return 0
+        head = self.header(block)
+        base, length = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
+        check = 0
+        for pos in range(0, length, VERIFY_PIECE):
+            check = fmt.crc32(self._pread(block, min(VERIFY_PIECE, length - pos), base + pos), check)
+        self._check_file(block, slot, crc, check)
+        with self._verified_lock:
+            self._verified[key] = None
+            while len(self._verified) > VERIFIED_KEPT:
+                self._verified.popitem(last=False)
+        return length
+
+    def _check_file(self, block: int, slot: int, expected: int, got: int) -> None:
+        if got != expected:
             raise CorruptBlockError(
-                f"{self.where(block)}: slot {slot}: checksum mismatch (expected 0x{crc:08x}, got "
-                f"0x{fmt.crc32(data):08x}); run 'blockfs verify'",
+                f"{self.where(block)}: slot {slot}: checksum mismatch (expected 0x{expected:08x}, got "
+                f"0x{got:08x}); run 'blockfs verify'",
                 block=block,
             )
-        return data if (offset == 0 and size == length) else data[offset : offset + size]
 
     def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
         """A range of a WIDE block, verified chunk by chunk."""
@@ -175,11 +387,5 @@ class BlockStore:
                 )
         return bytes(view[start - lo : start - lo + size])
 
-    def _close_all_locked(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
     def close(self) -> None:
-        with self._lock:
-            self._close_all_locked()
+        self._fds.close()

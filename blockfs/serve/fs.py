@@ -59,7 +59,7 @@ import numpy as np
 
 from .cache import READAHEAD_BLOCKS, BlockCache
 from ..core.dataset import PackedDataset
-from ..errors import BlockfsError, CorruptBlockError, MountError
+from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
 from ..core.format import INDEX_NAME, METADATA_NAME
 from ..core.index import KIND_FILE, KIND_SYMLINK
 from .plan import MemoryPlan
@@ -79,6 +79,7 @@ CONTROL_XATTR = "user.blockfs.control"
 STATS_XATTR = "user.blockfs.stats"
 FILE_XATTRS = ("user.blockfs.label", "user.blockfs.class", "user.blockfs.block")
 OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
+FAILED_READ_LOG_S = 60.0  # a block whose reads keep failing (not damaged: retried) is logged this often
 STATS_REFRESH_S = 0.5  # how stale ``stats.json`` may be in enosys mode (the xattr is always live)
 
 
@@ -183,7 +184,7 @@ def fuse_call(method: Callable) -> Callable:
         except FuseOSError:
             raise
         except BlockfsError as e:
-            if isinstance(e, CorruptBlockError):
+            if isinstance(e, (CorruptBlockError, BlockReadError)):
                 self._report(e)
             raise FuseOSError(e.errno) from None
         except OSError as e:
@@ -229,6 +230,8 @@ class BlockFS(binding.Operations):
         self._reported: set[int | None] = set()
         self._report_lock = threading.Lock()
         self._errors = 0
+        self._failed_reads = 0
+        self._failed_logged: dict[int | None, float] = {}  # block -> when a failed read of it was last logged
         self._started = time.time()
         self._mountpoint = mountpoint
         self.control = _Control(self, control_name_for(ds, options.control_name))
@@ -253,14 +256,24 @@ class BlockFS(binding.Operations):
     def destroy(self, path: str) -> None:
         self._stop.set()
 
-    def _report(self, e: CorruptBlockError) -> None:
-        """One log line per damaged block, naming the block and the first file read from it."""
+    def _report(self, e: CorruptBlockError | BlockReadError) -> None:
+        """One log line per damaged block, naming the block and the first file read from it; a failed read
+        (the next read tries again) one line per block a minute at most."""
+        damaged = isinstance(e, CorruptBlockError)
+        now = time.monotonic()
         with self._report_lock:
-            self._errors += 1
-            first = e.block not in self._reported
-            self._reported.add(e.block)
+            if damaged:
+                self._errors += 1
+                first = e.block not in self._reported
+                self._reported.add(e.block)
+            else:
+                self._failed_reads += 1
+                first = now - self._failed_logged.get(e.block, -FAILED_READ_LOG_S) >= FAILED_READ_LOG_S
+                if first:
+                    self._failed_logged[e.block] = now
         if first:
-            log.error("%s: answering EIO for the files it damages", e)
+            log.error("%s: answering EIO %s", e, "for the files it damages" if damaged else
+                      "for this read; the next read tries again")  # fmt: skip
 
     # --- metadata -------------------------------------------------------------------------------
     @fuse_call
@@ -430,7 +443,7 @@ class BlockFS(binding.Operations):
             **self._cache.stats(),
             "requests": dict(self.requests),
             "errors": {"damaged_files_read": self._errors, "damaged_blocks_reported": sorted(
-                b for b in self._reported if b is not None)},
+                b for b in self._reported if b is not None), "failed_reads": self._failed_reads},
         }
 
 

@@ -8,7 +8,7 @@ read of it is a memory copy, whatever happened to its block since (evicted, neve
 One arena rather than one map per file: small files would each round up to a page, and the offsets of
 every target are known from the plan, so no allocator is needed.  The arena is an anonymous map (never
 file-backed, which the kernel would reclaim like page cache); its pages become resident as files arrive,
-and it is ``mlock``-ed where the process may (see :class:`blockfs.serve.cache._MemoryLock`).
+and it is ``mlock``-ed where the process may (see :class:`blockfs.serve.memory.MemoryLock`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .cache import BlockCache, _MemoryLock
+from .cache import BlockCache
+from .memory import MemoryLock
 from ..core.index import KIND_FILE
 
 
@@ -58,7 +59,7 @@ class RetainingReader:
             (b, s): (o, n) for b, s, o, n in zip(blocks.tolist(), slots.tolist(), starts.tolist(), sizes.tolist())
         }
         self._arena = mmap.mmap(-1, max(self.capacity, 1))
-        self._memlock = _MemoryLock(lock_memory and self.capacity > 0)
+        self._memlock = MemoryLock(lock_memory and self.capacity > 0)
         self._locked = self._memlock.lock(self._arena) if self.capacity else False
         self._held: set[tuple[int, int]] = set()
         self._lock = threading.Lock()

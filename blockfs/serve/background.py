@@ -1,0 +1,104 @@
+"""``BackgroundLoads``: blocks loaded before a read asks for them, on background threads.
+
+Three reasons to load a block early, all through the cache's one admission guard
+(:meth:`blockfs.serve.cache.BlockCache.load_ahead`):
+
+* **prefill** — at mount, the blocks a cache-once budget will hold, in order, read at disk speed while the
+  first epoch runs instead of each on its first miss;
+* **read-ahead** — the next blocks, once reads move through blocks in order
+  (:class:`blockfs.serve.readahead.SequentialReads`);
+* **prefetch** — the blocks a loader announced it reads next (:mod:`blockfs.serve.announce`); a new
+  announcement replaces the one before.
+
+Prefill and prefetch only fill free room: they never evict, so they cannot push out a block being read.
+A miss of a block not loaded yet loads it at once in the reading thread: background loads never delay a
+read.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, Protocol
+
+LOADER_THREADS = 2  # background loaders
+READAHEAD_BLOCKS = 2  # blocks loaded ahead once reads move through blocks in order
+
+
+class AheadLoadable(Protocol):
+    """What the background loads need from the cache."""
+
+    closed: bool
+
+    @property
+    def full(self) -> bool: ...
+
+    def wanted(self, block: int) -> bool: ...
+
+    def load_ahead(self, block: int, counter: str, *, fill_only: bool) -> int | None: ...
+
+    def count(self, name: str) -> None: ...
+
+
+class BackgroundLoads:
+    """A pool of ``threads`` loader threads (started on first use) in front of ``cache``."""
+
+    def __init__(self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int) -> None:
+        self._cache = cache
+        self._n_blocks = n_blocks
+        self._readahead = max(0, readahead)
+        self._threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="blockfs-load")
+        self._lock = threading.Lock()
+        self._generation = 0  # of the latest announcement
+
+    def start_prefill(self) -> None:
+        if not self._cache.closed:
+            self._pool.submit(self.prefill)
+
+    def prefill(self, on_block: Callable[[int], None] | None = None) -> None:
+        """Load blocks in order while they fit without evicting (``on_block(bytes)`` after each).  A block
+        too big for the room left is passed over: a smaller one further on may still fit."""
+        for block in range(self._n_blocks):
+            if self._cache.closed or self._cache.full:
+                return
+            if self._cache.wanted(block):
+                loaded = self._cache.load_ahead(block, "prefill_loads", fill_only=True)
+                if loaded is not None and on_block is not None:
+                    on_block(loaded)
+
+    def read_ahead(self, block: int) -> None:
+        """Load the blocks after ``block`` (reads move through blocks in order)."""
+        if self._cache.closed:
+            return
+        for ahead in range(block + 1, min(block + 1 + self._readahead, self._n_blocks)):
+            if self._cache.wanted(ahead):
+                self._pool.submit(self._cache.load_ahead, ahead, "readahead_loads", fill_only=False)
+
+    def prefetch(self, blocks: list[int]) -> None:
+        """Load ``blocks`` in this order as far as they fit without evicting; replaces the last call's list."""
+        with self._lock:
+            if self._cache.closed:
+                return
+            self._generation += 1
+            generation = self._generation
+        self._cache.count("announcements")
+        # Every loader thread takes the next block from the one list: reading a block and checking its
+        # CRC overlap across threads (both release the GIL), and the blocks still arrive in order.
+        queue = iter(list(blocks))
+        for _ in range(self._threads):
+            self._pool.submit(self._prefetch, queue, generation)
+
+    def _prefetch(self, blocks: Iterator[int], generation: int) -> None:
+        while True:
+            with self._lock:
+                if self._cache.closed or self._generation != generation or self._cache.full:
+                    return
+                block = next(blocks, None)  # under the lock: the threads share the iterator
+            if block is None:
+                return
+            self._cache.load_ahead(block, "prefetch_loads", fill_only=True)
+
+    def close(self) -> None:
+        """Stop: queued loads are dropped, running ones finish (the cache is closed first)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

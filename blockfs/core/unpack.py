@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 
-from . import format as fmt
 from .dataset import PackedDataset
 from ..errors import BlockfsError
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
-
-PIECE = 16 << 20
 
 
 def unpack(ds: PackedDataset, out: str | os.PathLike, on_file=None) -> int:
@@ -53,10 +50,6 @@ def unpack(ds: PackedDataset, out: str | os.PathLike, on_file=None) -> int:
 
 
 def _write_file(ds: PackedDataset, e: int, path: bytes) -> None:
-    size = int(ds.index.arrays["size"][e])
-    # A file in a narrow block is verified by one CRC over all of it: read it whole, once.  Only
-    # WIDE blocks (4 GiB and more) carry chunk CRCs that let pieces be verified separately.
-    wide = size >= fmt.NARROW_LIMIT
     with open(path, "wb") as f:
-        for offset in range(0, size, PIECE if wide else max(size, 1)):
-            f.write(ds.read_entry(e, offset, PIECE if wide else size))
+        for piece in ds.read_pieces(e):
+            f.write(piece)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 import blockfs
 from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
+from indexutil import patch_array as _patch
 
 
 @pytest.fixture
@@ -34,17 +34,6 @@ def test_every_path_is_found_and_listed(packed, edge_tree):
             seen += 1
     assert seen == idx.n_entries - 1
     assert idx.find(b"class_a/missing") == -1 and idx.find(b"class_a/one.txt/x") == -1
-
-
-def _patch(index_file, name, transform):
-    """Rewrite one array of an index file in place (as damage or a hostile writer would)."""
-    raw = bytearray(index_file.read_bytes())
-    toc = json.loads(raw[16 : 16 + int.from_bytes(raw[12:16], "little")])
-    dtype, offset, count = toc["arrays"][name]
-    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=offset).copy()
-    transform(arr)
-    raw[offset : offset + arr.nbytes] = arr.tobytes()
-    index_file.write_bytes(bytes(raw))
 
 
 def _rename_component(arr, old: bytes, new: bytes):

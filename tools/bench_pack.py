@@ -29,7 +29,7 @@ from benchutil import drop_caches  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 import blockfs  # noqa: E402
-from blockfs.core.format import METADATA_NAME, FORMAT_VERSION  # noqa: E402
+from blockfs.core.format import METADATA_NAME, FORMAT_VERSION, crc32  # noqa: E402
 from blockfs.core.index import KIND_DIR, KIND_FILE, IndexColumns, write_index  # noqa: E402
 from blockfs.core.verify import summary  # noqa: E402
 
@@ -123,8 +123,14 @@ def synthetic_million(dest: str, n_dirs: int = 1000, per_dir: int = 1000) -> Non
     counts = np.bincount(block[block >= 0], minlength=n_blocks).astype(np.uint32)
     os.makedirs(dest, exist_ok=True)
     write_index(os.path.join(dest, "index.bfi"), cols, counts, counts.astype(np.uint64) * 110_000)
-    meta = {"format": "blockfs", "format_version": FORMAT_VERSION, "n_blocks": n_blocks, "n_files": n_files,
-            "n_dirs": n_dirs + 1, "n_symlinks": 0, "file_bytes": n_files * 110_000, "pack": {}}
+    with open(os.path.join(dest, "index.bfi"), "rb") as f:
+        index_crc = crc32(f.read())
+    meta = {"format": "blockfs", "format_version": FORMAT_VERSION, "n_entries": n, "n_blocks": n_blocks,
+            "n_files": n_files, "n_dirs": n_dirs + 1, "n_symlinks": 0, "file_bytes": n_files * 110_000,
+            "block_bytes": n_files * 110_000, "classes": [f"n{d:08d}" for d in range(n_dirs)],
+            "index": {"file": "index.bfi", "crc32": index_crc},
+            "pack": {"block_size": 64 << 20, "files_per_block": files_per_block, "labels": "dirname",
+                     "order": "random", "seed": 0, "follow_symlinks": False}}
     with open(os.path.join(dest, METADATA_NAME), "w") as f:
         json.dump(meta, f)
 
@@ -164,7 +170,9 @@ def bench_index(work: str, repeat: int) -> dict:
     runs = []
     for _ in range(repeat):
         drop_caches()
-        out = subprocess.run([sys.executable, "-c", _OPEN_PROBE, dest], check=True, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", _OPEN_PROBE, dest], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"the index probe failed:\n{out.stderr}")
         runs.append(json.loads(out.stdout))
     result = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     result["entries"] = 1_001_001

@@ -190,15 +190,17 @@ def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
     if members.size and int(members.max()) >= n:
         raise _fail(where, "an entry out of range in array 'block_files'")
     is_file = a["kind"] == KIND_FILE
-    if members.size != int(np.count_nonzero(is_file)) or not np.all(is_file[members]):
-        raise _fail(where, "array 'block_files' does not list the files (each once)")
     listed = np.zeros(n, dtype=bool)
     listed[members] = True
-    if int(np.count_nonzero(listed)) != members.size:
-        raise _fail(where, "array 'block_files' lists a file twice")
-    owner = np.repeat(np.arange(a["block_counts"].size, dtype=np.int64), np.diff(a["block_offsets"].astype(np.int64)))
-    if np.any(a["block"][members] != owner):
+    # As many members as files, all of them files and none twice: each file exactly once.
+    if members.size != int(np.count_nonzero(is_file)) or int(np.count_nonzero(listed & is_file)) != members.size:
+        raise _fail(where, "array 'block_files' does not list every file exactly once")
+    # Blocks that never decrease, with the counts 'block_offsets' gives each, are exactly its blocks.
+    blocks = a["block"][members]
+    per_block = np.bincount(blocks, minlength=a["block_counts"].size)
+    if np.any(blocks[1:] < blocks[:-1]) or np.any(per_block != np.diff(a["block_offsets"])):
         raise _fail(where, "array 'block_files' puts a file in another block than column 'block' (see 'block_offsets')")
-    key = owner * (1 << 32) + a["slot"][members]
-    if np.any(key[1:] < key[:-1]):
+    slots = a["slot"][members]
+    same = blocks[1:] == blocks[:-1]
+    if np.any(slots[1:][same] < slots[:-1][same]):
         raise _fail(where, "array 'block_files' is not in slot order")

@@ -120,7 +120,9 @@ def read_index_file(path: str, where: str) -> mmap.mmap:
         size = os.fstat(fd).st_size
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
-        buf = mmap.mmap(-1, size)  # page-aligned, so every 64-byte aligned array is aligned too
+        # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too), its pages
+        # faulted in at once (MAP_POPULATE halves the cost of reading it page by page).
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
         with memoryview(buf) as view:
             got = 0
             while got < size:

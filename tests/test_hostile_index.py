@@ -8,6 +8,7 @@ behind it must catch the rest.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -71,7 +72,7 @@ def test_truncating_or_replacing_the_index_file_does_not_reach_an_open_dataset(p
     index_file = packed / "index.bfi"
     good = index_file.read_bytes()
     with blockfs.open_dataset(packed) as ds:
-        files = [p for p in _all_files(edge_tree)]
+        files = list(_all_files(edge_tree))
         os.truncate(index_file, 0)  # a file-backed map would SIGBUS on the next lookup
         for rel in files:
             assert ds.read(rel) == _source_bytes(edge_tree, rel), rel
@@ -162,17 +163,11 @@ TOC_MUTATIONS = {
 def test_a_table_of_contents_off_the_schema_is_an_index_format_error_naming_the_field(packed, capsys, case):
     mutate, message = TOC_MUTATIONS[case]
     rewrite_toc(packed / "index.bfi", mutate)
-    with pytest.raises(IndexFormatError, match=_literal(message)):
+    with pytest.raises(IndexFormatError, match=re.escape(message)):
         PackedIndex(packed / "index.bfi")
     resign(packed)
     for command in ("info", "ls", "verify"):
         assert message in _one_line_error(capsys, command, packed)
-
-
-def _literal(text: str) -> str:
-    import re
-
-    return re.escape(text)
 
 
 def test_a_table_of_contents_that_is_not_json_is_named(packed):
@@ -225,7 +220,7 @@ CONTENT_MUTATIONS = {
 def test_inconsistent_arrays_are_an_index_format_error_naming_the_array(packed, capsys, case):
     name, transform, message = CONTENT_MUTATIONS[case]
     patch_array(packed / "index.bfi", name, transform)
-    with pytest.raises(IndexFormatError, match=_literal(message)):
+    with pytest.raises(IndexFormatError, match=re.escape(message)):
         PackedIndex(packed / "index.bfi")
     resign(packed)
     for command in ("info", "verify"):
@@ -328,7 +323,7 @@ META_MUTATIONS = {
 def test_metadata_off_the_schema_is_a_format_error_naming_the_field(packed, capsys, case):
     mutate, message = META_MUTATIONS[case]
     edit_metadata(packed, mutate)
-    with pytest.raises(FormatError, match=_literal(message)):
+    with pytest.raises(FormatError, match=re.escape(message)):
         blockfs.open_dataset(packed)
     for command in ("info", "ls", "verify"):
         assert message in _one_line_error(capsys, command, packed)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import blockfs
 from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
-from indexutil import patch_array as _patch
+from indexutil import patch_array as _patch, rewrite_toc
 
 
 @pytest.fixture
@@ -81,3 +85,75 @@ def test_damaged_index_file_is_named(packed):
     (packed / "index.bfi").write_bytes(data[:1000])
     with pytest.raises(IndexFormatError, match="index.bfi"):
         blockfs.open_dataset(packed)
+
+
+def test_an_object_dtype_in_the_table_of_contents_is_an_index_format_error(packed):
+    # Issue 12: this raised a bare ValueError from NumPy.
+    rewrite_toc(packed / "index.bfi", lambda toc: toc["arrays"]["size"].__setitem__(0, "|O"))
+    with pytest.raises(IndexFormatError, match="array 'size' has dtype '|O'"):
+        PackedIndex(packed / "index.bfi")
+
+
+# --- property: any tree packs to an index that answers exactly as the tree does ---------------------------
+NAME_PARTS = [b"a", b"B", b"z", b".", b" ", b"-", b"\n", b"\xff", b"\xc3\x28", "é".encode()]
+names = st.lists(st.sampled_from(NAME_PARTS), min_size=1, max_size=3).map(b"".join).filter(lambda n: n not in (b".", b".."))
+# (kind, which existing directory is the parent, name, which existing file a hard link names / content size)
+steps = st.lists(
+    st.tuples(st.sampled_from(["file", "dir", "symlink", "hardlink"]), st.integers(0, 50), names, st.integers(0, 300)),
+    min_size=1,
+    max_size=25,
+)
+
+
+def _build_tree(root: bytes, plan) -> None:
+    dirs, files = [root], []
+    for kind, which, name, n in plan:
+        path = os.path.join(dirs[which % len(dirs)], name)
+        if os.path.lexists(path):
+            continue
+        if kind == "dir":
+            os.mkdir(path)
+            dirs.append(path)
+        elif kind == "symlink":
+            os.symlink(name * (n % 3 + 1), path)  # dangling or not, relative: stored, never followed
+        elif kind == "hardlink" and files:
+            os.link(files[n % len(files)], path)
+        else:
+            with open(path, "wb") as f:
+                f.write(os.urandom(n))
+            files.append(path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(plan=steps)
+def test_lookups_listings_nlink_and_inodes_match_the_tree(plan):
+    with tempfile.TemporaryDirectory(prefix="blockfs-prop-") as tmp:
+        src, dest = os.path.join(os.fsencode(tmp), b"src"), os.path.join(tmp, "p")
+        os.mkdir(src)
+        _build_tree(src, plan)
+        blockfs.pack(src, dest, files_per_block=3, fsync=False)
+        with blockfs.open_dataset(dest) as ds:
+            _check_against_tree(ds, src)
+
+
+def _check_against_tree(ds, src: bytes) -> None:
+    packed_ino_of: dict[int, int] = {}  # source inode -> packed inode: must be one-to-one
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        rel_dir = b"" if rel_dir == b"." else rel_dir
+        assert ds.listdir(rel_dir) == sorted(os.listdir(dirpath))
+        for name in ([b""] if not rel_dir else []) + dirnames + filenames:
+            rel = os.path.join(rel_dir, name) if name else rel_dir
+            real, st_ = os.lstat(os.path.join(src, rel)), ds.stat(rel)
+            assert ds.path_of(st_.entry) == rel
+            assert st_.mode == real.st_mode and st_.mtime_ns == real.st_mtime_ns, rel
+            assert st_.nlink == real.st_nlink, rel
+            if stat.S_ISREG(real.st_mode):
+                assert ds.read(rel) == open(os.path.join(src, rel), "rb").read(), rel
+                assert packed_ino_of.setdefault(real.st_ino, st_.ino) == st_.ino, rel
+            elif stat.S_ISLNK(real.st_mode):
+                assert ds.readlink(rel) == os.readlink(os.path.join(src, rel)), rel
+            seen += 1
+    assert seen == ds.index.n_entries
+    assert len(set(packed_ino_of.values())) == len(packed_ino_of)  # distinct files keep distinct inodes

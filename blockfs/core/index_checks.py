@@ -29,8 +29,8 @@ def validate_arrays(a: dict[str, np.ndarray], where: str, n_blocks: int | None =
         check_paths(a, where, lo, hi)
     check_forbidden_components(a, where)
     check_block_layout(a, where)
-    # The tree's shape (each path = its parent's path + its name, parents are directories, names unique
-    # in a directory) is checked here, last, once every array is known to be in range.
+    # Next, last: the tree's shape (each path = its parent's path + its name, the parent a directory,
+    # names unique in a directory), once every array above is known to be in range.  One call goes here.
 
 
 def _fail(where: str, what: str) -> IndexFormatError:

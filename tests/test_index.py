@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import blockfs
 from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
+from blockfs.core.index_checks import find_forbidden_component
 from indexutil import patch_array as _patch, rewrite_toc
 
 
@@ -157,3 +158,19 @@ def _check_against_tree(ds, src: bytes) -> None:
             seen += 1
     assert seen == ds.index.n_entries
     assert len(set(packed_ino_of.values())) == len(packed_ino_of)  # distinct files keep distinct inodes
+
+
+def _forbidden_by_components(blob: bytes) -> bool:
+    """The plain-Python meaning of a forbidden path table: some path, split on "/", has an empty, "." or
+    ".." component (the root's empty path, first, excepted)."""
+    paths = blob[1:-1].split(b"\0")[1:] if len(blob) > 2 else []
+    return any(c in (b"", b".", b"..") for p in paths for c in p.split(b"/"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(paths=st.lists(st.lists(st.sampled_from([b"a", b".", b"/", b"b."]), min_size=1, max_size=6).map(b"".join), max_size=6),
+       piece=st.sampled_from([1, 2, 3, 5, 1 << 20]))  # fmt: skip
+def test_forbidden_components_are_found_whatever_the_piece_size(paths, piece):
+    blob = b"\0\0" + b"".join(p + b"\0" for p in paths)
+    found = find_forbidden_component(np.frombuffer(blob, dtype=np.uint8), piece)
+    assert (found >= 0) == _forbidden_by_components(blob), blob

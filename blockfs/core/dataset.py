@@ -124,18 +124,8 @@ class PackedDataset:
         return self.stat_entry(self.lookup(path))
 
     def stat_entry(self, e: int) -> EntryStat:
-        a = self._a
-        return EntryStat(
-            entry=e,
-            kind=int(a["kind"][e]),
-            mode=int(a["mode"][e]),
-            size=int(a["size"][e]),
-            mtime_ns=int(a["mtime_ns"][e]),
-            ino=int(a["ino"][e]),
-            nlink=int(a["nlink"][e]),
-            label=int(a["label"][e]),
-            block=int(a["block"][e]),
-        )
+        kind, mode, size, mtime_ns, ino, nlink, label, block = self.index.stat_fields(e)
+        return EntryStat(e, kind, mode, size, mtime_ns, ino, nlink, label, block)
 
     def listdir(self, path: PathLike = "") -> list:
         """Names in a directory, sorted, as ``str`` or ``bytes`` like the path given (as ``os.listdir``)."""

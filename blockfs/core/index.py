@@ -242,6 +242,12 @@ class PackedIndex:
         self._kind = view("kind", "B")
         self._child_start = view("child_start", "I")
         self._child_count = view("child_count", "I")
+        # What stat needs, one view per column: a stat reads eight of them.
+        self._stat_views = tuple(
+            view(name, fmt)
+            for name, fmt in (("kind", "B"), ("mode", "I"), ("size", "Q"), ("mtime_ns", "q"), ("ino", "Q"),
+                              ("nlink", "I"), ("label", "i"), ("block", "i"))
+        )  # fmt: skip
         self._mask = int(self.arrays["hash_start"].size) - 2
         self._paths_start = placed["paths"][0]
 
@@ -270,6 +276,10 @@ class PackedIndex:
     def kind(self, entry: int) -> int:
         return self._kind[entry]
 
+    def stat_fields(self, entry: int) -> tuple[int, ...]:
+        """(kind, mode, size, mtime_ns, ino, nlink, label, block) of an entry, as Python ints."""
+        return tuple(v[entry] for v in self._stat_views)
+
     def children(self, entry: int) -> range:
         if self._kind[entry] != KIND_DIR:
             raise NotADirectoryEntryError(f"not a directory: {self.path(entry)!r}")
@@ -287,6 +297,8 @@ class PackedIndex:
 
     def close(self) -> None:
         self.arrays.clear()
+        for view in self.__dict__.pop("_stat_views", ()):
+            view.release()
         for name in ("_path_off", "_hash_start", "_hash_order", "_kind", "_child_start", "_child_count", "raw"):
             view = self.__dict__.pop(name, None)
             if view is not None:

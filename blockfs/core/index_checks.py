@@ -159,22 +159,24 @@ def check_forbidden_components(a: dict[str, np.ndarray], where: str) -> None:
 def find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20) -> int:
     """Offset of the first empty, "." or ".." component in a NUL-separated path table, or -1.
 
-    Every path p is stored as \\0p\\0 (the root, first, as \\0\\0).  Works in pieces so the
-    temporary masks stay small whatever the table's size.
+    Every path p is stored as \\0p\\0 (the root, first, as \\0\\0).  A forbidden component is two
+    separators in a row (one of them "/"), or a separator, one or two dots and a separator; both start
+    where a separator is followed by a separator or a dot, which is rare, so only those few places are
+    looked at closely.  Works in pieces (overlapping by 3 bytes) so the temporary masks stay small.
     """
     n = blob.size
     for lo in range(0, n, piece):
         b = blob[lo : min(n, lo + piece + 3)]
         slash = b == 47
         boundary = slash | (b == 0)
-        dot = b == 46
-        empty = boundary[:-1] & boundary[1:] & (slash[:-1] | slash[1:])  # "//", "\\0/", "/\\0"
-        hits = [np.flatnonzero(empty)]
-        if b.size >= 3:
-            hits.append(np.flatnonzero(boundary[:-2] & dot[1:-1] & boundary[2:]))
-        if b.size >= 4:
-            hits.append(np.flatnonzero(boundary[:-3] & dot[1:-2] & dot[2:-1] & boundary[3:]))
-        first = min((int(h[0]) for h in hits if h.size), default=-1)
+        adjacent = np.flatnonzero(boundary[:-1] & boundary[1:])
+        empty = adjacent[slash[adjacent] | slash[adjacent + 1]]
+        dots = np.flatnonzero(boundary[:-1] & (b[1:] == 46))  # a component that starts with "."
+        one = dots[dots + 2 < b.size]
+        one = one[boundary[one + 2]]
+        two = dots[dots + 3 < b.size]
+        two = two[(b[two + 2] == 46) & boundary[two + 3]]
+        first = min((int(h[0]) for h in (empty, one, two) if h.size), default=-1)
         if first >= 0:
             return lo + first
     return -1

@@ -199,11 +199,12 @@ def _swap_first_two(a):
     a[[0, 1]] = a[[1, 0]]
 
 
+ONCE = "'block_files' does not list every file exactly once"
 CONTENT_MUTATIONS = {
     "block_files out of range": ("block_files", lambda a: a.__setitem__(0, 10**6), "'block_files'"),
-    "block_files repeats a file": ("block_files", lambda a: a.__setitem__(1, a[0]), "'block_files' does not list every file exactly once"),
+    "block_files repeats a file": ("block_files", lambda a: a.__setitem__(1, a[0]), ONCE),
     "block_files out of slot order": ("block_files", _swap_first_two, "'block_files' is not in slot order"),
-    "block_files names a directory": ("block_files", lambda a: a.__setitem__(0, 0), "'block_files' does not list every file exactly once"),
+    "block_files names a directory": ("block_files", lambda a: a.__setitem__(0, 0), ONCE),
     "block_offsets decrease": ("block_offsets", lambda a: a.__setitem__(1, a[-1]), "'block_offsets' decreases"),
     "block_offsets start late": ("block_offsets", lambda a: a.__setitem__(0, 1), "'block_offsets' starts at 1"),
     "block_offsets shifted": ("block_offsets", lambda a: a.__setitem__(1, a[1] + 1), "'block_files' puts a file"),

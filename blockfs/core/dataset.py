@@ -21,6 +21,7 @@ from ..errors import (
     NotASymlinkError,
 )
 from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
+from .index_format import REPACK
 from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT, block_path
 from .metadata import read_metadata  # noqa: F401  (part of this module's API)
 from .store import BlockStore
@@ -65,8 +66,7 @@ def _check_labels(labels: np.ndarray, classes: list[str] | None, where: str) -> 
     if classes is not None and labels.size and int(labels.max()) >= len(classes):
         raise IndexFormatError(
             f"index {where}: label {int(labels.max())} is beyond the {len(classes)} classes in "
-            f"{METADATA_NAME} (column 'label'): index and metadata are not one pack's; restore the dataset "
-            "from a good copy or pack it again with 'blockfs pack'"
+            f"{METADATA_NAME} (column 'label'): index and metadata are not one pack's; {REPACK}"
         )
 
 

@@ -138,7 +138,8 @@ def read_index_file(path: str, where: str) -> mmap.mmap:
     return buf
 
 
-def _show(value: object) -> str:
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to fit in a one-line message (the value may be hostile and huge)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -191,14 +192,14 @@ def read_toc(buf: mmap.mmap, toc_len: int, where: str) -> dict[str, tuple[int, i
         raise IndexFormatError(f"{where}: table of contents has no 'arrays' object; {REPACK}")
     unknown = sorted(set(specs) - set(SCHEMA))
     if unknown:
-        raise IndexFormatError(f"{where}: table of contents lists unknown arrays {_show(unknown)}; {REPACK}")
+        raise IndexFormatError(f"{where}: table of contents lists unknown arrays {short_repr(unknown)}; {REPACK}")
     placed: dict[str, tuple[int, int]] = {}
     for name, dtype in SCHEMA.items():
         placed[name] = _check_spec(name, specs.get(name), dtype, HEAD_SIZE + toc_len, len(buf), where)
     n = toc.get("n_entries")
     if not _is_count(n) or n != placed["kind"][1]:
         raise IndexFormatError(
-            f"{where}: field 'n_entries' is {_show(n)}, the 'kind' column has {placed['kind'][1]} rows; {REPACK}"
+            f"{where}: field 'n_entries' is {short_repr(n)}, the 'kind' column has {placed['kind'][1]} rows; {REPACK}"
         )
     return placed
 
@@ -208,12 +209,12 @@ def _check_spec(name: str, spec: object, dtype: np.dtype, data_start: int, size:
     if spec is None:
         raise IndexFormatError(f"{what} is missing from the table of contents; {REPACK}")
     if not isinstance(spec, list) or len(spec) != 3:
-        raise IndexFormatError(f"{what}: spec must be [dtype, offset, count], got {_show(spec)}; {REPACK}")
+        raise IndexFormatError(f"{what}: spec must be [dtype, offset, count], got {short_repr(spec)}; {REPACK}")
     dt, offset, count = spec
     if dt != dtype.str:
-        raise IndexFormatError(f"{what} has dtype {_show(dt)}; the format says {dtype.str!r}; {REPACK}")
+        raise IndexFormatError(f"{what} has dtype {short_repr(dt)}; the format says {dtype.str!r}; {REPACK}")
     if not _is_count(offset) or not _is_count(count):
-        raise IndexFormatError(f"{what}: offset and count must be integers >= 0, got {_show(spec)}; {REPACK}")
+        raise IndexFormatError(f"{what}: offset and count must be integers >= 0, got {short_repr(spec)}; {REPACK}")
     if offset < data_start or offset % ALIGN:
         raise IndexFormatError(f"{what}: offset {offset} is not an aligned place after the header; {REPACK}")
     if offset + count * dtype.itemsize > size:

@@ -14,8 +14,7 @@ from typing import Callable
 from . import format as fmt
 from ..errors import FormatError, NotADatasetError, UnsupportedVersionError
 from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER
-
-FIX = "restore the dataset from a good copy or pack it again with 'blockfs pack'"
+from .index_format import REPACK as FIX, short_repr
 
 
 def _count(v: object) -> bool:
@@ -86,7 +85,10 @@ def read_metadata(root: str) -> dict:
 def check_version(version: object, root: str) -> None:
     """Refuse packs written by a newer blockfs (upgrade) or an older format (pack again)."""
     if type(version) is not int:
-        raise FormatError(f"{os.path.join(root, METADATA_NAME)}: field 'format_version' must be an integer, got {version!r}; {FIX}")
+        raise FormatError(
+            f"{os.path.join(root, METADATA_NAME)}: field 'format_version' must be an integer, got "
+            f"{short_repr(version)}; {FIX}"
+        )
     if version > fmt.FORMAT_VERSION:
         raise UnsupportedVersionError(
             f"{root!r} was written by blockfs format version {version}; this blockfs reads up to version "
@@ -112,8 +114,5 @@ def _check_fields(obj: dict, fields: dict, where: str, prefix: str) -> None:
             if name in OPTIONAL:
                 continue
             raise FormatError(f"{where}: field {prefix + name!r} is missing; {FIX}")
-        value = obj[name]
-        if not test(value):
-            shown = repr(value)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise FormatError(f"{where}: field {prefix + name!r} must be {what}, got {shown}; {FIX}")
+        if not test(obj[name]):
+            raise FormatError(f"{where}: field {prefix + name!r} must be {what}, got {short_repr(obj[name])}; {FIX}")

@@ -49,7 +49,8 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     except BlockfsError as err:  # the block as a whole is lost: every file in it
         return Problem(f"block {b}", str(err), _names(ds, entries))
     except MemoryError:  # a header claiming more than memory holds (the store checks sizes first)
-        return Problem(f"block {b}", f"{ds.store.where(b)}: header claims more bytes than can be read", _names(ds, entries))
+        message = f"{ds.store.where(b)}: header claims more bytes than can be read"
+        return Problem(f"block {b}", message, _names(ds, entries))
     slots = a["slot"][entries]
     bad = entries[(file_crcs[slots] != a["crc"][entries]) | (sizes[slots] != a["size"][entries])]
     if not bad.size:

@@ -156,11 +156,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_cat(args: argparse.Namespace) -> int:
     with open_dataset(args.dest) as ds:
         e = ds.lookup(args.path)
-        size = ds.stat_entry(e).size
         out = sys.stdout.buffer
-        piece = 16 << 20 if size >= (1 << 32) else max(size, 1)
-        for offset in range(0, size, piece):
-            out.write(ds.read_entry(e, offset, piece))
+        for piece in ds.read_pieces(e):
+            out.write(piece)
         out.flush()
     return 0
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
+import stat
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import blockfs
 from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
+from blockfs.core.index_checks import find_forbidden_component
+from indexutil import patch_array as _patch, rewrite_toc
 
 
 @pytest.fixture
@@ -34,17 +39,6 @@ def test_every_path_is_found_and_listed(packed, edge_tree):
             seen += 1
     assert seen == idx.n_entries - 1
     assert idx.find(b"class_a/missing") == -1 and idx.find(b"class_a/one.txt/x") == -1
-
-
-def _patch(index_file, name, transform):
-    """Rewrite one array of an index file in place (as damage or a hostile writer would)."""
-    raw = bytearray(index_file.read_bytes())
-    toc = json.loads(raw[16 : 16 + int.from_bytes(raw[12:16], "little")])
-    dtype, offset, count = toc["arrays"][name]
-    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=offset).copy()
-    transform(arr)
-    raw[offset : offset + arr.nbytes] = arr.tobytes()
-    index_file.write_bytes(bytes(raw))
 
 
 def _rename_component(arr, old: bytes, new: bytes):
@@ -92,3 +86,91 @@ def test_damaged_index_file_is_named(packed):
     (packed / "index.bfi").write_bytes(data[:1000])
     with pytest.raises(IndexFormatError, match="index.bfi"):
         blockfs.open_dataset(packed)
+
+
+def test_an_object_dtype_in_the_table_of_contents_is_an_index_format_error(packed):
+    # Issue 12: this raised a bare ValueError from NumPy.
+    rewrite_toc(packed / "index.bfi", lambda toc: toc["arrays"]["size"].__setitem__(0, "|O"))
+    with pytest.raises(IndexFormatError, match="array 'size' has dtype '|O'"):
+        PackedIndex(packed / "index.bfi")
+
+
+# --- property: any tree packs to an index that answers exactly as the tree does ---------------------------
+NAME_PARTS = [b"a", b"B", b"z", b".", b" ", b"-", b"\n", b"\xff", b"\xc3\x28", "é".encode()]
+names = st.lists(st.sampled_from(NAME_PARTS), min_size=1, max_size=3).map(b"".join).filter(lambda n: n not in (b".", b".."))
+# (kind, which existing directory is the parent, name, which existing file a hard link names / content size)
+steps = st.lists(
+    st.tuples(st.sampled_from(["file", "dir", "symlink", "hardlink"]), st.integers(0, 50), names, st.integers(0, 300)),
+    min_size=1,
+    max_size=25,
+)
+
+
+def _build_tree(root: bytes, plan) -> None:
+    dirs, files = [root], []
+    for kind, which, name, n in plan:
+        path = os.path.join(dirs[which % len(dirs)], name)
+        if os.path.lexists(path):
+            continue
+        if kind == "dir":
+            os.mkdir(path)
+            dirs.append(path)
+        elif kind == "symlink":
+            os.symlink(name * (n % 3 + 1), path)  # dangling or not, relative: stored, never followed
+        elif kind == "hardlink" and files:
+            os.link(files[n % len(files)], path)
+        else:
+            with open(path, "wb") as f:
+                f.write(os.urandom(n))
+            files.append(path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(plan=steps)
+def test_lookups_listings_nlink_and_inodes_match_the_tree(plan):
+    with tempfile.TemporaryDirectory(prefix="blockfs-prop-") as tmp:
+        src, dest = os.path.join(os.fsencode(tmp), b"src"), os.path.join(tmp, "p")
+        os.mkdir(src)
+        _build_tree(src, plan)
+        blockfs.pack(src, dest, files_per_block=3, fsync=False)
+        with blockfs.open_dataset(dest) as ds:
+            _check_against_tree(ds, src)
+
+
+def _check_against_tree(ds, src: bytes) -> None:
+    packed_ino_of: dict[int, int] = {}  # source inode -> packed inode: must be one-to-one
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        rel_dir = b"" if rel_dir == b"." else rel_dir
+        assert ds.listdir(rel_dir) == sorted(os.listdir(dirpath))
+        for name in ([b""] if not rel_dir else []) + dirnames + filenames:
+            rel = os.path.join(rel_dir, name) if name else rel_dir
+            real, st_ = os.lstat(os.path.join(src, rel)), ds.stat(rel)
+            assert ds.path_of(st_.entry) == rel
+            assert st_.mode == real.st_mode and st_.mtime_ns == real.st_mtime_ns, rel
+            assert st_.nlink == real.st_nlink, rel
+            if stat.S_ISREG(real.st_mode):
+                assert ds.read(rel) == open(os.path.join(src, rel), "rb").read(), rel
+                assert packed_ino_of.setdefault(real.st_ino, st_.ino) == st_.ino, rel
+            elif stat.S_ISLNK(real.st_mode):
+                assert ds.readlink(rel) == os.readlink(os.path.join(src, rel)), rel
+            seen += 1
+    assert seen == ds.index.n_entries
+    assert len(set(packed_ino_of.values())) == len(packed_ino_of)  # distinct files keep distinct inodes
+
+
+def _forbidden_by_components(blob: bytes) -> bool:
+    """The plain-Python meaning of a forbidden path table: some path, split on "/", has an empty, "." or
+    ".." component (the root's empty path, first, excepted)."""
+    paths = blob[1:-1].split(b"\0")[1:] if len(blob) > 2 else []
+    return any(c in (b"", b".", b"..") for p in paths for c in p.split(b"/"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(paths=st.lists(st.lists(st.sampled_from([b"a", b".", b"/", b"b."]), min_size=1, max_size=6).map(b"".join), max_size=6),
+       piece=st.sampled_from([1, 2, 3, 5, 1 << 20]))  # fmt: skip
+def test_forbidden_components_are_found_whatever_the_piece_size(paths, piece):
+    blob = b"\0\0" + b"".join(p + b"\0" for p in paths)
+    found = find_forbidden_component(np.frombuffer(blob, dtype=np.uint8), piece)
+    assert (found >= 0) == _forbidden_by_components(blob), blob

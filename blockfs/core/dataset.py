@@ -7,29 +7,28 @@ relative or with a leading ``/``; the root is ``""`` or ``"/"``.  Reads go throu
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 
-from . import format as fmt
 from ..errors import (
     BlockReadError,
     CorruptBlockError,
     EntryNotFoundError,
-    FormatError,
+    IndexFormatError,
     IsADirectoryEntryError,
-    NotADatasetError,
     NotASymlinkError,
-    UnsupportedVersionError,
 )
 from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
-from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from .index_format import REPACK
+from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT, block_path
+from .metadata import read_metadata  # noqa: F401  (part of this module's API)
 from .store import BlockStore
 
 PathLike = str | bytes | os.PathLike
+READ_PIECE = 16 << 20  # bytes per read of a file in a WIDE block (narrow ones are verified, so read, whole)
 
 
 class FileReader(Protocol):
@@ -62,31 +61,14 @@ def _to_bytes(path: PathLike) -> bytes:
     return raw.strip(b"/")
 
 
-def read_metadata(root: str) -> dict:
-    """The dataset's metadata, or a NotADatasetError that says what is wrong and what to do."""
-    meta_path = os.path.join(root, METADATA_NAME)
-    if not os.path.isdir(root):
-        raise NotADatasetError(f"{root!r} is not a directory, so not a packed dataset")
-    if not os.path.exists(meta_path):
-        if os.path.exists(os.path.join(root, PACKING_MARKER)):
-            raise NotADatasetError(
-                f"{root!r} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
-            )
-        raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise FormatError(f"{meta_path}: unreadable metadata: {e}") from e
-    if meta.get("format") != "blockfs":
-        raise FormatError(f"{meta_path}: not blockfs metadata")
-    version = meta.get("format_version")
-    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
-        raise UnsupportedVersionError(
-            f"{root!r} was written by blockfs format version {version}; this blockfs reads up to version "
-            f"{fmt.FORMAT_VERSION}: upgrade blockfs"
+def _check_labels(labels: np.ndarray, classes: list[str] | None, where: str) -> None:
+    """A label must name one of the metadata's classes: one beyond them means index and metadata are not
+    one pack's, and every consumer (``info``, the loader's targets) would index past the class list."""
+    if classes is not None and labels.size and int(labels.max()) >= len(classes):
+        raise IndexFormatError(
+            f"index {where}: label {int(labels.max())} is beyond the {len(classes)} classes in "
+            f"{METADATA_NAME} (column 'label'): index and metadata are not one pack's; {REPACK}"
         )
-    return meta
 
 
 class PackedDataset:
@@ -95,9 +77,12 @@ class PackedDataset:
     def __init__(self, root: str | os.PathLike, reader: FileReader | None = None) -> None:
         self.root = os.fspath(root)
         self.metadata = read_metadata(self.root)
-        n_blocks = int(self.metadata["n_blocks"])
-        self.index = PackedIndex(os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks)
+        n_blocks = self.metadata["n_blocks"]
+        self.index = PackedIndex(
+            os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks, crc32=self.metadata["index"]["crc32"]
+        )
         a = self.index.arrays
+        _check_labels(a["label"], self.metadata["classes"], self.index.file)
         self.store = BlockStore([block_path(self.root, b) for b in range(n_blocks)], a)
         self.reader: FileReader = reader or self.store
         self._a = a
@@ -138,18 +123,8 @@ class PackedDataset:
         return self.stat_entry(self.lookup(path))
 
     def stat_entry(self, e: int) -> EntryStat:
-        a = self._a
-        return EntryStat(
-            entry=e,
-            kind=int(a["kind"][e]),
-            mode=int(a["mode"][e]),
-            size=int(a["size"][e]),
-            mtime_ns=int(a["mtime_ns"][e]),
-            ino=int(a["ino"][e]),
-            nlink=int(a["nlink"][e]),
-            label=int(a["label"][e]),
-            block=int(a["block"][e]),
-        )
+        kind, mode, size, mtime_ns, ino, nlink, label, block = self.index.stat_fields(e)
+        return EntryStat(e, kind, mode, size, mtime_ns, ino, nlink, label, block)
 
     def listdir(self, path: PathLike = "") -> list:
         """Names in a directory, sorted, as ``str`` or ``bytes`` like the path given (as ``os.listdir``)."""
@@ -194,6 +169,28 @@ class PackedDataset:
             return data
         except (CorruptBlockError, BlockReadError) as err:
             raise _naming(err, f"{os.fsdecode(self.path_of(e))!r}") from err
+
+    def read_pieces(self, e: int) -> Iterator[bytes]:
+        """All of a file's bytes, in pieces (``cat``, ``unpack``): a file in a narrow block whole, since
+        one CRC covers it; one in a WIDE block :data:`READ_PIECE` at a time.
+
+        A read shorter than asked ends it with a :class:`CorruptBlockError`: the index promised bytes the
+        block does not hold, and a caller must never loop on empty reads towards a size it will not reach.
+        """
+        size = int(self._a["size"][e])
+        piece = READ_PIECE if size >= NARROW_LIMIT else max(size, 1)
+        offset = 0
+        while offset < size:
+            want = min(piece, size - offset)
+            data = self.read_entry(e, offset, want)
+            if len(data) != want:
+                raise CorruptBlockError(
+                    f"{os.fsdecode(self.path_of(e))!r}: short read, {len(data)} of {want} bytes at offset "
+                    f"{offset} (the index says {size} bytes): index and block disagree; run 'blockfs verify'",
+                    block=int(self._a["block"][e]),
+                )
+            yield data
+            offset += want
 
     def read_block_range(self, block: int, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset + size)`` of block ``block``'s file as stored, header included.

@@ -17,12 +17,10 @@ import errno
 import os
 from typing import Callable
 
-from . import format as fmt
 from .dataset import PackedDataset
-from ..errors import BlockfsError, CorruptBlockError
+from ..errors import BlockfsError
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
-PIECE = 16 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -139,18 +137,7 @@ class _Tree:
                 os.close(source_fd)
 
     def _write_contents(self, e: int, f) -> None:
-        size = int(self.a["size"][e])
-        # A file in a narrow block is verified by one CRC over all of it: read it whole, once.  Only
-        # WIDE blocks (4 GiB and more) carry chunk CRCs that let pieces be verified separately.
-        piece = PIECE if size >= fmt.NARROW_LIMIT else max(size, 1)
-        for offset in range(0, size, piece):
-            data = self.ds.read_entry(e, offset, piece)
-            if len(data) != min(piece, size - offset):  # never loop on (or write) less than the index says
-                raise CorruptBlockError(
-                    f"{os.fsdecode(self.ds.path_of(e))!r}: the index says {size} bytes, its block holds "
-                    f"{offset + len(data)}; run 'blockfs verify'",
-                    block=int(self.a["block"][e]),
-                )
+        for data in self.ds.read_pieces(e):  # stops on a short read: never loops, never writes less
             f.write(data)
 
     # --- finding the parent --------------------------------------------------------------------

@@ -60,7 +60,7 @@ import numpy as np
 from .cache import READAHEAD_BLOCKS, BlockCache
 from ..core.dataset import PackedDataset
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
-from ..core.format import INDEX_NAME, METADATA_NAME
+from ..core.format import METADATA_NAME
 from ..core.index import KIND_FILE, KIND_SYMLINK
 from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
@@ -460,9 +460,7 @@ class _Control:
         root = fs._ds.root
         with open(os.path.join(root, METADATA_NAME), "rb") as f:
             self._metadata = f.read()
-        index_path = os.path.join(root, INDEX_NAME)
-        self._index_fd = os.open(index_path, os.O_RDONLY | os.O_CLOEXEC)
-        self._index_size = os.fstat(self._index_fd).st_size
+        self._index = fs._ds.index.raw  # the bytes the mount serves from, not the file (which may change)
         self._ino = int(fs._a["ino"].max(initial=0)) + 1  # after every entry's inode
         self._files = {b"stats.json": 1, b"metadata.json": 2, b"index.bfi": 3}
         self._blocks_ino = self._ino + 4  # then one inode per block file
@@ -529,7 +527,7 @@ class _Control:
         elif leaf == b"metadata.json":
             size = len(self._metadata)
         else:
-            size = self._index_size
+            size = len(self._index)
         return {**common, "st_mode": stat.S_IFREG | 0o444, "st_ino": self._ino + self._files[leaf],
                 "st_nlink": 1, "st_size": size, "st_blocks": (size + 511) // 512, "st_mtime": now}
 
@@ -541,7 +539,7 @@ class _Control:
         if block is not None:
             return self.fs._ds.read_block_range(block, offset, size)
         if leaf == b"index.bfi":
-            return os.pread(self._index_fd, size, offset)
+            return bytes(self._index[offset : offset + size])
         if leaf == b"metadata.json":
             return self._metadata[offset : offset + size]
         # stats.json: enosys mode serves the snapshot its size was stat'ed from; direct_io mode (no
@@ -596,7 +594,7 @@ class _Control:
         return thread
 
     def close(self) -> None:
-        os.close(self._index_fd)
+        self._index = b""  # the bytes belong to the dataset's index, which closes them
 
 
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:

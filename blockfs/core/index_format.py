@@ -1,0 +1,232 @@
+"""The index file on disk: its layout, the one schema its table of contents must match, writing and reading.
+
+File layout (little-endian)::
+
+    0   8  magic b"BLKFSIDX"
+    8   2  version u16
+    10  2  reserved
+    12  4  toc_len u32
+    16  .  table of contents, JSON: {"arrays": {name: [dtype, offset, count]}, "n_entries": n}
+    ..     the arrays, each starting at a 64-byte aligned offset
+
+The table of contents is data from disk, so it is checked against :data:`SCHEMA` before any array is
+built: every array present, no other, each with exactly its schema dtype (an ``object`` or mistyped
+column would otherwise be served as numbers), integer offsets and counts that stay inside the file.
+
+The file is read once into anonymous memory the process owns, never mapped from the file: a file-backed
+map turns a truncated or replaced ``index.bfi`` into SIGBUS in every reader (the mount included), while a
+private copy cannot change under them.  The read also yields the CRC that ``blockfs.json`` records.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import IndexFormatError, UnsupportedVersionError
+from .format import crc32
+
+INDEX_MAGIC = b"BLKFSIDX"
+INDEX_VERSION = 1
+HEAD_SIZE = 16
+ALIGN = 64
+
+KIND_FILE = 0
+KIND_DIR = 1
+KIND_SYMLINK = 2
+KIND_NAMES = {KIND_FILE: "file", KIND_DIR: "dir", KIND_SYMLINK: "symlink"}
+
+# The fix every "damaged index" message names.
+REPACK = "restore the dataset from a good copy or pack it again with 'blockfs pack'"
+
+# name -> dtype of every per-entry column
+ENTRY_COLUMNS = {
+    "kind": "u1",
+    "mode": "<u4",
+    "mtime_ns": "<i8",
+    "size": "<u8",
+    "block": "<i4",  # -1 for directories and symlinks
+    "slot": "<u4",  # file: slot in its block; symlink: index into the link table
+    "label": "<i4",
+    "crc": "<u4",  # CRC-32 of the file's bytes
+    "ino": "<u8",  # inode number; hard links share their first entry's
+    "nlink": "<u4",
+    "parent": "<u4",
+    "child_start": "<u4",
+    "child_count": "<u4",
+}
+
+# Every array of the file, with the one dtype it may have.
+SCHEMA: dict[str, np.dtype] = {
+    name: np.dtype(dt)
+    for name, dt in {
+        **ENTRY_COLUMNS,
+        "path_offsets": "<u8",  # n + 1: entry e's path is paths[off[e] : off[e + 1] - 1]
+        "paths": "u1",  # \0, then every path NUL-terminated
+        "link_offsets": "<u8",  # n_links + 1
+        "links": "u1",  # symlink targets back to back
+        "hash_start": "<u4",  # n_buckets + 1 (n_buckets a power of two)
+        "hash_order": "<u4",  # n: entries by bucket
+        "block_counts": "<u4",  # n_blocks: slots per block
+        "block_sizes": "<u8",  # n_blocks: bytes of each block file
+        "block_offsets": "<u8",  # n_blocks + 1
+        "block_files": "<u4",  # file entries by (block, slot)
+    }.items()
+}
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write an index file holding ``arrays`` (converted to their schema dtypes) at ``path``, fsynced."""
+    arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt) for name, dt in SCHEMA.items()}
+    # Two passes: the table of contents holds offsets, which depend on its own length.
+    toc_len = 0
+    while True:
+        pos = HEAD_SIZE + toc_len
+        pos += _pad(pos)
+        toc: dict[str, list] = {}
+        for name, arr in arrays.items():
+            toc[name] = [arr.dtype.str, pos, int(arr.size)]
+            pos += arr.nbytes + _pad(arr.nbytes)
+        raw = json.dumps({"arrays": toc, "n_entries": int(arrays["kind"].size)}).encode()
+        if len(raw) <= toc_len:
+            break
+        toc_len = len(raw) + 64
+    raw = raw.ljust(toc_len)
+    with open(path, "wb") as f:
+        f.write(INDEX_MAGIC + INDEX_VERSION.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
+        f.write(raw)
+        for name, arr in arrays.items():
+            f.write(b"\0" * (toc[name][1] - f.tell()))
+            f.write(arr.tobytes())
+        f.write(b"\0" * _pad(f.tell()))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_index_file(path: str, where: str) -> mmap.mmap:
+    """The whole index file, read into anonymous memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise IndexFormatError(f"{where}: cannot open: {e.strerror}") from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < HEAD_SIZE:
+            raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
+        # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too), its pages
+        # faulted in at once (MAP_POPULATE halves the cost of reading it page by page).
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
+        with memoryview(buf) as view:
+            got = 0
+            while got < size:
+                try:
+                    n = os.preadv(fd, [view[got:]], got)
+                except OSError as e:
+                    raise IndexFormatError(f"{where}: read failed: {e.strerror}") from e
+                if n == 0:  # the file shrank while it was read
+                    raise IndexFormatError(f"{where}: changed while it was read ({got} of {size} bytes)")
+                got += n
+    finally:
+        os.close(fd)
+    return buf
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to fit in a one-line message (the value may be hostile and huge)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # not bool, not 1.5, not "3"
+
+
+def check_header(buf: mmap.mmap, where: str) -> int:
+    """Check magic and version; return the table of contents' length."""
+    head = buf[:HEAD_SIZE]
+    if head[:8] != INDEX_MAGIC:
+        raise IndexFormatError(f"{where}: not a blockfs index (magic {head[:8]!r})")
+    version = int.from_bytes(head[8:10], "little")
+    if version > INDEX_VERSION:
+        raise UnsupportedVersionError(
+            f"{where}: written by index version {version}; this blockfs reads up to {INDEX_VERSION}: "
+            "upgrade blockfs"
+        )
+    if version < INDEX_VERSION:
+        raise IndexFormatError(
+            f"{where}: written by index version {version}, older than this blockfs reads "
+            f"({INDEX_VERSION}): pack the source again with 'blockfs pack'"
+        )
+    toc_len = int.from_bytes(head[12:16], "little")
+    if HEAD_SIZE + toc_len > len(buf):
+        raise IndexFormatError(f"{where}: table of contents runs past the end of the file; {REPACK}")
+    return toc_len
+
+
+def check_crc(buf: mmap.mmap, where: str, expected: int) -> None:
+    """The whole file's CRC-32 is the one ``blockfs.json`` records."""
+    crc = crc32(buf)
+    if crc != expected:
+        raise IndexFormatError(
+            f"{where}: checksum mismatch (blockfs.json records 0x{expected:08x}, the file has 0x{crc:08x}): "
+            f"the index is damaged or not this dataset's; {REPACK}"
+        )
+
+
+def read_toc(buf: mmap.mmap, toc_len: int, where: str) -> dict[str, tuple[int, int]]:
+    """The table of contents (``toc_len`` bytes, from :func:`check_header`) checked against
+    :data:`SCHEMA`: array name -> (offset, count)."""
+    try:
+        toc = json.loads(buf[HEAD_SIZE : HEAD_SIZE + toc_len])
+    except (ValueError, RecursionError) as e:
+        raise IndexFormatError(f"{where}: damaged table of contents ({type(e).__name__}); {REPACK}") from None
+    specs = toc.get("arrays") if isinstance(toc, dict) else None
+    if not isinstance(specs, dict) or not specs:
+        raise IndexFormatError(f"{where}: table of contents has no 'arrays' object; {REPACK}")
+    unknown = sorted(set(specs) - set(SCHEMA))
+    if unknown:
+        raise IndexFormatError(f"{where}: table of contents lists unknown arrays {short_repr(unknown)}; {REPACK}")
+    placed: dict[str, tuple[int, int]] = {}
+    for name, dtype in SCHEMA.items():
+        placed[name] = _check_spec(name, specs.get(name), dtype, HEAD_SIZE + toc_len, len(buf), where)
+    n = toc.get("n_entries")
+    if not _is_count(n) or n != placed["kind"][1]:
+        raise IndexFormatError(
+            f"{where}: field 'n_entries' is {short_repr(n)}, the 'kind' column has {placed['kind'][1]} rows; {REPACK}"
+        )
+    return placed
+
+
+def _check_spec(name: str, spec: object, dtype: np.dtype, data_start: int, size: int, where: str) -> tuple[int, int]:
+    what = f"{where}: array {name!r}"
+    if spec is None:
+        raise IndexFormatError(f"{what} is missing from the table of contents; {REPACK}")
+    if not isinstance(spec, list) or len(spec) != 3:
+        raise IndexFormatError(f"{what}: spec must be [dtype, offset, count], got {short_repr(spec)}; {REPACK}")
+    dt, offset, count = spec
+    if dt != dtype.str:
+        raise IndexFormatError(f"{what} has dtype {short_repr(dt)}; the format says {dtype.str!r}; {REPACK}")
+    if not _is_count(offset) or not _is_count(count):
+        raise IndexFormatError(f"{what}: offset and count must be integers >= 0, got {short_repr(spec)}; {REPACK}")
+    if offset < data_start or offset % ALIGN:
+        raise IndexFormatError(f"{what}: offset {offset} is not an aligned place after the header; {REPACK}")
+    if offset + count * dtype.itemsize > size:
+        raise IndexFormatError(f"{what} runs past the end of the file; {REPACK}")
+    return offset, count
+
+
+def array_views(buf: mmap.mmap, placed: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+    """Read-only NumPy views of every array in ``buf`` (no copies)."""
+    arrays = {}
+    for name, (offset, count) in placed.items():
+        arr = np.frombuffer(buf, dtype=SCHEMA[name], count=count, offset=offset)
+        arr.flags.writeable = False
+        arrays[name] = arr
+    return arrays

@@ -1,0 +1,118 @@
+"""``blockfs.json``, a packed dataset's metadata: read it and check it against one schema, in one place.
+
+Everything blockfs later reads from the metadata (counts, the index's CRC, classes, the pack parameters)
+is checked here once, so a damaged or hand-edited file is one clear :class:`FormatError` naming the
+field, never a ``KeyError`` or ``TypeError`` wherever the field happens to be used first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from . import format as fmt
+from ..errors import FormatError, NotADatasetError, UnsupportedVersionError
+from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER
+from .index_format import REPACK as FIX, short_repr
+
+
+def _count(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _is_crc(v: object) -> bool:
+    return type(v) is int and 0 <= v < 1 << 32
+
+
+def _class_names(v: object) -> bool:
+    return v is None or (isinstance(v, list) and all(isinstance(c, str) for c in v))
+
+
+# field -> (test, what the field must be)
+TOP_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "n_entries": (_count, "an integer >= 0"),
+    "n_files": (_count, "an integer >= 0"),
+    "n_dirs": (_count, "an integer >= 0"),
+    "n_symlinks": (_count, "an integer >= 0"),
+    "n_blocks": (_count, "an integer >= 0"),
+    "file_bytes": (_count, "an integer >= 0"),
+    "block_bytes": (_count, "an integer >= 0"),
+    "classes": (_class_names, "null or a list of class names"),
+    "index": (lambda v: isinstance(v, dict), "an object"),
+    "pack": (lambda v: isinstance(v, dict), "an object"),
+    "source": (lambda v: isinstance(v, dict), "an object (only container packs have it)"),
+}
+OPTIONAL = {"source"}
+INDEX_FIELDS = {
+    "file": (lambda v: v == INDEX_NAME, f"{INDEX_NAME!r}"),
+    "crc32": (_is_crc, "a 32-bit CRC (an integer)"),
+}
+PACK_FIELDS = {
+    "block_size": (lambda v: type(v) is int and v > 0, "an integer > 0"),
+    "files_per_block": (lambda v: v is None or (type(v) is int and v > 0), "null or an integer > 0"),
+    "labels": (lambda v: isinstance(v, str), "a string"),
+    "order": (lambda v: isinstance(v, str), "a string"),
+    "seed": (lambda v: type(v) is int, "an integer"),
+    "follow_symlinks": (lambda v: type(v) is bool, "true or false"),
+}
+
+
+def read_metadata(root: str) -> dict:
+    """The dataset's metadata, checked; or a NotADatasetError / FormatError that says what is wrong and
+    what to do."""
+    meta_path = os.path.join(root, METADATA_NAME)
+    if not os.path.isdir(root):
+        raise NotADatasetError(f"{root!r} is not a directory, so not a packed dataset")
+    if not os.path.exists(meta_path):
+        if os.path.exists(os.path.join(root, PACKING_MARKER)):
+            raise NotADatasetError(
+                f"{root!r} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
+            )
+        raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise FormatError(f"{meta_path}: unreadable metadata: {e}; {FIX}") from e
+    if not isinstance(meta, dict) or meta.get("format") != "blockfs":
+        raise FormatError(f"{meta_path}: not blockfs metadata (no \"format\": \"blockfs\"); {FIX}")
+    check_version(meta.get("format_version"), root)
+    check_metadata(meta, meta_path)
+    return meta
+
+
+def check_version(version: object, root: str) -> None:
+    """Refuse packs written by a newer blockfs (upgrade) or an older format (pack again)."""
+    if type(version) is not int:
+        raise FormatError(
+            f"{os.path.join(root, METADATA_NAME)}: field 'format_version' must be an integer, got "
+            f"{short_repr(version)}; {FIX}"
+        )
+    if version > fmt.FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{root!r} was written by blockfs format version {version}; this blockfs reads up to version "
+            f"{fmt.FORMAT_VERSION}: upgrade blockfs"
+        )
+    if version < fmt.FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{root!r} was written by blockfs format version {version}, older than this blockfs reads "
+            f"({fmt.FORMAT_VERSION}): pack the source again with 'blockfs pack SRC {root}'"
+        )
+
+
+def check_metadata(meta: dict, where: str) -> None:
+    """Every field blockfs reads has the type it must (the schema above)."""
+    _check_fields(meta, TOP_FIELDS, where, "")
+    _check_fields(meta["index"], INDEX_FIELDS, where, "index.")
+    _check_fields(meta["pack"], PACK_FIELDS, where, "pack.")
+
+
+def _check_fields(obj: dict, fields: dict, where: str, prefix: str) -> None:
+    for name, (test, what) in fields.items():
+        if name not in obj:
+            if name in OPTIONAL:
+                continue
+            raise FormatError(f"{where}: field {prefix + name!r} is missing; {FIX}")
+        if not test(obj[name]):
+            raise FormatError(f"{where}: field {prefix + name!r} must be {what}, got {short_repr(obj[name])}; {FIX}")

@@ -1,0 +1,55 @@
+"""Helpers for tests that damage an index or its metadata as a hostile or unlucky writer would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from blockfs.core.format import crc32
+
+
+def read_toc(index_file: Path) -> tuple[dict, int]:
+    raw = index_file.read_bytes()
+    toc_len = int.from_bytes(raw[12:16], "little")
+    return json.loads(raw[16 : 16 + toc_len]), toc_len
+
+
+def rewrite_toc(index_file: Path, mutate: Callable[[dict], object]) -> None:
+    """Replace the table of contents by ``mutate(toc)`` (or the toc mutated in place, when it returns None)."""
+    toc, toc_len = read_toc(index_file)
+    new = mutate(toc)
+    text = json.dumps(toc if new is None else new).encode()
+    assert len(text) <= toc_len, "the new table of contents must fit in the old one's room"
+    raw = bytearray(index_file.read_bytes())
+    raw[16 : 16 + toc_len] = text.ljust(toc_len)
+    index_file.write_bytes(bytes(raw))
+
+
+def patch_array(index_file: Path, name: str, transform: Callable[[np.ndarray], object]) -> None:
+    """Rewrite one array of an index file in place (as damage or a hostile writer would)."""
+    raw = bytearray(index_file.read_bytes())
+    toc, _ = read_toc(index_file)
+    dtype, offset, count = toc["arrays"][name]
+    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=offset).copy()
+    transform(arr)
+    raw[offset : offset + arr.nbytes] = arr.tobytes()
+    index_file.write_bytes(bytes(raw))
+
+
+def resign(dest: Path) -> None:
+    """Record the index's current CRC in blockfs.json, as a hostile writer who knows the format would:
+    what the CRC no longer catches, the checks behind it must."""
+    meta_path = dest / "blockfs.json"
+    meta = json.loads(meta_path.read_text())
+    meta["index"]["crc32"] = crc32((dest / "index.bfi").read_bytes())
+    meta_path.write_text(json.dumps(meta))
+
+
+def edit_metadata(dest: Path, mutate: Callable[[dict], object]) -> None:
+    meta_path = dest / "blockfs.json"
+    meta = json.loads(meta_path.read_text())
+    new = mutate(meta)
+    meta_path.write_text(json.dumps(meta if new is None else new))

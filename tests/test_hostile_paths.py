@@ -24,7 +24,7 @@ from blockfs.errors import BlockfsError, IndexFormatError, SourceError
 from blockfs.packing.packer import pack
 from blockfs.packing.sources import DirectorySource
 from conftest import make_edge_tree
-from indexedit import entry_of, index_arrays, rename_entry, rewrite_index
+from indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def hostile(tmp_path):
 
 
 def _no_tree_check(monkeypatch) -> None:
-    monkeypatch.setattr("blockfs.core.index.check_tree", lambda arrays, where: None, raising=False)
+    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where: None)
 
 
 def _dir_becomes_symlink(arrays) -> None:

@@ -12,7 +12,7 @@ from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError
 from blockfs.packing.packer import pack
 from conftest import make_edge_tree, tree_snapshot
-from indexedit import entry_of, rewrite_index
+from indexutil import entry_of, rewrite_index
 
 N_FILES = 16
 
@@ -63,7 +63,7 @@ def test_a_flipped_inode_bit_is_refused_at_open(classes):
 
 def test_unpack_links_only_files_stored_together_even_unchecked(classes, monkeypatch):
     rewrite_index(classes / "ds", _flip_ino_bit)
-    monkeypatch.setattr("blockfs.core.index.check_tree", lambda arrays, where: None, raising=False)
+    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where: None)
     with open_dataset(classes / "ds") as ds:
         unpack(ds, classes / "out")
     inodes = set()

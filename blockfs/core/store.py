@@ -217,6 +217,15 @@ class BlockStore:
             self._headers[block] = head
         return head
 
+    def unchecked_header(self, block: int) -> fmt.BlockHeader:
+        """The block's header checked against its own file but not yet against the index: ``verify`` reads
+        the data under it and compares file by file, to name exactly the files that differ."""
+        try:
+            return self._read_header(block)
+        except CorruptBlockError as e:
+            e.block = block
+            raise
+
     def file_size(self, block: int, slot: int) -> int:
         """The size of the file in ``slot`` as the block's checked header gives it (a read's own check)."""
         sizes = self._sizes.get(block)

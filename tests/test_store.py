@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import shutil
 
-import numpy as np
 import pytest
 
 import blockfs

@@ -14,7 +14,8 @@ from blockfs.core import format as fmt
 from blockfs.serve.cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import KIND_FILE
-from blockfs.serve.share import ShareServer, SharedBlocks
+from blockfs.loader.shared_blocks import SharedBlocks
+from blockfs.serve.share import ShareServer
 
 
 @pytest.fixture(scope="module")

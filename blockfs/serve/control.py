@@ -12,9 +12,10 @@ the next, or a size from one and bytes from another).  So ``stats.json`` is a sy
 the server on every open (the kernel does not cache FUSE link targets unless told to), to
 ``stats/G.json``: a new G, and a new file, for every resolution.  The bytes of G never change; every read
 of a handle opened through the link reads the snapshot it was opened on, whatever the open mode (with
-``open`` answered ENOSYS the server never sees the open, but it always sees the link resolved).  The last
-:data:`SNAPSHOTS_KEPT` snapshots are kept; an older one is gone (ENOENT), and its path is handed to the
-adapter to drop from the kernel's cache.
+``open`` answered ENOSYS the server never sees the open, but it always sees the link resolved).  A
+snapshot is dropped once it is not among the :data:`SNAPSHOTS_KEPT` most recently read and has not been
+read for :data:`SNAPSHOT_IDLE_S` (or past :data:`SNAPSHOTS_MAX`); a read of it then fails with ENOENT,
+never with other bytes, and its path is handed to the adapter to drop from the kernel's cache.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from ..core.dataset import PackedDataset
 from ..core.format import INDEX_NAME, METADATA_NAME
 from ..errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
 
-SNAPSHOTS_KEPT = 64
+SNAPSHOTS_KEPT = 64  # kept however idle; past that, a snapshot unread for SNAPSHOT_IDLE_S goes
+SNAPSHOT_IDLE_S = 30.0
+SNAPSHOTS_MAX = 1024  # and past this many (a few MB), the least recently read goes whatever its age
 SNAPSHOT_DIGITS = 12  # a fixed-width name: the link's size never changes
 
 STATS = os.fsencode(protocol.STATS_FILE)
@@ -78,7 +81,8 @@ class ControlDirectory:
         self._first_snapshot_ino = self._first_block_ino + len(self._block_sizes)
         self._mtime_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._snapshots: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        # generation -> (bytes, when last read), least recently read first
+        self._snapshots: collections.OrderedDict[int, tuple[bytes, float]] = collections.OrderedDict()
         self._generation = 0
         self._evicted: list[bytes] = []
         self._lock = threading.Lock()
@@ -133,7 +137,7 @@ class ControlDirectory:
         generation = self._snapshot_of(leaf)
         if generation is not None:
             with self._lock:
-                size = len(self._snapshots.get(generation, b""))
+                size = len(self._snapshots.get(generation, (b"", 0.0))[0])
             return self._file_attr(common, self._first_snapshot_ino + generation, size)
         size = len(self._metadata) if leaf == METADATA else self._index_size
         return self._file_attr(common, self._ino + self._file_inos[leaf], size)
@@ -173,12 +177,16 @@ class ControlDirectory:
     def snapshot(self) -> bytes:
         """Take a snapshot of the statistics; its path relative to the control directory."""
         data = self.stats_bytes()
+        now = time.monotonic()
         with self._lock:
             self._generation += 1
             generation = self._generation
-            self._snapshots[generation] = data
+            self._snapshots[generation] = (data, now)
             while len(self._snapshots) > SNAPSHOTS_KEPT:
-                old, _ = self._snapshots.popitem(last=False)
+                old, (_data, used) = next(iter(self._snapshots.items()))
+                if len(self._snapshots) <= SNAPSHOTS_MAX and now - used < SNAPSHOT_IDLE_S:
+                    break
+                del self._snapshots[old]
                 self._evicted.append(self.path + b"/" + self._snapshot_name(old))
         return self._snapshot_name(generation)
 
@@ -197,8 +205,12 @@ class ControlDirectory:
             return self._metadata[offset : offset + size]
         generation = self._snapshot_of(leaf)
         with self._lock:
-            data = self._snapshots.get(generation) if generation is not None else None
-        if data is None:
+            kept = self._snapshots.get(generation) if generation is not None else None
+            if kept is not None:
+                data = kept[0]
+                self._snapshots[generation] = (data, time.monotonic())
+                self._snapshots.move_to_end(generation)
+        if kept is None:
             raise EntryNotFoundError(f"{os.fsdecode(raw)}: snapshot no longer kept; open stats.json again")
         return data[offset : offset + size]
 

@@ -13,6 +13,7 @@ import mmap
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -570,10 +571,15 @@ def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
                         os._exit(status)
                 assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
             assert view.announce(np.array([5, 2, 7, 0, 1]))
+
+            def loaded() -> bool:  # a prefetch load is counted when it starts: wait until all three are cached
+                s = read_stats(m.path)
+                return s["counters"]["prefetch_loads"] >= 3 and s["cache"]["cached_blocks"] >= 3
+
             deadline = time.monotonic() + 10
-            while read_stats(m.path)["counters"]["prefetch_loads"] < 3 and time.monotonic() < deadline:
+            while not loaded() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.2)
+            time.sleep(0.2)  # room for a wrong fourth load to show
             counters = read_stats(m.path)["counters"]
             assert counters["announcements"] == 1  # the malformed one was dropped
             assert counters["prefetch_loads"] == 3 and counters["block_loads"] == 3  # 0 and 1 did not fit
@@ -621,6 +627,27 @@ def test_cli_mount_stats_umount_and_refusals(tiny, tmp_path, capsys):
     assert cli.main(["mount", str(tiny / "packed"), str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["umount", str(mnt)]) == 2
+
+
+def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkeypatch, capsys):
+    # The serving process re-runs the user's own command line (relative paths included) plus
+    # --foreground, with the budget this process chose: every option reaches it without being listed.
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny / "packed", tmp_path / "packed")
+    (tmp_path / "mnt").mkdir()
+    try:
+        args = ["mount", "packed", "mnt", "--memory-fraction", "0.01", "--open-mode", "keep_cache",
+                "--no-share", "--readahead", "0", "--log", "mount.log"]  # fmt: skip
+        assert cli.main(args) == 0
+        budget = capsys.readouterr().out.split("memory plan: cache ")[1].split(" (")[0]
+        stats = read_stats(tmp_path / "mnt")
+        assert stats["mount"]["open_mode"] == "keep_cache" and stats["mount"]["dest"] == str(tmp_path / "packed")
+        assert cli._human(stats["plan"]["budget_bytes"]) == budget
+        with pytest.raises(OSError):  # --no-share: no share socket
+            os.getxattr(control_dir(tmp_path / "mnt"), "user.blockfs.share")
+        assert "open keep_cache" in (tmp_path / "mount.log").read_text()
+    finally:
+        release(tmp_path / "mnt")
 
 
 @pytest.mark.parametrize("binding", BINDINGS)

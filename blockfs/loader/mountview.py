@@ -7,8 +7,8 @@ through the mount in block order, so the mount reads each block from storage onc
 its files from memory. Labels come from the index, never from paths.
 
 **Reading a file.** Where the mount shares its cached blocks (the control directory's
-``user.blockfs.share`` attribute; :mod:`blockfs.loader.shared_blocks`), the loader maps each block it reads once, read-only,
-from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
+``user.blockfs.share`` attribute; :mod:`blockfs.loader.shared_blocks`), the loader maps each block it
+reads once, read-only, from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
 mount does not share (its budget is full, its policy evicts, it is damaged) is read through ``blocks/``
 (the block files as stored, served by the mount from its cache): a file is one ``pread`` of its block at
 the offset the block's header gives, with no path lookup, open or close per file. The mount verifies

@@ -89,6 +89,7 @@ class SocketServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._conns: collections.OrderedDict[socket.socket, Connection] = collections.OrderedDict()
         self._resumed: collections.deque[Connection] = collections.deque()
@@ -132,7 +133,11 @@ class SocketServer:
                 return
             except OSError:
                 return  # closed, or out of descriptors: the next round tries again
-            pid, uid = peer_credentials(sock)
+            try:
+                pid, uid = peer_credentials(sock)
+            except OSError:
+                sock.close()
+                continue
             if uid not in (os.getuid(), 0):
                 self.refusals.refuse(pid, uid)
                 sock.close()
@@ -172,12 +177,13 @@ class SocketServer:
         conn.sock.close()
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the thread wakes anyway
-        except OSError:
-            pass  # closed
+        with self._wake_lock:  # never write to the number of a pipe end closed (and maybe reused) since
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass  # the pipe is full: the thread wakes anyway
 
     def _drain_wake(self) -> None:
         try:
@@ -202,5 +208,7 @@ class SocketServer:
             self._close(conn)
         self._selector.close()
         self._server.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_w = -1

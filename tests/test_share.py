@@ -333,3 +333,38 @@ def test_refused_users_are_logged_a_bounded_number_of_times(serving, caplog):
         assert server.refusals.refused == n
     lines = [r for r in caplog.records if "block share refused" in r.getMessage()]
     assert 1 <= len(lines) <= 2
+
+
+def test_a_loader_closed_for_being_idle_asks_again(packed):
+    import socket
+    import time
+
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        server = ShareServer(cache.share, ds.n_blocks, max_connections=2)
+        client = SharedBlocks(server.address)
+        others = []
+        try:
+            assert client.get(0) is not None
+            for _ in range(2):  # the client's connection is now the one idle longest: closed by the mount
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(server.address)
+                others.append(s)
+
+            def closed_by_the_mount() -> bool:
+                try:
+                    return client._conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    return False
+
+            deadline = time.monotonic() + 10
+            while not closed_by_the_mount() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert closed_by_the_mount()
+            assert bytes(client.get(3)) == block_data(ds, 3) and client.failed is None
+        finally:
+            for s in others:
+                s.close()
+            client.close()
+            server.close()
+            cache.close()

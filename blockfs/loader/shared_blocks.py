@@ -45,7 +45,15 @@ class SharedBlocks:
         if self.failed is not None or block in self.refused:
             return None
         try:
-            view = self._ask(block)
+            try:
+                view = self._ask(block)
+            except (ConnectionResetError, BrokenPipeError):
+                if self._conn is None:
+                    raise
+                # The mount closes the connection idle longest when it has too many open: ask again once.
+                self._conn.close()
+                self._conn = None
+                view = self._ask(block)
         except OSError as e:
             self.failed = f"the mount's block share at {self.address!r} failed: {e}"
             log.warning("%s; reading blocks through the mount instead", self.failed)

@@ -346,10 +346,6 @@ def test_a_loader_closed_for_being_idle_asks_again(packed):
         others = []
         try:
             assert client.get(0) is not None
-            for _ in range(2):  # the client's connection is now the one idle longest: closed by the mount
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                s.connect(server.address)
-                others.append(s)
 
             def closed_by_the_mount() -> bool:
                 try:
@@ -357,8 +353,13 @@ def test_a_loader_closed_for_being_idle_asks_again(packed):
                 except BlockingIOError:
                     return False
 
+            # New connections push out the one idle longest: the client's, once its answer is complete
+            # (a connection waiting on its answer is never the one closed).
             deadline = time.monotonic() + 10
             while not closed_by_the_mount() and time.monotonic() < deadline:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(server.address)
+                others.append(s)
                 time.sleep(0.01)
             assert closed_by_the_mount()
             assert bytes(client.get(3)) == block_data(ds, 3) and client.failed is None

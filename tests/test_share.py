@@ -281,12 +281,13 @@ def test_connections_past_the_cap_close_the_longest_idle(packed):
 def test_a_slow_load_for_one_loader_does_not_hold_another(packed):
     import threading
 
-    release = threading.Event()
+    release, loading = threading.Event(), threading.Event()
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
 
         def share(block: int) -> int:
             if block == 0:
+                loading.set()
                 assert release.wait(30)  # a load that takes as long as the test needs
             return cache.share(block)
 
@@ -295,6 +296,7 @@ def test_a_slow_load_for_one_loader_does_not_hold_another(packed):
         waiting = threading.Thread(target=slow.get, args=(0,))
         try:
             waiting.start()
+            assert loading.wait(10)
             assert bytes(fast.get(2)) == block_data(ds, 2)  # answered while block 0 still loads
             assert waiting.is_alive()
         finally:

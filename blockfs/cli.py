@@ -18,6 +18,7 @@ from .errors import BlockfsError
 from .core.index import KIND_DIR, KIND_SYMLINK
 from .packing.packer import PackOptions, pack
 from .serve.plan import parse_size
+from .serve.server import OPEN_MODES
 
 log = logging.getLogger("blockfs")
 
@@ -191,6 +192,8 @@ def _cache_size(text: str) -> tuple[int, str]:
 
 def _budget(args: argparse.Namespace) -> tuple[int, str]:
     """(bytes, how they were chosen) from --memory-fraction or --cache-size."""
+    if getattr(args, "budget_bytes", None) is not None:
+        return args.budget_bytes, "chosen by the command that started this server"
     if getattr(args, "memory_fraction", None) is not None:
         from .serve.plan import budget_from_memory_fraction, read_mem_available
 
@@ -249,59 +252,61 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.policy != "none":
         print(_memory_plan(args, size).describe(), flush=True)
     if args.foreground:
-        from .serve.fs import MountOptions, serve
-
-        if args.log:
-            logging.basicConfig(
-                filename=args.log, level=logging.DEBUG if args.verbose else logging.INFO, force=True,
-                format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
-            )  # fmt: skip
-        options = MountOptions(
-            cache_bytes=size,
-            policy=args.policy,
-            allow_other=args.allow_other,
-            fuse_options=tuple(args.o or ()),
-            threads=not args.single_threaded,
-            open_mode=args.open_mode,
-            readahead=args.readahead,
-            prefill=not args.no_prefill,
-            lock_memory=not args.no_mlock,
-            share=not args.no_share,
-            retain=not args.no_retain,
-            retain_strategy=args.retain_strategy,
-            retain_threshold=_threshold(args.retain_threshold),
-            preload=args.preload,
-        )
-        bar = _progress_bar(1, "B", "preload") if args.preload else None
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        serve(args.dest, args.mountpoint, options, progress if bar else None)
-        if bar:
-            bar.close()
-        return 0
+        return _serve_here(args, size)
     log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
-    command = [sys.executable, "-m", "blockfs"] + (["-v"] if args.verbose else []) + [
-        "mount", os.path.abspath(args.dest), os.path.abspath(args.mountpoint), "--foreground",
-        "--cache-size", str(size), "--policy", args.policy, "--open-mode", args.open_mode,
-        "--readahead", str(args.readahead),
-    ]  # fmt: skip
-    command += ["--allow-other"] * args.allow_other + ["--single-threaded"] * args.single_threaded
-    command += ["--no-mlock"] * args.no_mlock + ["--no-prefill"] * args.no_prefill + ["--no-share"] * args.no_share
-    command += ["--no-retain"] * args.no_retain + ["--preload"] * args.preload
-    if args.retain_strategy:
-        command += ["--retain-strategy", args.retain_strategy]
-    if args.retain_threshold:
-        command += ["--retain-threshold", args.retain_threshold]
-    for opt in args.o or ():
-        command += ["-o", opt]
+    # The serving process gets the user's own command line: every option is declared once, in the parser.
+    # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
+    command = [sys.executable, "-m", "blockfs", *args.argv, "--foreground", "--budget-bytes", str(size)]
+    command += [] if args.log else ["--log", log_path]
     # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
     timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
     pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
     print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
           f"stop with: blockfs umount {args.mountpoint}")  # fmt: skip
+    return 0
+
+
+def _mount_options(args: argparse.Namespace, size: int):
+    """The parsed ``mount`` command line as :class:`~blockfs.serve.server.MountOptions`."""
+    from .serve.server import MountOptions
+
+    return MountOptions(
+        cache_bytes=size,
+        policy=args.policy,
+        allow_other=args.allow_other,
+        fuse_options=tuple(args.o or ()),
+        threads=not args.single_threaded,
+        open_mode=args.open_mode,
+        readahead=args.readahead,
+        prefill=not args.no_prefill,
+        lock_memory=not args.no_mlock,
+        share=not args.no_share,
+        retain=not args.no_retain,
+        retain_strategy=args.retain_strategy,
+        retain_threshold=_threshold(args.retain_threshold),
+        preload=args.preload,
+    )
+
+
+def _serve_here(args: argparse.Namespace, size: int) -> int:
+    """Serve in this process until unmounted (``--foreground``)."""
+    from .serve.server import serve
+
+    if args.log:
+        logging.basicConfig(
+            filename=args.log, level=logging.DEBUG if args.verbose else logging.INFO, force=True,
+            format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
+        )  # fmt: skip
+    options = _mount_options(args, size)
+    bar = _progress_bar(1, "B", "preload") if args.preload else None
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    serve(args.dest, args.mountpoint, options, progress if bar else None)
+    if bar:
+        bar.close()
     return 0
 
 
@@ -350,7 +355,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from .serve.process import read_stats
+    from .client import read_stats
 
     previous, last = None, time.monotonic()
     while True:
@@ -462,8 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", action="append", metavar="FUSE_OPTIONS", help="extra libfuse options, comma-separated")
     p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
+    p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
-    tuning.add_argument("--open-mode", choices=("auto", "enosys", "keep_cache", "targets", "none"),
+    tuning.add_argument("--open-mode", choices=OPEN_MODES,
                         default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "
                         "libfuse 3; targets: only the files the memory plan retains)")
     tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
@@ -502,7 +508,9 @@ def _stdout_gone() -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # a background mount re-runs it in the serving process
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="blockfs: %(levelname)s: %(message)s" if args.verbose else "blockfs: %(message)s",

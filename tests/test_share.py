@@ -14,7 +14,8 @@ from blockfs.core import format as fmt
 from blockfs.serve.cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import KIND_FILE
-from blockfs.serve.share import ShareServer, SharedBlocks
+from blockfs.loader.shared_blocks import SharedBlocks
+from blockfs.serve.share import ShareServer
 
 
 @pytest.fixture(scope="module")
@@ -226,4 +227,147 @@ def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
             assert data == block_data(ds, 1)[start : start + int(head.sizes[slot])]  # still served from memory
             assert cache.stats()["counters"]["block_loads"] == 2
         finally:
+            cache.close()
+
+
+# --- a hostile or careless neighbour ------------------------------------------------------------------
+def test_many_loaders_are_answered_by_a_fixed_number_of_threads(serving):
+    import threading
+
+    from blockfs.serve.share import ANSWER_THREADS
+
+    ds, _cache, server = serving
+    before = threading.active_count()
+    clients = [SharedBlocks(server.address) for _ in range(300)]
+    try:
+        for k, client in enumerate(clients):  # each its own connection, all open at once
+            assert bytes(client.get(k % ds.n_blocks)) == block_data(ds, k % ds.n_blocks)
+        assert server.open_connections() == len(clients)
+        assert threading.active_count() <= before + ANSWER_THREADS  # the pool, not a thread per loader
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_connections_past_the_cap_close_the_longest_idle(packed):
+    import socket
+    import time
+
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        server = ShareServer(cache.share, ds.n_blocks, max_connections=8)
+        idle = []
+        try:
+            for _ in range(12):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(server.address)
+                idle.append(s)
+            deadline = time.monotonic() + 10
+            while server.open_connections() != 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.open_connections() == 8
+            idle[0].settimeout(10)
+            assert idle[0].recv(16) == b""  # the first was closed by the mount
+            client = SharedBlocks(server.address)  # a loader that asks is still answered
+            assert bytes(client.get(1)) == block_data(ds, 1)
+            client.close()
+        finally:
+            for s in idle:
+                s.close()
+            server.close()
+            cache.close()
+
+
+def test_a_slow_load_for_one_loader_does_not_hold_another(packed):
+    import threading
+
+    release, loading = threading.Event(), threading.Event()
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+
+        def share(block: int) -> int:
+            if block == 0:
+                loading.set()
+                assert release.wait(30)  # a load that takes as long as the test needs
+            return cache.share(block)
+
+        server = ShareServer(share, ds.n_blocks)
+        slow, fast = SharedBlocks(server.address), SharedBlocks(server.address)
+        waiting = threading.Thread(target=slow.get, args=(0,))
+        try:
+            waiting.start()
+            assert loading.wait(10)
+            assert bytes(fast.get(2)) == block_data(ds, 2)  # answered while block 0 still loads
+            assert waiting.is_alive()
+        finally:
+            release.set()
+            waiting.join()
+            slow.close()
+            fast.close()
+            server.close()
+            cache.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_refused_users_are_logged_a_bounded_number_of_times(serving, caplog):
+    import logging
+    import socket
+    import time
+
+    _ds, _cache, server = serving
+    n = 1000
+    with caplog.at_level(logging.WARNING):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            status = 1
+            try:
+                os.setuid(65534)
+                for _ in range(n):
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                        s.connect(server.address)
+                status = 0
+            finally:
+                os._exit(status)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        deadline = time.monotonic() + 10
+        while server.refusals.refused < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.refusals.refused == n
+    lines = [r for r in caplog.records if "block share refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 2
+
+
+def test_a_loader_closed_for_being_idle_asks_again(packed):
+    import socket
+    import time
+
+    with PackedDataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
+        server = ShareServer(cache.share, ds.n_blocks, max_connections=2)
+        client = SharedBlocks(server.address)
+        others = []
+        try:
+            assert client.get(0) is not None
+
+            def closed_by_the_mount() -> bool:
+                try:
+                    return client._conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    return False
+
+            # New connections push out the one idle longest: the client's, once its answer is complete
+            # (a connection waiting on its answer is never the one closed).
+            deadline = time.monotonic() + 10
+            while not closed_by_the_mount() and time.monotonic() < deadline:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(server.address)
+                others.append(s)
+                time.sleep(0.01)
+            assert closed_by_the_mount()
+            assert bytes(client.get(3)) == block_data(ds, 3) and client.failed is None
+        finally:
+            for s in others:
+                s.close()
+            client.close()
+            server.close()
             cache.close()

@@ -3,7 +3,7 @@
     python tools/null_fs.py SRC MOUNTPOINT      # serves in the foreground until unmounted
 
 It shows SRC's tree (names, sizes, modes, taken once at start) through the same binding, the same mount
-options and the same per-thread trick as ``blockfs mount`` (:mod:`blockfs.serve.fs`), and answers every read with
+options and the same per-thread trick as ``blockfs mount`` (:mod:`blockfs.serve.fs`, :mod:`blockfs.serve.server`), and answers every read with
 zero bytes from one preallocated buffer: no index, no cache, no copy of file data in Python.  Whatever a
 reader gets from it per second is what the FUSE round trip and the binding cost; ``tools/bench_mount.py``
 reads it side by side with the mount so the served-from-memory figures have their ceiling in the same run.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blockfs.serve.fs import ENCODING, MountOptions, keep_thread_state, binding, fuse_kwargs  # noqa: E402
+from blockfs.serve.fs import ENCODING, binding, keep_thread_state  # noqa: E402
+from blockfs.serve.server import MountOptions, fuse_kwargs  # noqa: E402
 
 ZEROS = bytes(1 << 20)
 

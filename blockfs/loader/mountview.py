@@ -7,8 +7,8 @@ through the mount in block order, so the mount reads each block from storage onc
 its files from memory. Labels come from the index, never from paths.
 
 **Reading a file.** Where the mount shares its cached blocks (the control directory's
-``user.blockfs.share`` attribute; :mod:`blockfs.serve.share`), the loader maps each block it reads once, read-only,
-from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
+``user.blockfs.share`` attribute; :mod:`blockfs.loader.shared_blocks`), the loader maps each block it
+reads once, read-only, from the mount's own verified memory, and copies files out of it: no FUSE round trip per file. A block the
 mount does not share (its budget is full, its policy evicts, it is damaged) is read through ``blocks/``
 (the block files as stored, served by the mount from its cache): a file is one ``pread`` of its block at
 the offset the block's header gives, with no path lookup, open or close per file. The mount verifies
@@ -21,13 +21,15 @@ will read, first needed first (with ``importance=``, only the blocks of the sele
 can fetch them ahead of the reader. The mount is read-only (and in its ``enosys`` open mode the kernel
 sends no ``open`` at all), so the channel is not a file in it: when the control directory has the extended
 attribute ``user.blockfs.prefetch``, its value is the address of a Unix stream socket the mount listens on
-(in Linux's abstract namespace: it starts with a NUL byte; pass it to ``connect`` as it is); the loader connects, sends the block ids as ASCII decimal numbers, one per line (``b"17\\n3\\n42\\n"``),
-and closes the connection (end of the announcement). It is a hint: the mount may cut it short or ignore it,
-and the loader does not wait for an answer.
+(in Linux's abstract namespace: it starts with a NUL byte; pass it to ``connect`` as it is); the loader
+connects, sends the block ids (:func:`blockfs.protocol.encode_announcement`) and closes the connection.
+It is a hint: the mount may cut it short or ignore it, and the loader does not wait for an answer.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
 import os
 import shutil
@@ -35,25 +37,18 @@ import socket
 import tempfile
 import warnings
 
-import collections
-import errno
-
 import numpy as np
 
+from .. import client, protocol
 from ..core import format as fmt
 from ..errors import FormatError, NotADatasetError
 from ..core.index import KIND_FILE, PackedIndex
+from ..protocol import BLOCKS_DIR, INDEX_FILE, METADATA_FILE, PREFETCH_XATTR, SHARE_XATTR, STATS_FILE
 from .order import BlockLayout
-from ..serve.share import SHARE_XATTR, SharedBlocks
+from .shared_blocks import SharedBlocks
 
 __all__ = ["BlockfsMount"]
 
-CONTROL_XATTR = "user.blockfs.control"
-INDEX_FILE = "index.bfi"
-METADATA_FILE = "metadata.json"
-STATS_FILE = "stats.json"
-PREFETCH_XATTR = "user.blockfs.prefetch"
-BLOCKS_DIR = "blocks"
 OPEN_BLOCKS = 32  # block files kept open per process (a worker reads a few blocks at a time)
 ANNOUNCE_TIMEOUT_S = 5.0
 
@@ -165,7 +160,8 @@ class BlockfsMount:
         fd = self._block_fds.get(block)
         if fd is None:
             assert self._blocks_dir is not None
-            fd = os.open(self._blocks_dir + b"/%08d" % block, os.O_RDONLY | os.O_CLOEXEC)
+            name = os.fsencode(protocol.block_file_name(block))
+            fd = os.open(self._blocks_dir + b"/" + name, os.O_RDONLY | os.O_CLOEXEC)
             self._block_fds[block] = fd
             if len(self._block_fds) > OPEN_BLOCKS:
                 os.close(self._block_fds.popitem(last=False)[1])
@@ -205,7 +201,7 @@ class BlockfsMount:
             address = os.getxattr(control, PREFETCH_XATTR)
         except OSError:
             return False
-        payload = "".join(f"{b}\n" for b in np.asarray(blocks).tolist()).encode()
+        payload = protocol.encode_announcement(np.asarray(blocks).tolist())
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
                 channel.settimeout(ANNOUNCE_TIMEOUT_S)
@@ -236,19 +232,8 @@ def _read_exactly(fd: int, buffer: memoryview, offset: int | None, path: bytes) 
 
 
 def _control_dir(root: str) -> str:
-    hint = f"mount a packed dataset there first: blockfs mount DATASET {root}"
-    if not os.path.isdir(root):
-        raise NotADatasetError(f"{root!r} is not a blockfs mount: it is not a directory ({hint})")
-    try:
-        name = os.fsdecode(os.getxattr(root, CONTROL_XATTR))
-    except OSError as e:
-        if os.path.exists(os.path.join(root, "blockfs.json")):
-            hint = f"it is a packed dataset, not its mount: blockfs mount {root} MOUNTPOINT"
-        raise NotADatasetError(
-            f"{root!r} is not a blockfs mount: it has no {CONTROL_XATTR!r} attribute ({e.strerror}); {hint}"
-        ) from None
-    if not name or "/" in name or name in (".", ".."):
-        raise NotADatasetError(f"{root!r}: {CONTROL_XATTR}={name!r} is not the name of a control directory")
+    """The control directory's name (checked by :func:`blockfs.client.control_dir`), with its index there."""
+    name = os.path.basename(client.control_dir(root))
     if not os.path.isfile(os.path.join(root, name, INDEX_FILE)):
         raise NotADatasetError(
             f"{root!r} is not a blockfs mount: its control directory {name!r} has no {INDEX_FILE}"

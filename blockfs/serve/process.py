@@ -1,27 +1,25 @@
 """Mount and unmount processes: start a serving process, wait until it serves, unmount (dead mounts too).
 
-The serving process itself is ``blockfs mount --foreground`` (:func:`blockfs.serve.fs.serve`); this module starts
-it in the background, checks a mount point before and after, clears mounts (also one left behind by a
+The serving process itself is ``blockfs mount --foreground`` (:func:`blockfs.serve.server.serve`); this
+module starts it in the background, checks a mount point before and after, clears mounts (also one left behind by a
 serving process killed with SIGKILL, whose mount point then answers ENOTCONN), and reads the live
-statistics a mount publishes.  No FUSE binding is imported here.
+statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is imported here.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import shutil
 import subprocess
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
+from ..client import control_dir, read_stats
 from ..core.dataset import read_metadata
-from ..errors import MountError
+from ..errors import BlockfsError, MountError
 
-CONTROL_XATTR = "user.blockfs.control"
-STATS_XATTR = "user.blockfs.stats"
-FSTYPE = "fuse.blockfs"
+__all__ = ["check_dest", "check_mountpoint", "control_dir", "default_log_path", "is_mounted", "mount_entry",
+           "read_stats", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
 
 
 def _unescape(field: str) -> str:
@@ -153,7 +151,7 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
     def ask() -> None:
         try:
             result[0] = int(read_stats(mountpoint)["mount"]["pid"])
-        except (OSError, ValueError, KeyError, MountError):
+        except (OSError, ValueError, KeyError, BlockfsError):
             pass  # dead, or another FUSE filesystem: no pid to wait for
 
     import threading
@@ -205,20 +203,3 @@ def _wait_exit(pid: int, timeout: float) -> None:
         if state in (b"Z", b"X"):
             return
         time.sleep(0.02)
-
-
-def control_dir(mountpoint: str | os.PathLike) -> str:
-    """The mount's control directory (its name is the root's ``user.blockfs.control`` attribute)."""
-    path = os.fspath(mountpoint)
-    try:
-        name = os.getxattr(path, CONTROL_XATTR).decode()
-    except OSError as e:
-        if e.errno in (errno.ENODATA, errno.ENOTSUP):
-            raise MountError(f"{path!r} is not a blockfs mount (no {CONTROL_XATTR} attribute)") from None
-        raise MountError(f"{path!r}: {e.strerror}") from None
-    return os.path.join(path, name)
-
-
-def read_stats(mountpoint: str | os.PathLike) -> dict[str, Any]:
-    """The live statistics of a mount (exact: read from an extended attribute the kernel never caches)."""
-    return json.loads(os.getxattr(control_dir(mountpoint), STATS_XATTR))

@@ -37,6 +37,8 @@ class AheadLoadable(Protocol):
 
     def load_ahead(self, block: int, counter: str, *, fill_only: bool) -> int | None: ...
 
+    def claim_ahead(self, block: int, counter: str, *, fill_only: bool) -> Callable[[], int] | None: ...
+
     def count(self, name: str) -> None: ...
 
 
@@ -50,6 +52,7 @@ class BackgroundLoads:
         self._threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="blockfs-load")
         self._lock = threading.Lock()
+        self._claim_order = threading.Lock()  # announced blocks are claimed in the announced order
         self._generation = 0  # of the latest announcement
 
     def start_prefill(self) -> None:
@@ -91,13 +94,18 @@ class BackgroundLoads:
 
     def _prefetch(self, blocks: Iterator[int], generation: int) -> None:
         while True:
-            with self._lock:
-                if self._cache.closed or self._generation != generation or self._cache.full:
+            # A block's room is claimed before the next block is taken, so a later block can never take
+            # the room an earlier one needs; the loads themselves still run side by side.
+            with self._claim_order:
+                with self._lock:
+                    if self._cache.closed or self._generation != generation or self._cache.full:
+                        return
+                    block = next(blocks, None)  # under the lock: the threads share the iterator
+                if block is None:
                     return
-                block = next(blocks, None)  # under the lock: the threads share the iterator
-            if block is None:
-                return
-            self._cache.load_ahead(block, "prefetch_loads", fill_only=True)
+                load = self._cache.claim_ahead(block, "prefetch_loads", fill_only=True)
+            if load is not None:
+                load()
 
     def close(self) -> None:
         """Stop: queued loads are dropped, running ones finish (the cache is closed first)."""

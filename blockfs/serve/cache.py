@@ -252,10 +252,17 @@ class BlockCache:
         self._counters.add(name)
 
     def load_ahead(self, block: int, counter: str, *, fill_only: bool) -> int | None:
-        """Load ``block`` before any read asks for it, if the guard every background load passes lets it:
+        """Load ``block`` before any read asks for it, if :meth:`claim_ahead` lets it.  Returns the block's
+        data bytes when this call loaded it (or failed to), None when it declined."""
+        load = self.claim_ahead(block, counter, fill_only=fill_only)
+        return None if load is None else load()
+
+    def claim_ahead(self, block: int, counter: str, *, fill_only: bool) -> Callable[[], int] | None:
+        """Claim ``block``'s room for a background load, if the guard every background load passes lets it:
         not cached, loading or damaged; the policy would admit it (a guess that does not fit is not a
-        refusal of a read); with ``fill_only``, only into free room, evicting nothing.  Returns the
-        block's data bytes when this call loaded it (or failed to), None when it declined."""
+        refusal of a read); with ``fill_only``, only into free room, evicting nothing.  Returns the load to
+        run (it returns the data bytes), None when it declined.  Claiming apart from loading lets a caller
+        claim blocks in a chosen order and still load them side by side."""
         try:
             head = self._header(block)
         except (CorruptBlockError, BlockReadError):
@@ -268,8 +275,12 @@ class BlockCache:
                 return None
             future, _mine = self._claim(block, head)  # new, so ours to load
         self._counters.add(counter)
-        self._load(block, head, future)
-        return head.data_size
+
+        def load() -> int:
+            self._load(block, head, future)
+            return head.data_size
+
+        return load
 
     def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> None:
         """Read a claimed block whole, verify it, and publish it (or the error) to every waiter."""

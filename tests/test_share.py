@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import gc
 import os
 import random
 
@@ -38,7 +39,9 @@ def block_data(ds: PackedDataset, block: int) -> bytes:
 
 
 def memfds() -> int:
-    """This process's open memfds (a cached block's memory each)."""
+    """This process's open memfds (a cached block's memory each), once caches no longer referenced (an
+    earlier test's) have been collected: their memory is not this test's."""
+    gc.collect()
     count = 0
     for fd in os.listdir("/proc/self/fd"):
         try:

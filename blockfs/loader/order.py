@@ -17,11 +17,12 @@ permutation and assignment without talking to the others.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from .dealing import cyclic_segments, deal, interleave, ranges, shuffle_within_blocks
 
 __all__ = [
     "ORDERS",
@@ -169,7 +170,17 @@ def block_shuffled_order(
     rng = _epoch_rng(seed, epoch)
     permuted = rng.permutation(layout.n_blocks)
     sort_keys = rng.integers(0, 2**32, size=layout.n_files, dtype=np.uint32)
+    blocks, seg_block, seg_len = _rank_segments(layout, permuted, rank, world_size, drop_last)
+    files, seg_len = _worker_files(layout, blocks, seg_block, seg_len, worker, num_workers, sort_keys)
+    merge_rng = _epoch_rng(seed, epoch, world_size, rank, num_workers, worker)
+    return interleave(files, seg_len, blocks_in_flight, merge_rng)
 
+
+def _rank_segments(
+    layout: BlockLayout, permuted: np.ndarray, rank: int, world_size: int, drop_last: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rank``'s blocks (in permutation order) and the runs it reads of them: (blocks, run's index into
+    blocks, run's length), cut at the count every rank yields."""
     sizes = layout.block_sizes[permuted]
     non_empty = int(np.count_nonzero(sizes))
     if 0 < non_empty < world_size:
@@ -177,31 +188,40 @@ def block_shuffled_order(
             f"world_size={world_size} but the layout has only {non_empty} non-empty blocks: "
             "every rank needs a block of its own"
         )
-    rank_of, _ = _deal(sizes, world_size)
+    rank_of, _ = deal(sizes, world_size)
     loads = np.bincount(rank_of, weights=sizes, minlength=world_size).astype(np.int64)
     target = int(loads.min() if drop_last else loads.max())
     mine = (rank_of == rank) & (sizes > 0)
     blocks, sizes = permuted[mine], sizes[mine]
-    seg_block, seg_len = _cyclic_segments(sizes, target)
+    seg_block, seg_len = cyclic_segments(sizes, target)
+    return blocks, seg_block, seg_len
 
+
+def _worker_files(
+    layout: BlockLayout,
+    blocks: np.ndarray,
+    seg_block: np.ndarray,
+    seg_len: np.ndarray,
+    worker: int,
+    num_workers: int,
+    sort_keys: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The files ``worker`` reads of its rank's runs, run after run, and those runs' lengths."""
     # Whole blocks to workers, balanced by what each block contributes to this rank (padding included).
     per_block = np.bincount(seg_block, weights=seg_len, minlength=blocks.size).astype(np.int64)
     used = np.flatnonzero(per_block)
     worker_of = np.full(blocks.size, -1, dtype=np.int64)
-    worker_of[used] = _deal(per_block[used], num_workers)[0]
+    worker_of[used] = deal(per_block[used], num_workers)[0]
     keep = worker_of[seg_block] == worker
     seg_block, seg_len = seg_block[keep], seg_len[keep]
     own = np.flatnonzero(worker_of == worker)
     local = np.full(blocks.size, -1, dtype=np.int64)
     local[own] = np.arange(own.size)
 
-    shuffled = _shuffle_within_blocks(layout, blocks[own], sort_keys)
+    shuffled = shuffle_within_blocks(layout, blocks[own], sort_keys)
     own_starts = np.zeros(own.size, dtype=np.int64)
     np.cumsum(layout.block_sizes[blocks[own]][:-1], out=own_starts[1:])
-    files = shuffled[_ranges(own_starts[local[seg_block]], seg_len)]
-
-    merge_rng = _epoch_rng(seed, epoch, world_size, rank, num_workers, worker)
-    return _interleave(files, seg_len, blocks_in_flight, merge_rng)
+    return shuffled[ranges(own_starts[local[seg_block]], seg_len)], seg_len
 
 
 def global_shuffled_order(n_files: int, *, seed: int, epoch: int) -> np.ndarray:
@@ -352,79 +372,3 @@ def _frozen_int64(values: np.ndarray, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be one-dimensional (got shape {array.shape})")
     array.setflags(write=False)
     return array
-
-
-def _deal(sizes: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deal items in order, each to the bin with the smallest load so far (ties: the lowest bin).
-
-    Returns each item's bin and the bin's load before it (where the item starts inside its bin).
-    """
-    if n_bins == 1:
-        starts = np.zeros(sizes.size, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        return np.zeros(sizes.size, dtype=np.int64), starts
-    heap = [(0, b) for b in range(n_bins)]
-    bins, starts = [], []
-    for size in sizes.tolist():
-        load, b = heap[0]
-        bins.append(b)
-        starts.append(load)
-        heapq.heapreplace(heap, (load + size, b))
-    return np.array(bins, dtype=np.int64), np.array(starts, dtype=np.int64)
-
-
-def _cyclic_segments(sizes: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cut the blocks of ``sizes``, repeated cyclically, at ``target`` samples.
-
-    Returns (index into ``sizes``, length) of each run read from the start of a block; only the last run
-    can be shorter than its block.
-    """
-    if target == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    rounds, rest = divmod(target, int(sizes.sum()))
-    ends = np.cumsum(sizes)
-    last = int(np.searchsorted(ends, rest))  # the block in which the last partial round stops
-    blocks = np.concatenate([np.tile(np.arange(sizes.size), rounds), np.arange(last + 1 if rest else 0)])
-    lengths = np.concatenate([np.tile(sizes, rounds), sizes[: last + 1 if rest else 0]])
-    if rest:
-        lengths[-1] = rest - (ends[last - 1] if last else 0)
-    return blocks, lengths
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, without the loop."""
-    before = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - before, lengths)
-
-
-def _shuffle_within_blocks(layout: BlockLayout, blocks: np.ndarray, sort_keys: np.ndarray) -> np.ndarray:
-    """The files of ``blocks``, block after block, each block in the epoch's order for it.
-
-    The order inside a block comes from the epoch's key of each slot, so it is the same whichever rank
-    or worker computes it.
-    """
-    sizes = layout.block_sizes[blocks]
-    slots = _ranges(layout.block_offsets[blocks], sizes)
-    block_rank = np.repeat(np.arange(blocks.size, dtype=np.int64), sizes)
-    return layout.block_files[slots[np.argsort((block_rank << 32) | sort_keys[slots])]]
-
-
-def _interleave(files: np.ndarray, seg_len: np.ndarray, lanes: int, rng: np.random.Generator) -> np.ndarray:
-    """Merge runs of files through ``lanes`` lanes that each read one run at a time.
-
-    Runs go to lanes in order, each to the lane that would empty first at equal speed; a uniformly random
-    interleave of the lanes then places them (its next sample comes from a lane with probability
-    proportional to what the lane has left, so all lanes end together).
-    """
-    lanes = max(1, min(lanes, seg_len.size))  # lanes beyond one per run would stay empty
-    lane, start = _deal(seg_len, lanes)
-    lane_len = np.bincount(lane, weights=seg_len, minlength=lanes).astype(np.int64)
-    lane_base = np.cumsum(lane_len) - lane_len
-    lane_major = _ranges(lane_base[lane] + start, seg_len)
-    # A shuffled multiset of lane labels: the k-th occurrence of lane i is where lane i's k-th sample goes.
-    labels = np.repeat(np.arange(lanes, dtype=np.min_scalar_type(lanes)), lane_len)
-    rng.shuffle(labels)
-    position = np.argsort(labels, kind="stable")
-    out = np.empty(files.size, dtype=np.int64)
-    out[position[lane_major]] = files
-    return out

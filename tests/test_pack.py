@@ -19,7 +19,9 @@ import blockfs
 import blockfs.packing.packer  # noqa: F401  (the package's `pack` attribute is the function)
 from blockfs.core import format as fmt
 from blockfs.errors import NotADatasetError, PackError, SourceError, UnsupportedVersionError
-from blockfs.packing.sources import DirectorySource
+from blockfs.packing import writer as writer_module
+from blockfs.packing.plan import plan_blocks
+from blockfs.packing.sources import DirectorySource, Source, SourceEntry
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import summary, verify
 
@@ -149,9 +151,9 @@ def test_shuffled_order_mixes_classes_and_directory_order_does_not(tmp_path):
 
 def test_plan_blocks():
     sizes = np.array([10, 10, 10, 100, 0, 5, 5])
-    assert pack_module.plan_blocks(sizes, 25).tolist() == [0, 2, 3, 4, 7]
-    assert pack_module.plan_blocks(sizes, 1000, files_per_block=3).tolist() == [0, 3, 6, 7]
-    assert pack_module.plan_blocks(np.array([], dtype=np.int64), 10).tolist() == [0]
+    assert plan_blocks(sizes, 25).tolist() == [0, 2, 3, 4, 7]
+    assert plan_blocks(sizes, 1000, files_per_block=3).tolist() == [0, 3, 6, 7]
+    assert plan_blocks(np.array([], dtype=np.int64), 10).tolist() == [0]
 
 
 def test_empty_source(tmp_path):
@@ -165,7 +167,7 @@ def test_empty_source(tmp_path):
 def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
     monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
-    monkeypatch.setattr(pack_module, "STREAM_PIECE", 1 << 18)
+    monkeypatch.setattr(writer_module, "STREAM_PIECE", 1 << 18)
     data = np.random.default_rng(0).bytes(3 << 20)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "big").write_bytes(data)
@@ -340,7 +342,7 @@ def test_listing_reports_the_entries_found_so_far(tmp_path, monkeypatch):
 
 def test_blocks_larger_than_the_gather_buffer_keep_every_byte(tmp_path, monkeypatch):
     # The buffer is written out each time it fills, and grows for a file larger than itself.
-    monkeypatch.setattr(pack_module, "GATHER_SIZE", 1500)
+    monkeypatch.setattr(writer_module, "GATHER_SIZE", 1500)
     src = _imagefolder_tree(tmp_path / "src", per_class=20, size=700)
     (src / "cat" / "large.bin").write_bytes(np.random.default_rng(2).bytes(5000))
     blockfs.pack(src, tmp_path / "p", block_size=30000, fsync=False)

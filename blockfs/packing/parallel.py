@@ -86,7 +86,8 @@ class _Tally:
 
 
 def _run(
-    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future], finished: Callable[[int, object], None]
+    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future],
+    finished: Callable[[int, object], None],
 ) -> None:
     """Submit blocks 0..n_blocks-1 in order, at most two in flight per worker, and hand each result to
     ``finished`` as it comes; shut ``pool`` down whatever happens."""

@@ -16,6 +16,7 @@ from . import __version__
 from .core.dataset import PackedDataset, open_dataset
 from .errors import BlockfsError
 from .core.index import KIND_DIR, KIND_SYMLINK
+from .packing.options import ORDERS
 from .packing.packer import PackOptions, pack
 from .serve.plan import parse_size
 from .serve.server import OPEN_MODES
@@ -413,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--files-per-block", type=int, default=None, help="at most this many files per block")
     p.add_argument("--labels", default="dirname",
                    help="dirname (ImageFolder: first directory level), none, or a CSV file of path,label")
-    p.add_argument("--order", choices=("shuffled", "directory"), default="shuffled",
+    p.add_argument("--order", choices=ORDERS, default="shuffled",
                    help="files go to blocks in a seeded random order (default) or in directory order")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
     p.add_argument("--workers", type=int, default=None, help="parallel block writers, forked processes on Linux (default: cores)")

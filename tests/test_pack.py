@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import filecmp
+import json
 import logging
 import os
 import signal
@@ -18,8 +19,11 @@ import pytest
 import blockfs
 import blockfs.packing.packer  # noqa: F401  (the package's `pack` attribute is the function)
 from blockfs.core import format as fmt
+from blockfs.core.index import KIND_DIR, KIND_FILE
 from blockfs.errors import NotADatasetError, PackError, SourceError, UnsupportedVersionError
-from blockfs.packing.sources import DirectorySource
+from blockfs.packing import writer as writer_module
+from blockfs.packing.plan import plan_blocks
+from blockfs.packing.sources import DirectorySource, Source, SourceEntry
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import summary, verify
 
@@ -149,9 +153,9 @@ def test_shuffled_order_mixes_classes_and_directory_order_does_not(tmp_path):
 
 def test_plan_blocks():
     sizes = np.array([10, 10, 10, 100, 0, 5, 5])
-    assert pack_module.plan_blocks(sizes, 25).tolist() == [0, 2, 3, 4, 7]
-    assert pack_module.plan_blocks(sizes, 1000, files_per_block=3).tolist() == [0, 3, 6, 7]
-    assert pack_module.plan_blocks(np.array([], dtype=np.int64), 10).tolist() == [0]
+    assert plan_blocks(sizes, 25).tolist() == [0, 2, 3, 4, 7]
+    assert plan_blocks(sizes, 1000, files_per_block=3).tolist() == [0, 3, 6, 7]
+    assert plan_blocks(np.array([], dtype=np.int64), 10).tolist() == [0]
 
 
 def test_empty_source(tmp_path):
@@ -165,7 +169,7 @@ def test_empty_source(tmp_path):
 def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
     monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
-    monkeypatch.setattr(pack_module, "STREAM_PIECE", 1 << 18)
+    monkeypatch.setattr(writer_module, "STREAM_PIECE", 1 << 18)
     data = np.random.default_rng(0).bytes(3 << 20)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "big").write_bytes(data)
@@ -340,7 +344,7 @@ def test_listing_reports_the_entries_found_so_far(tmp_path, monkeypatch):
 
 def test_blocks_larger_than_the_gather_buffer_keep_every_byte(tmp_path, monkeypatch):
     # The buffer is written out each time it fills, and grows for a file larger than itself.
-    monkeypatch.setattr(pack_module, "GATHER_SIZE", 1500)
+    monkeypatch.setattr(writer_module, "GATHER_SIZE", 1500)
     src = _imagefolder_tree(tmp_path / "src", per_class=20, size=700)
     (src / "cat" / "large.bin").write_bytes(np.random.default_rng(2).bytes(5000))
     blockfs.pack(src, tmp_path / "p", block_size=30000, fsync=False)
@@ -386,3 +390,80 @@ def test_follow_symlinks(tmp_path, edge_tree):
     ds = blockfs.open_dataset(tmp_path / "p")
     assert ds.read("class_a/link_rel") == b"hello\n"
     assert ds.listdir("link_to_dir") == ["er"]
+
+
+class _InMemorySource(Source):
+    """A custom source declaring only what a source must: no forkable, no labels, no side files."""
+
+    description = "in-memory test source"
+
+    def __init__(self, files: dict[bytes, bytes]) -> None:
+        self.files = files
+        self.reader_pids: set[int] = set()
+
+    def entries(self):
+        yield SourceEntry(b"", KIND_DIR, 0o40755, 0)
+        for path, data in sorted(self.files.items()):
+            yield SourceEntry(path, KIND_FILE, 0o100644, 1_600_000_000_000_000_000, len(data))
+
+    def read_into(self, entry, buf, offset=0):
+        self.reader_pids.add(os.getpid())
+        data = self.files[entry.path][offset : offset + len(buf)]
+        buf[: len(data)] = data
+        return len(data)
+
+
+def test_a_custom_source_gets_the_base_class_defaults_and_threads(tmp_path, caplog):
+    # Only entries() and read_into() are written; skipped(), damaged(), write_metadata(), forkable and
+    # provides_labels come from Source.  Not forkable: the blocks are written by threads of this process.
+    files = {f"f{i:02d}.bin".encode(): np.random.default_rng(i).bytes(300 + i) for i in range(40)}
+    source = _InMemorySource(files)
+    assert source.forkable is False and source.provides_labels is False
+    with caplog.at_level(logging.WARNING):
+        r = blockfs.pack(source, tmp_path / "p", block_size=1000, workers=4, labels="none")
+    assert source.reader_pids == {os.getpid()}
+    assert r.n_files == 40 and r.n_blocks > 4 and r.skipped_special == [] and r.skipped_damaged == []
+    assert "skipped" not in caplog.text
+    assert "source" not in json.loads((tmp_path / "p" / fmt.METADATA_NAME).read_text())
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        assert verify(ds) == []
+        assert {p: ds.read(p) for p in files} == files
+
+
+def test_a_source_that_does_not_subclass_source_is_refused_with_the_fix(tmp_path):
+    class DuckSource:  # the two methods, but not a Source
+        description = "duck"
+
+        def entries(self):
+            return iter([])
+
+        def read_into(self, entry, buf, offset=0):
+            return 0
+
+    with pytest.raises(TypeError, match="cannot pack a DuckSource.*subclasses blockfs.packing.sources.Source"):
+        blockfs.pack(DuckSource(), tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(TypeError, match="entries"):  # an incomplete subclass fails where it is made
+        type("Half", (Source,), {"read_into": lambda self, e, b, o=0: 0})()
+
+
+def test_a_forkable_custom_source_is_read_in_worker_processes(tmp_path):
+    # The README's contract: a custom source that declares forkable = True gets worker processes.
+    files = {f"f{i:02d}.bin".encode(): bytes([i]) * 500 for i in range(40)}
+
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+
+    class ForkableSource(_InMemorySource):
+        forkable = True
+
+        def read_into(self, entry, buf, offset=0):
+            (pids_dir / str(os.getpid())).touch()  # a child's set would not reach the parent
+            return super().read_into(entry, buf, offset)
+
+    source = ForkableSource(files)
+    blockfs.pack(source, tmp_path / "p", block_size=1000, workers=2, labels="none", fsync=False)
+    readers = {int(p) for p in os.listdir(pids_dir)}
+    assert readers and os.getpid() not in readers
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        assert {p: ds.read(p) for p in files} == files

@@ -1,8 +1,8 @@
 """What ``pack`` reads from: a source lists entries (metadata only) and reads a file's bytes on demand.
 
-A source is anything with ``entries()`` and ``read_into()``; the packer never looks inside it otherwise.
-:class:`DirectorySource` walks a directory tree.  Container formats (tar, RecordIO, ...) are other sources
-with the same two methods.
+A source is a :class:`Source`: it implements ``entries()`` and ``read_into()``, and declares the optional
+features the packer uses; the packer never looks inside it otherwise.  :class:`DirectorySource` walks a
+directory tree.  Container formats (tar, RecordIO, ...) are other subclasses (:mod:`.containers`).
 
 SRC may change while it is packed, by accident or by someone racing the pack.  Without
 ``--follow-symlinks`` nothing outside SRC may be read: the walk lists each directory through a descriptor
@@ -16,9 +16,10 @@ import errno
 import logging
 import os
 import stat
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Iterator
 
 from ..errors import PackError, SourceError
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
@@ -46,19 +47,34 @@ class SourceChangedError(SourceError, OSError):
     """A file or directory of SRC is not the one the walk listed (swapped, or a symlink on its path)."""
 
 
-class Source(Protocol):
-    """The packer's view of its input.
+class Source(ABC):
+    """The packer's view of its input: what every source must do, and what it may offer.
 
-    A source may also set ``forkable = True`` when ``read_into`` works in forked copies of it at once
-    (it only ``pread``s descriptors it opened earlier: no shared file offsets, no locks); the packer then
-    writes blocks in worker processes instead of threads.
+    A subclass must implement :meth:`entries` and :meth:`read_into`, and should set ``description`` (it
+    names the source in error messages).  Everything else has a default that means "not offered", so
+    ``pack`` asks every source the same way instead of probing for attributes:
+
+    - ``forkable = True`` when ``read_into`` works in forked copies of the source at once (it only
+      ``pread``s descriptors it opened earlier, or opens files itself: no shared file offsets, no locks);
+      the packer then writes blocks in worker processes instead of threads.
+    - ``provides_labels = True`` when the entries carry their own labels (RecordIO headers, WebDataset
+      ``.cls``); ``pack`` then keeps them unless told ``--labels none`` or a CSV.
+    - :meth:`skipped`, :meth:`damaged`: what was left out, for one warning each.
+    - :meth:`write_metadata`: side files written into the dataset, and what ``blockfs.json`` records.
+
+    A base class rather than a Protocol so that these defaults live in one place; a class that only
+    has the two methods is refused by ``pack`` with a TypeError that says to subclass this.
     """
 
-    description: str
+    description: str = "a custom source"
+    forkable: bool = False
+    provides_labels: bool = False
 
+    @abstractmethod
     def entries(self) -> Iterator[SourceEntry]:
         """Every entry, parents before children (the root may be omitted)."""
 
+    @abstractmethod
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         """Read ``len(buf)`` bytes of the file from ``offset`` into ``buf``; return how many were read.
 
@@ -67,9 +83,19 @@ class Source(Protocol):
 
     def skipped(self) -> list[bytes]:
         """Paths seen but not packed (sockets, FIFOs, devices), for one warning."""
+        return []
+
+    def damaged(self) -> list[str]:
+        """Damaged parts stepped over (``--skip-damaged``), each naming where, for one warning."""
+        return []
+
+    def write_metadata(self, dest: str, fsync: bool) -> dict | None:
+        """Write side files into ``dest`` before its metadata (fsynced if ``fsync``); return what
+        ``blockfs.json`` records under ``"source"``, or None to record nothing."""
+        return None
 
 
-class DirectorySource:
+class DirectorySource(Source):
     """A directory tree on a local filesystem, walked in sorted (byte) order."""
 
     forkable = True  # read_into opens each file itself, relative to a descriptor of the root

@@ -4,13 +4,11 @@
 the reader from the file's first bytes (not its name): a directory, a RecordIO file, a tar (plain, gzip,
 bzip2 or xz), or — for a list, a glob or a brace range of files — WebDataset shards.
 
-Besides the ``Source`` protocol these sources offer what ``pack`` uses when present:
-
-- ``provides_labels``: True when the container carries labels (RecordIO headers, WebDataset ``.cls``);
-  ``pack`` then keeps them unless told ``--labels none`` or a CSV.
-- ``damaged() -> list[str]``: what ``--skip-damaged`` stepped over, each with its byte offset.
-- ``write_metadata(dest, fsync) -> dict``: writes side files (RecordIO ``labels.json``) into the
-  dataset before its metadata, and returns what ``blockfs.json`` records under ``"source"``.
+Each is a :class:`~blockfs.packing.sources.Source` subclass (through :class:`.base.ListedOnce`) and
+offers the optional features that base class declares: ``forkable`` (they only ``pread`` descriptors
+opened before packing), ``provides_labels`` (RecordIO headers, WebDataset ``.cls``), ``damaged()`` (what
+``--skip-damaged`` stepped over, each with its byte offset) and ``write_metadata()`` (side files such as
+RecordIO's ``labels.json``, and the description ``blockfs.json`` records under ``"source"``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 from ...errors import SourceError
 from ...core.index import KIND_DIR, KIND_FILE
-from ..sources import SourceEntry
+from ..sources import Source, SourceEntry
 
 DIR_MODE = stat.S_IFDIR | 0o755  # directories a container implies but does not list
 FILE_MODE = stat.S_IFREG | 0o644  # files of containers that hold no modes (RecordIO)
@@ -36,8 +36,10 @@ def pread_into(fd: int, buf: memoryview, offset: int) -> int:
     return done
 
 
-class ListedOnce:
+class ListedOnce(Source):
     """A container source whose entries come from one pass over it (``_load``), kept for later calls.
+
+    Every container source derives from this, and so is a :class:`~blockfs.packing.sources.Source`.
 
     The packer asks for the entries once, but a CLI progress bar or a test may ask again: the archive
     is not re-read.

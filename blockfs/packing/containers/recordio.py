@@ -199,13 +199,10 @@ class RecordIOSource(ListedOnce):
         self._full_labels: dict[str, list[float]] = {}
         self._fd = -1
 
-    # --- the Source protocol ---------------------------------------------------------------------
+    # --- the Source interface ---------------------------------------------------------------------
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, RecordEntry)
         return read_payload(partial(pread_into, self._fd), entry.parts, buf, entry.skip + offset)
-
-    def skipped(self) -> list[bytes]:
-        return []
 
     def damaged(self) -> list[str]:
         return list(self._damage.items)

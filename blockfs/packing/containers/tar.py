@@ -54,8 +54,6 @@ class TarSource(ListedOnce):
 
     forkable = True  # read_into only preads descriptors opened before packing starts
 
-    provides_labels = False
-
     def __init__(
         self,
         path: str | os.PathLike,
@@ -77,7 +75,7 @@ class TarSource(ListedOnce):
         self._sparse_tar: tarfile.TarFile | None = None
         self._sparse_pid = 0  # the process that opened _sparse_tar
 
-    # --- the Source protocol ---------------------------------------------------------------------
+    # --- the Source interface --------------------------------------------------------------------
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, TarEntry)
         if entry.sparse is not None:

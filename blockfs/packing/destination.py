@@ -1,0 +1,131 @@
+"""The destination directory's life: claimed with a marker before the first block, the index written
+once every block is on disk, and the metadata file renamed into place last, as the commit.
+
+Crash safety lives here, in one place: the marker ``.blockfs-packing`` exists from the first byte written
+until ``blockfs.json`` is renamed into place, and ``blockfs.json`` is what makes a directory open as a
+dataset.  A killed pack therefore never leaves anything that opens as complete, and a rerun recognises
+the marker and starts over without ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from ..core import format as fmt
+from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
+from ..errors import PackError
+from .options import PackOptions
+
+
+def prepare_dest(src: str | None, dest: str, force: bool) -> None:
+    """Refuse a destination that would lose data, then mark it as a pack in progress."""
+    if src is not None:
+        real_src, real_dest = os.path.realpath(src), os.path.realpath(dest)
+        if real_dest == real_src or real_dest.startswith(real_src.rstrip("/") + "/"):
+            raise PackError(f"destination {dest!r} is inside the source {src!r}: choose a path outside it")
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise PackError(f"destination {dest!r} exists and is not a directory")
+    if os.path.isdir(dest) and os.listdir(dest):
+        ours = os.path.exists(os.path.join(dest, PACKING_MARKER))
+        dataset = os.path.exists(os.path.join(dest, METADATA_NAME))
+        if not ours and not dataset:
+            raise PackError(
+                f"destination {dest!r} is not empty and holds no blockfs dataset: choose an empty or new "
+                "directory (--force only replaces an existing blockfs dataset)"
+            )
+        if dataset and not ours and not force:
+            raise PackError(f"destination {dest!r} already holds a packed dataset: pass --force to replace it")
+    os.makedirs(dest, exist_ok=True)
+    # The marker goes down before anything is removed, so no moment exists where DEST looks complete.
+    open(os.path.join(dest, PACKING_MARKER), "wb").close()
+    for name in (METADATA_NAME, INDEX_NAME):
+        if os.path.exists(os.path.join(dest, name)):
+            os.unlink(os.path.join(dest, name))
+    shutil.rmtree(os.path.join(dest, BLOCKS_DIR), ignore_errors=True)
+    os.makedirs(os.path.join(dest, BLOCKS_DIR))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], n_blocks: int) -> np.ndarray:
+    """Write the index, now that the file CRCs (``crcs``, in plan order) are known; return the block sizes.
+
+    ``plan_pos`` maps each entry of the index to its position in the plan (-1: not a file).  Called once
+    every block is on disk: an index never names a block that a crash could lose.
+    """
+    is_file = plan_pos >= 0
+    file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
+    file_crcs[is_file] = np.asarray(crcs, dtype=np.uint32)[plan_pos[is_file]]
+    block_sizes = np.array([os.path.getsize(block_path(dest, b)) for b in range(n_blocks)], dtype=np.uint64)
+    tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
+    index.write(tmp_index, file_crcs, block_sizes)
+    os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
+    return block_sizes
+
+
+def dataset_metadata(
+    dest: str, cols: IndexColumns, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
+    options: PackOptions,
+) -> dict:
+    """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and how it was packed."""
+    kinds = np.asarray(cols.kind)
+    return {
+        "format": "blockfs",
+        "format_version": fmt.FORMAT_VERSION,
+        "n_entries": len(cols.paths),
+        "n_files": int(np.sum(kinds == KIND_FILE)),
+        "n_dirs": int(np.sum(kinds == KIND_DIR)),
+        "n_symlinks": int(np.sum(kinds == KIND_SYMLINK)),
+        "n_blocks": len(block_sizes),
+        "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
+        "block_bytes": int(block_sizes.sum()),
+        "classes": classes,
+        "index": {"file": INDEX_NAME, "crc32": _file_crc(os.path.join(dest, INDEX_NAME))},
+        "pack": {
+            "block_size": options.block_size,
+            "files_per_block": options.files_per_block,
+            "labels": labels if labels in ("dirname", "none", "source") else "csv",
+            "order": options.order,
+            "seed": options.seed,
+            "follow_symlinks": options.follow_symlinks,
+        },
+    }
+
+
+def commit(dest: str, metadata: dict, fsync: bool) -> None:
+    """Rename ``blockfs.json`` into place and remove the marker: from here on ``dest`` opens as a dataset.
+
+    With ``fsync``, the blocks directory is made durable first, and ``dest`` itself after.
+    """
+    if fsync:
+        _fsync_dir(os.path.join(dest, BLOCKS_DIR))
+    tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
+    with open(tmp_meta, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2, sort_keys=True)
+        f.write("\n")
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp_meta, os.path.join(dest, METADATA_NAME))
+    os.unlink(os.path.join(dest, PACKING_MARKER))
+    if fsync:
+        _fsync_dir(dest)
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while piece := f.read(16 << 20):
+            crc = fmt.crc32(piece, crc)
+    return crc

@@ -1,0 +1,61 @@
+"""What a pack is asked to do (:class:`PackOptions`) and what it reports (:class:`PackResult`).
+
+Apart from the packer's steps so that every step module (the plan, the destination's metadata) can take
+the options without importing the pipeline that calls it, and so the CLI can read the choices from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from ..core import format as fmt
+
+# Blocks of several files use 32-bit offsets (the seed layout); a larger file still gets a block of its own.
+MAX_BLOCK_SIZE = fmt.NARROW_LIMIT
+ORDERS = ("shuffled", "directory")
+
+# (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros
+ProgressCallback = Callable[[int, int, int, int], None]
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack.  Every field has the CLI flag of the same name."""
+
+    block_size: int = 64 << 20
+    files_per_block: int | None = None
+    labels: str = "dirname"  # "dirname", "none", "source", or the path of a CSV of path,label
+    order: str = "shuffled"  # or "directory"
+    seed: int = 0
+    workers: int | None = None  # None: one per core
+    force: bool = False
+    follow_symlinks: bool = False
+    skip_unreadable: bool = False
+    skip_damaged: bool = False  # containers: pack around damaged records/members, listing them
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_size < MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be between 1 byte and 4 GiB, got {self.block_size}")
+        if self.files_per_block is not None and self.files_per_block < 1:
+            raise ValueError(f"files_per_block must be positive, got {self.files_per_block}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be 'shuffled' or 'directory', got {self.order!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be positive, got {self.workers}")
+
+
+@dataclass(frozen=True)
+class PackResult:
+    dest: str
+    n_files: int
+    n_dirs: int
+    n_symlinks: int
+    n_blocks: int
+    file_bytes: int
+    skipped_special: list[str]
+    skipped_unreadable: list[str]
+    seconds: float
+    skipped_damaged: list[str] = dataclasses.field(default_factory=list)

@@ -1,0 +1,127 @@
+"""Running the block writers side by side: forked worker processes where the source allows it, threads
+otherwise, with memory bounded, progress reported and the CRCs gathered in plan order.
+
+Apart from :mod:`.writer` (what one block is) because this is about scheduling only: which pool, how many
+blocks in flight, what a dead worker means, and what the calling process does meanwhile (with processes
+it is idle, so it prepares the index then; see :func:`write_blocks`).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, ThreadPoolExecutor, wait
+from typing import Callable, TypeVar
+
+import numpy as np
+
+from ..errors import PackError
+from .forking import forked_pool
+from .options import ProgressCallback
+from .plan import BlockPlan
+from .writer import BlockWriter
+
+T = TypeVar("T")
+
+
+def write_blocks(
+    writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T]
+) -> tuple[list[int], T]:
+    """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC of each stored
+    file, in plan order, and what ``meanwhile()`` returned.
+
+    Forked processes where the source allows it (see :mod:`blockfs.packing.forking`), threads otherwise.
+    With processes, ``meanwhile`` runs on a thread of this otherwise idle process while they write; with
+    threads it runs after them (on the GIL it would only slow them down).
+    """
+    workers = max(1, min(workers, plan.n_blocks))
+    pool = None
+    if workers > 1 and writer.source.forkable:
+        pool = forked_pool(workers, _start_forked_writer, (writer, plan))
+    tally = _Tally(plan, progress)
+    if pool is None:
+        threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
+        _run(threads, workers, plan.n_blocks, lambda b: threads.submit(writer.write, b, plan.files_of(b)), tally.add)
+        return tally.crcs, meanwhile()
+    # Created now, its thread only at the first submit: after the workers are forked.
+    side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile")
+    early: list[Future] = []
+
+    def submit(block: int) -> Future:
+        written = pool.submit(_write_forked, block)
+        if not early:  # the workers are forked by now: no thread of ours is copied into them
+            early.append(side.submit(meanwhile))
+        return written
+
+    def finished(block: int, result: tuple[list[int], list[bytes]]) -> None:
+        crcs, unreadable = result
+        writer.written_elsewhere(block, unreadable)
+        tally.add(block, crcs)
+
+    try:
+        _run(pool, workers, plan.n_blocks, submit, finished)
+    finally:
+        side.shutdown(wait=True)
+    return tally.crcs, early[0].result()
+
+
+class _Tally:
+    """The CRCs of the blocks written so far, in plan order, and the progress reports as blocks finish."""
+
+    def __init__(self, plan: BlockPlan, progress: ProgressCallback | None) -> None:
+        self.crcs = [0] * len(plan.stored)
+        self._bounds = plan.bounds
+        self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if len(plan.stored) else []
+        self._total_bytes = sum(self._block_bytes)
+        self._progress = progress
+        self._files = self._bytes = 0
+        if progress is not None:
+            progress(0, 0, len(self.crcs), self._total_bytes)
+
+    def add(self, block: int, crcs: list[int]) -> None:
+        lo, hi = int(self._bounds[block]), int(self._bounds[block + 1])
+        self.crcs[lo:hi] = crcs
+        self._files += hi - lo
+        self._bytes += self._block_bytes[block]
+        if self._progress is not None:
+            self._progress(self._files, self._bytes, len(self.crcs), self._total_bytes)
+
+
+def _run(
+    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future],
+    finished: Callable[[int, object], None],
+) -> None:
+    """Submit blocks 0..n_blocks-1 in order, at most two in flight per worker, and hand each result to
+    ``finished`` as it comes; shut ``pool`` down whatever happens."""
+    try:
+        pending: dict[Future, int] = {}
+        for b in range(n_blocks):
+            pending[submit(b)] = b
+            # Bound memory: at most two blocks in flight per worker; drain at the end.
+            while pending and (len(pending) >= 2 * workers or b == n_blocks - 1):
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    block = pending.pop(fut)
+                    finished(block, fut.result())
+    except BrokenExecutor as e:  # a worker process died
+        raise PackError(f"a pack worker process died ({e}); was it killed for memory? retry with --workers 1") from e
+    finally:
+        # On an error, wait for the blocks being written (so nothing writes into dest after we return),
+        # and drop the rest.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# The forked worker's job, inherited from the parent at fork: (its writer, the plan).
+_forked_job: tuple[BlockWriter, BlockPlan] | None = None
+
+
+def _start_forked_writer(writer: BlockWriter, plan: BlockPlan) -> None:
+    global _forked_job
+    _forked_job = (writer.for_child(), plan)
+
+
+def _write_forked(block: int) -> tuple[list[int], list[bytes]]:
+    """In a worker process: write ``block``; return its CRCs and the files found unreadable."""
+    assert _forked_job is not None
+    writer, plan = _forked_job
+    seen = len(writer.unreadable)
+    crcs = writer.write(block, plan.files_of(block))
+    return crcs, writer.unreadable[seen:]

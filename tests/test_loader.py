@@ -33,6 +33,7 @@ from blockfs.loader.order import batch_class_entropy, block_shuffled_order, glob
 from blockfs.core.unpack import unpack
 from conftest import has_fuse, require
 from mountutil import mounted
+from polling import wait_until
 
 pytestmark = pytest.mark.torch
 REPO = Path(__file__).resolve().parent.parent
@@ -429,9 +430,7 @@ class PrefetchListener:
             self.announcements.append([int(x) for x in data.split()])
 
     def wait(self, count: int) -> None:
-        deadline = time.monotonic() + 5
-        while len(self.announcements) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(self.announcements) >= count, f"{count} prefetch announcements")
 
     def close(self) -> None:
         self.server.close()

@@ -63,23 +63,25 @@ else
 fi
 
 # --- torch, CPU build, before the project ------------------------------------------------------------
-if ! "$VPY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+# Versions are read from the installed metadata: importing torch takes seconds.
+version_of() { "$VPY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true; }
+if [ "$(version_of torch | cut -d+ -f1)" != "$TORCH_VERSION" ]; then
   say "installing torch==$TORCH_VERSION (CPU build) into .venv"
   "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+  "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
+    die "pip installed a CUDA build of torch; point it at the CPU wheels (PIP_INDEX_URL=https://download.pytorch.org/whl/cpu), then: rm -rf .venv && bash tools/setup.sh"
 fi
-"$VPY" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
-  die "the torch in .venv is a CUDA build; point pip at the CPU wheels (PIP_INDEX_URL=https://download.pytorch.org/whl/cpu), then: rm -rf .venv && bash tools/setup.sh"
 
 # --- blockfs, editable, with its extras --------------------------------------------------------------
 # Reinstall when an import fails, when blockfs in .venv comes from another checkout, or when
 # pyproject.toml changed since the last install (a new dependency).
-stamp=$VENV/.blockfs-pyproject
+stamp=$VENV/.blockfs-pyproject here=$PWD
 if ! cmp -s pyproject.toml "$stamp" ||
-   ! (cd / && "$VPY" -c "import blockfs, torch, PIL, hypothesis, pytest, fuse, mfusepy, numpy, os, sys
-sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$PWD") 2>/dev/null; then
+   ! (cd / && "$VPY" -c "import blockfs, PIL, hypothesis, pytest, fuse, mfusepy, numpy, os, sys
+sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$here") 2>/dev/null; then
   say "installing blockfs (editable) and its torch and test extras into .venv"
   "$VPY" -m pip install -q -e ".[torch,test]"
   cp pyproject.toml "$stamp"
 fi
-say "ready: $("$VPY" -c 'import blockfs, torch; print("blockfs", blockfs.__version__, "torch", torch.__version__)') in .venv" \
+say "ready: blockfs $(version_of blockfs), torch $(version_of torch) in .venv" \
     "(run .venv/bin/blockfs, or source .venv/bin/activate)"

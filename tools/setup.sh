@@ -45,12 +45,12 @@ same_base() {  # is .venv built on $PYTHON?  (only asked when PYTHON was given)
 if venv_works && { [ -z "$PYTHON_GIVEN" ] || same_base; }; then
   :  # already there
 else
-  command -v "$PYTHON" >/dev/null 2>&1 || die "no '$PYTHON' on PATH: install Python >= 3.10, or set PYTHON=/path/to/python3"
+  version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) ||
+    die "cannot run '$PYTHON': install Python >= 3.10, or set PYTHON=/path/to/python3"
   "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-    die "$("$PYTHON" -V 2>&1) is too old: blockfs needs Python >= 3.10 (set PYTHON=/path/to/python3.10+)"
+    die "$PYTHON is Python $version: blockfs needs Python >= 3.10 (set PYTHON=/path/to/python3.10+)"
   # Debian and Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
   if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     packages=(python3-venv)
     if apt-cache show "python$version-venv" >/dev/null 2>&1; then packages+=("python$version-venv"); fi
     apt_install "${packages[@]}"
@@ -65,11 +65,17 @@ fi
 # --- torch, CPU build, before the project ------------------------------------------------------------
 # Versions are read from the installed metadata: importing torch takes seconds.
 version_of() { "$VPY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true; }
-if [ "$(version_of torch | cut -d+ -f1)" != "$TORCH_VERSION" ]; then
-  say "installing torch==$TORCH_VERSION (CPU build) into .venv"
-  "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+# On Linux, PyPI's torch is the CUDA build: ask for the CPU build by its local version (+cpu), which
+# only PyTorch's CPU index (or a local wheel) has, so pip fails rather than fetch CUDA wheels.
+torch_want=$TORCH_VERSION torch_from=()
+if [ "$(uname -s)" = Linux ]; then
+  torch_want=$TORCH_VERSION+cpu torch_from=(--extra-index-url "${BLOCKFS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
+fi
+if [ "$(version_of torch)" != "$torch_want" ]; then
+  say "installing torch==$torch_want (CPU build) into .venv"
+  "$VPY" -m pip install -q "torch==$torch_want" "${torch_from[@]}"
   "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
-    die "pip installed a CUDA build of torch; point it at the CPU wheels (PIP_INDEX_URL=https://download.pytorch.org/whl/cpu), then: rm -rf .venv && bash tools/setup.sh"
+    die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi
 
 # --- blockfs, editable, with its extras --------------------------------------------------------------

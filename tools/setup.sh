@@ -38,8 +38,8 @@ if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 # --- the virtual environment -------------------------------------------------------------------------
 venv_works() { [ -x "$VPY" ] && "$VPY" -c 'import pip' >/dev/null 2>&1; }
 same_base() {  # is .venv built on $PYTHON?  (only asked when PYTHON was given)
-  [ "$("$VPY" -c 'import os, sys; print(os.path.realpath(sys._base_executable))')" = \
-    "$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))')" ]
+  [ "$("$VPY" -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null)" = \
+    "$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null)" ]
 }
 
 if venv_works && { [ -z "$PYTHON_GIVEN" ] || same_base; }; then

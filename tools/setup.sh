@@ -73,7 +73,10 @@ if [ "$(uname -s)" = Linux ]; then
 fi
 if [ "$(version_of torch)" != "$torch_want" ]; then
   say "installing torch==$torch_want (CPU build) into .venv"
-  "$VPY" -m pip install -q "torch==$torch_want" "${torch_from[@]}"
+  # torch alone from the CPU index, then its dependencies from the usual one (an unreachable CPU index
+  # then costs one lookup, not one per dependency).
+  "$VPY" -m pip install -q --no-deps "torch==$torch_want" "${torch_from[@]}"
+  "$VPY" -m pip install -q "torch==$torch_want"
   "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi

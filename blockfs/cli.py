@@ -399,11 +399,29 @@ def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-retain", action="store_true", help="no retained files: the whole budget caches blocks")
 
 
+DESCRIPTION = """\
+Pack a dataset of many small files into a few large block files plus an index, and serve it back
+read-only over FUSE as the original tree, byte for byte. Training scripts and ordinary tools read it
+unchanged, while storage sees whole blocks read sequentially instead of a seek per file.
+
+a typical session:
+  blockfs pack ~/data/imagenet /fast/imagenet.bf     pack a tree (or a tar, RecordIO, WebDataset)
+  blockfs plan /fast/imagenet.bf --cache-size 32GiB  what a memory budget will keep resident
+  blockfs mount /fast/imagenet.bf /mnt/imagenet      serve it (in the background)
+  python train.py /mnt/imagenet                      any program reads the files as before
+  blockfs stats /mnt/imagenet                        hits, misses and storage reads so far
+  blockfs umount /mnt/imagenet
+
+`blockfs COMMAND --help` lists a command's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blockfs", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="blockfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"blockfs {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
     p.add_argument("src", nargs="+", metavar="SOURCE",

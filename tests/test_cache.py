@@ -10,7 +10,6 @@ import logging
 import os
 import random
 import threading
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.core import format as fmt
 from blockfs.errors import BlockReadError, CorruptBlockError
 from blockfs.serve.policies import POLICIES
+from polling import wait_until
 
 
 def _tree(root, files=240, seed=0, sizes=(1000, 5000)) -> dict[str, bytes]:
@@ -154,9 +154,7 @@ def test_reads_in_block_order_load_the_next_blocks_ahead(packed):
         for block in range(3):  # three blocks in order...
             for name in ds.files_in_block(block):
                 assert ds.read(name) == contents[os.fsdecode(name)]
-        deadline = time.monotonic() + 10
-        while not {3, 4} <= set(cache._blocks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: {3, 4} <= set(cache._blocks), "read-ahead to load blocks 3 and 4")
         assert {3, 4} <= set(cache._blocks) and 5 not in cache._blocks  # ...and the next two arrive unasked
         assert cache.stats()["counters"]["readahead_loads"] == 2
         for name in block_order(ds):
@@ -308,10 +306,8 @@ def test_prefill_loads_what_fits_in_order_without_any_read(packed):
     ds, cache = open_cached(dest, budget)
     try:
         cache.start_prefill()
-        deadline = time.monotonic() + 10
-        while cache.stats()["counters"]["prefill_loads"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
+        # A load is counted when it starts: wait for the blocks themselves, not for the counter.
+        wait_until(lambda: {0, 1, 2} <= set(cache._blocks), "prefill to load blocks 0, 1 and 2")
         s = cache.stats()
         assert s["counters"]["reads"] == 0 and s["counters"]["prefill_loads"] >= 3
         assert {0, 1, 2} <= set(cache._blocks) and s["cache"]["used_bytes"] <= budget

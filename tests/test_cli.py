@@ -79,3 +79,19 @@ def test_refusals_exit_2_with_a_one_line_reason(tmp_path, edge_tree, packed, cap
     assert main([a.format(**fill) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_describes_the_program_and_lists_every_command(capsys):
+    from blockfs.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    description, commands = out.split("\ncommands:\n")
+    assert "FUSE" in description and "blockfs pack" in description and "blockfs mount" in description
+    assert "module" not in description  # a user's description, not the developer docstring
+    names = build_parser()._subparsers._group_actions[0].choices
+    assert {"pack", "mount", "umount", "stats", "verify"} <= set(names)
+    listed = {line.split()[0] for line in commands.splitlines() if line.startswith("    ") and line.split()}
+    assert set(names) <= listed

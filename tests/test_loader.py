@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -33,6 +32,7 @@ from blockfs.loader.order import batch_class_entropy, block_shuffled_order, glob
 from blockfs.core.unpack import unpack
 from conftest import has_fuse, require
 from mountutil import mounted
+from polling import wait_until
 
 pytestmark = pytest.mark.torch
 REPO = Path(__file__).resolve().parent.parent
@@ -291,11 +291,10 @@ def test_equal_shape_samples_are_stacked_and_ragged_ones_stay_lists(bl, tiny):
     assert isinstance(fields[0], torch.Tensor) and isinstance(fields[1], list)
 
 
-def test_cuda_without_cuda_warns_once_and_runs_on_the_cpu(bl, tiny):
+def test_cuda_without_cuda_warns_once_and_runs_on_the_cpu(bl, tiny, monkeypatch):
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where there is a GPU: no skip
     with pytest.warns(RuntimeWarning, match="CUDA is not available") as caught:
         loader = bl.BlockLoader(tiny / "mnt", B, size_and_first_byte, "cuda")
         samples, labels, _ = next(iter(loader))
@@ -429,9 +428,7 @@ class PrefetchListener:
             self.announcements.append([int(x) for x in data.split()])
 
     def wait(self, count: int) -> None:
-        deadline = time.monotonic() + 5
-        while len(self.announcements) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(self.announcements) >= count, f"{count} prefetch announcements")
 
     def close(self) -> None:
         self.server.close()
@@ -561,12 +558,11 @@ def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learn
 
 @pytest.mark.slow
 def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
-    start = time.monotonic()
     out = tmp_path / "ddp.json"
+    # The timeout only catches two ranks waiting on each other for ever; it is not a speed claim.
     run_example("ddp_train.py", tiny / "mnt", "--world-size", "2", "--epochs", "2", "--batch-size", "16",
-                "--workers", "1", "--importance", "0.5", "--warmup", "1", "--out", out, timeout=60)  # fmt: skip
+                "--workers", "1", "--importance", "0.5", "--warmup", "1", "--out", out, timeout=120)  # fmt: skip
     result = json.loads(out.read_text())
-    assert time.monotonic() - start < 60
     ranks = result["ranks"]
     assert len(ranks) == 2
     assert ranks[0]["steps"] == ranks[1]["steps"] > 0
@@ -604,9 +600,9 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
             stats = loader.mount.stats()
         expected, got = interrupted(make, epoch=1, stop=6)
         assert got == expected
-        started = time.monotonic()
-    # The loaders are closed, so nothing holds the mount: it unmounts at once.
-    assert time.monotonic() - started < 5
+        # The loaders are closed, so nothing holds the mount: a plain (not lazy) unmount succeeds at once.
+        done = subprocess.run([shutil.which("fusermount3") or "fusermount", "-u", str(m.path)], capture_output=True)
+        assert done.returncode == 0, done.stderr
     # Block order: each block was read from storage once, the rest were memory hits.
     assert stats["counters"]["block_loads"] == 30
     if share:  # every block handed over as shared memory (once per worker); files do not go through FUSE

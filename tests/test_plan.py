@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -223,14 +222,14 @@ def test_default_plan_meets_the_target_at_twice_the_budget():
         assert file_rate >= 1.3 * byte_rate
 
 
-def test_a_million_files_are_planned_quickly():
+def test_a_million_files_are_planned_within_the_budget():
+    # How fast: tools/bench_plan.py (a ratio to one argsort of the sizes).
     sizes = np.random.default_rng(3).lognormal(np.log(100_000), 1.5, 1_000_000).astype(np.int64)
     budget = int(sizes.sum()) // 3
     for strategy in ("most-files", "threshold"):
-        started = time.perf_counter()
         plan = make_memory_plan(sizes, budget, strategy=strategy)
-        assert time.perf_counter() - started < 5  # a smoke check of vectorisation; timing lives in tools/
         assert 0 < plan.retained_files < sizes.size
+        assert int(sizes[plan.retained].sum()) == plan.retained_bytes <= budget
 
 
 @pytest.mark.parametrize(

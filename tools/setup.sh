@@ -1,34 +1,96 @@
 #!/usr/bin/env bash
 # Install everything blockfs needs on a fresh Debian/Ubuntu machine: the FUSE libraries (libfuse 3 and
-# libfuse 2), PyTorch's CPU build (before the project, so pip never pulls CUDA wheels), and blockfs with
-# its test and loader extras.  Safe to run again: each step is skipped when already done.
+# libfuse 2) system-wide, and a virtual environment in the checkout (.venv) holding PyTorch's CPU build
+# (installed before the project, so pip never pulls CUDA wheels) and blockfs, editable, with its torch and
+# test extras.  Everything Python goes into .venv because a distribution's own python3 refuses `pip
+# install` (PEP 668, Debian 12 and Ubuntu 23.04 on) and may have no pip at all.
+#
+#   bash tools/setup.sh                        # base interpreter: python3 on PATH
+#   PYTHON=/opt/python3.12/bin/python3 bash tools/setup.sh   # any Python >= 3.10; rebuilds .venv with it
+#
+# Safe to run again: each step is skipped when already done.  Afterwards: .venv/bin/blockfs, or
+# `source .venv/bin/activate` and then `blockfs`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PYTHON_GIVEN=${PYTHON:+yes}
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${BLOCKFS_TORCH_VERSION:-2.13.0}
+VENV=$PWD/.venv
+VPY=$VENV/bin/python
 
+say() { echo "setup: $*"; }
+die() { echo "setup: error: $*" >&2; exit 1; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || die "$* missing and no apt-get here: install them with your package manager"
+  say "installing $* (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 
+# --- system packages: FUSE ---------------------------------------------------------------------------
 missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 ldconfig -p 2>/dev/null | grep 'libfuse\.so\.2' >/dev/null || missing+=(libfuse2)  # no grep -q: pipefail + SIGPIPE
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]} (apt-get)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
+# --- the virtual environment -------------------------------------------------------------------------
+venv_works() { [ -x "$VPY" ] && "$VPY" -c 'import pip' >/dev/null 2>&1; }
+same_base() {  # is .venv built on $PYTHON?  (only asked when PYTHON was given)
+  [ "$("$VPY" -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null)" = \
+    "$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null)" ]
+}
+
+if venv_works && { [ -z "$PYTHON_GIVEN" ] || same_base; }; then
+  :  # already there
+else
+  version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) ||
+    die "cannot run '$PYTHON': install Python >= 3.10, or set PYTHON=/path/to/python3"
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+    die "$PYTHON is Python $version: blockfs needs Python >= 3.10 (set PYTHON=/path/to/python3.10+)"
+  # Debian and Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
+  if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    packages=(python3-venv)
+    if apt-cache show "python$version-venv" >/dev/null 2>&1; then packages+=("python$version-venv"); fi
+    apt_install "${packages[@]}"
+    "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+      die "$PYTHON has no working venv module (ensurepip missing): install its venv package, or set PYTHON to another Python >= 3.10"
+  fi
+  if [ -e "$VENV" ]; then say "rebuilding .venv with $PYTHON"; rm -rf "$VENV"; fi
+  say "creating .venv with $("$PYTHON" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+  "$PYTHON" -m venv "$VENV"
 fi
 
-if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-  echo "setup: installing torch==$TORCH_VERSION (CPU build)"
-  "$PYTHON" -m pip install -q "torch==$TORCH_VERSION"
+# --- torch, CPU build, before the project ------------------------------------------------------------
+# Versions are read from the installed metadata: importing torch takes seconds.
+version_of() { "$VPY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true; }
+# On Linux, PyPI's torch is the CUDA build: ask for the CPU build by its local version (+cpu), which
+# only PyTorch's CPU index (or a local wheel) has, so pip fails rather than fetch CUDA wheels.
+torch_want=$TORCH_VERSION torch_from=()
+if [ "$(uname -s)" = Linux ]; then
+  torch_want=$TORCH_VERSION+cpu torch_from=(--extra-index-url "${BLOCKFS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
+fi
+if [ "$(version_of torch)" != "$torch_want" ]; then
+  say "installing torch==$torch_want (CPU build) into .venv"
+  # torch alone from the CPU index, then its dependencies from the usual one (an unreachable CPU index
+  # then costs one lookup, not one per dependency).
+  "$VPY" -m pip install -q --no-deps "torch==$torch_want" "${torch_from[@]}"
+  "$VPY" -m pip install -q "torch==$torch_want"
+  "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
+    die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi
 
-# Reinstall when blockfs is missing, or installed from another checkout than this one.
-here=$PWD
-if ! (cd / && "$PYTHON" -c "import blockfs, hypothesis, PIL, fuse, mfusepy, os, sys
+# --- blockfs, editable, with its extras --------------------------------------------------------------
+# Reinstall when an import fails, when blockfs in .venv comes from another checkout, or when
+# pyproject.toml changed since the last install (a new dependency).
+stamp=$VENV/.blockfs-pyproject here=$PWD
+if ! cmp -s pyproject.toml "$stamp" ||
+   ! (cd / && "$VPY" -c "import blockfs, PIL, hypothesis, pytest, fuse, mfusepy, numpy, os, sys
 sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$here") 2>/dev/null; then
-  echo "setup: installing blockfs and its test extras"
-  "$PYTHON" -m pip install -q -e ".[torch,test]"
+  say "installing blockfs (editable) and its torch and test extras into .venv"
+  "$VPY" -m pip install -q -e ".[torch,test]"
+  cp pyproject.toml "$stamp"
 fi
-echo "setup: ready ($("$PYTHON" -c 'import blockfs, torch; print("blockfs", blockfs.__version__, "torch", torch.__version__)'))"
+say "ready: blockfs $(version_of blockfs), torch $(version_of torch) in .venv" \
+    "(run .venv/bin/blockfs, or source .venv/bin/activate)"

@@ -1,0 +1,70 @@
+"""The suite's own rules: under CI (BLOCKFS_REQUIRE_ALL=1) nothing skips and property tests are
+derandomized; waiting polls with a timeout (tests/polling.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from polling import wait_until
+
+HERE = Path(__file__).resolve().parent
+
+PROBE = """
+import pytest
+from hypothesis import given, settings, strategies as st
+
+@pytest.mark.skipif(True, reason="a capability this machine lacks")
+def test_marked_skip():
+    pass
+
+def test_skip_in_the_body():
+    pytest.skip("no such device")
+
+@settings(max_examples=5)
+@given(st.integers())
+def test_profile(x):
+    print("derandomize", settings.default.derandomize, "deadline", settings.default.deadline)
+    assert settings().deadline is None and settings().derandomize == (__import__("os").environ.get("BLOCKFS_REQUIRE_ALL") == "1")
+"""
+
+
+def run_probe(tmp_path: Path, require_all: bool) -> subprocess.CompletedProcess:
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "BLOCKFS_REQUIRE_ALL"}
+    if require_all:
+        env["BLOCKFS_REQUIRE_ALL"] = "1"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(tmp_path)]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_without_require_all_capability_skips_skip(tmp_path):
+    done = run_probe(tmp_path, require_all=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 2 skipped" in done.stdout
+
+
+def test_require_all_turns_every_skip_into_a_failure_and_derandomizes(tmp_path):
+    done = run_probe(tmp_path, require_all=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    # A skipif mark skips in setup, so it shows as an error; a skip in the body as a failure.
+    assert "1 failed, 1 passed, 1 error" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    assert "a capability this machine lacks" in done.stdout and "no such device" in done.stdout
+
+
+def test_wait_until_returns_the_first_true_value_as_soon_as_it_comes():
+    ready = threading.Event()
+    threading.Timer(0.05, ready.set).start()
+    assert wait_until(lambda: ready.is_set() and "ready", "the timer") == "ready"
+
+
+def test_wait_until_fails_naming_what_never_happened():
+    with pytest.raises(AssertionError, match="timed out after 0.05 s waiting for the impossible"):
+        wait_until(lambda: False, "the impossible", timeout=0.05)

@@ -33,6 +33,7 @@ from blockfs.core.index import PackedIndex
 from blockfs.serve.process import control_dir, is_mounted, read_stats
 from conftest import has_fuse, has_torch, make_edge_tree, require
 from mountutil import BINDINGS, mounted, release
+from polling import wait_until
 
 pytestmark = pytest.mark.fuse
 REPO = Path(__file__).resolve().parent.parent
@@ -481,8 +482,8 @@ def test_damaged_blocks_fail_their_files_with_eio_and_the_mount_stays_up(tmp_pat
                 else:
                     assert open(path, "rb").read() == open(os.path.join(src, rel), "rb").read(), rel
         assert is_mounted(m.path)
-        time.sleep(0.2)
-        log = m.log_text()
+        # The server logs from its own threads: wait for the four lines, then check there is no fifth.
+        log = wait_until(lambda: (t := m.log_text()).count("EIO") >= 4 and t, "four EIO log lines")
     lines = [line for line in log.splitlines() if "EIO" in line]
     assert len(lines) == 4, log
     for block, kind in zip((1, 2, 3, 4), ("data", "header", "truncated", "missing")):
@@ -587,8 +588,8 @@ def test_block_files_read_through_the_control_directory(tmp_path):
         for name in ("0", "00000000x", f"{len(raw):08d}"):
             assert not os.path.exists(os.path.join(blocks, name)), name
         assert is_mounted(m.path)
-        time.sleep(0.2)
-        log = m.log_text()
+        # The server logs from its own threads: wait for the four lines, then check there is no fifth.
+        log = wait_until(lambda: (t := m.log_text()).count("EIO") >= 4 and t, "four EIO log lines")
     lines = [line for line in log.splitlines() if "EIO" in line]
     assert len(lines) == 4, log
     data_line = next(x for x in lines if "block 1 " in x)

@@ -27,6 +27,7 @@ import pytest
 
 import blockfs
 from blockfs import cli
+from blockfs.cli.output import human
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
@@ -706,7 +707,7 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
         budget = capsys.readouterr().out.split("memory plan: cache ")[1].split(" (")[0]
         stats = read_stats(tmp_path / "mnt")
         assert stats["mount"]["open_mode"] == "keep_cache" and stats["mount"]["dest"] == str(tmp_path / "packed")
-        assert cli._human(stats["plan"]["budget_bytes"]) == budget
+        assert human(stats["plan"]["budget_bytes"]) == budget
         with pytest.raises(OSError):  # --no-share: no share socket
             os.getxattr(control_dir(tmp_path / "mnt"), "user.blockfs.share")
         assert "open keep_cache" in (tmp_path / "mount.log").read_text()

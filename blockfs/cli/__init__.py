@@ -1,0 +1,192 @@
+"""The ``blockfs`` command: the parser, and ``main``.  The only package that prints, exits or configures
+logging; each command lives in :mod:`.dataset_commands` or :mod:`.mount_commands`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import sys
+from typing import Sequence
+
+from .. import __version__
+from ..errors import BlockfsError
+from ..packing.options import ORDERS
+from ..serve.server import OPEN_MODES
+
+from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_verify
+from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
+
+log = logging.getLogger("blockfs")
+
+def _memory_arguments(p: argparse.ArgumentParser) -> None:
+    """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
+    from ..serve.plan import STRATEGIES
+
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
+                        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
+    budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
+
+    p.add_argument("--retain-strategy", choices=STRATEGIES, default=None,
+                   help="which files stay in memory after their first read when the dataset does not fit: "
+                        "most-files (the default: as many as fit, smallest first) or threshold")
+    p.add_argument("--retain-threshold", metavar="SIZE|auto", default=None,
+                   help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)")
+    p.add_argument("--no-retain", action="store_true", help="no retained files: the whole budget caches blocks")
+
+
+DESCRIPTION = """\
+Pack a dataset of many small files into a few large block files plus an index, and serve it back
+read-only over FUSE as the original tree, byte for byte. Training scripts and ordinary tools read it
+unchanged, while storage sees whole blocks read sequentially instead of a seek per file.
+
+a typical session:
+  blockfs pack ~/data/imagenet /fast/imagenet.bf     pack a tree (or a tar, RecordIO, WebDataset)
+  blockfs plan /fast/imagenet.bf --cache-size 32GiB  what a memory budget will keep resident
+  blockfs mount /fast/imagenet.bf /mnt/imagenet      serve it (in the background)
+  python train.py /mnt/imagenet                      any program reads the files as before
+  blockfs stats /mnt/imagenet                        hits, misses and storage reads so far
+  blockfs umount /mnt/imagenet
+
+`blockfs COMMAND --help` lists a command's options."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blockfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"blockfs {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
+    p.add_argument("src", nargs="+", metavar="SOURCE",
+                   help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, or WebDataset shards "
+                        "(several files, a quoted glob or a {000..009} range)")
+    p.add_argument("dest", help="new directory for the packed dataset")
+    p.add_argument("--block-size", default="64MiB", help="target bytes per block (default 64MiB)")
+    p.add_argument("--files-per-block", type=int, default=None, help="at most this many files per block")
+    p.add_argument("--labels", default="dirname",
+                   help="dirname (ImageFolder: first directory level), none, or a CSV file of path,label")
+    p.add_argument("--order", choices=ORDERS, default="shuffled",
+                   help="files go to blocks in a seeded random order (default) or in directory order")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
+    p.add_argument("--workers", type=int, default=None, help="parallel block writers, forked processes on Linux (default: cores)")
+    p.add_argument("--force", action="store_true", help="replace an existing packed dataset at DEST")
+    p.add_argument("--follow-symlinks", action="store_true", help="pack what links point to, not the links")
+    p.add_argument("--skip-unreadable", action="store_true", help="list and skip unreadable files instead of stopping")
+    p.add_argument("--skip-damaged", action="store_true",
+                   help="pack around damaged records or tar members (listing them) instead of stopping")
+    p.add_argument("--no-fsync", action="store_true", help="do not fsync blocks (faster; unsafe on power loss)")
+    p.set_defaults(func=cmd_pack)
+
+    p = sub.add_parser("info", help="counts, bytes, blocks and labels of a packed dataset")
+    p.add_argument("dest")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("verify", help="check every checksum; exit 1 naming each bad block and its files")
+    p.add_argument("dest")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("ls", help="list a directory of a packed dataset like ls -l")
+    p.add_argument("dest")
+    p.add_argument("path", nargs="?", default="")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("cat", help="write one file's bytes to stdout")
+    p.add_argument("dest")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_cat)
+
+    p = sub.add_parser("unpack", help="write the packed tree back out (exact inverse of pack)")
+    p.add_argument("dest")
+    p.add_argument("out")
+    p.set_defaults(func=cmd_unpack)
+
+    p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
+    p.add_argument("dest", help="the packed dataset")
+    _memory_arguments(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
+    p.add_argument("dest", help="the packed dataset")
+    p.add_argument("mountpoint", help="an empty directory")
+    _memory_arguments(p)
+    p.add_argument("--preload", action="store_true", help="read what the plan keeps before serving")
+    p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
+                   help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")
+    p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
+    p.add_argument("--allow-other", action="store_true", help="let other users see the mount (FUSE allow_other)")
+    p.add_argument("-o", action="append", metavar="FUSE_OPTIONS", help="extra libfuse options, comma-separated")
+    p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
+    p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
+    tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
+    tuning.add_argument("--open-mode", choices=OPEN_MODES,
+                        default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "
+                        "libfuse 3; targets: only the files the memory plan retains)")
+    tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
+    tuning.add_argument("--readahead", type=int, default=2, help="blocks loaded ahead of reads in block order")
+    tuning.add_argument("--no-prefill", action="store_true",
+                        help="load blocks only when read (default: fill the budget in the background from mount on)")
+    tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
+    tuning.add_argument("--no-share", action="store_true", help="do not hand cached blocks to loaders on this "
+                        "machine as shared memory (they then read every file through FUSE)")
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", help="unmount a blockfs mount (also one whose server was killed)")
+    p.add_argument("mountpoint")
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser("stats", help="live statistics of a mount: hits, misses, storage reads, cache fill")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true", help="machine-readable (with --watch: one line per sample)")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between --watch samples (default 1)")
+    p.set_defaults(func=cmd_stats)
+    return parser
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports POLLERR on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness: not a pipe of ours
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error)."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # a background mount re-runs it in the serving process
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="blockfs: %(levelname)s: %(message)s" if args.verbose else "blockfs: %(message)s",
+    )
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return status
+    except (BlockfsError, ValueError, OSError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_gone():
+            # `blockfs ls ds | head -1`: the reader has what it wanted.  Quietly, as ls does; stdout is
+            # pointed at /dev/null so the interpreter's last flush cannot complain (Python docs, "Note
+            # on SIGPIPE").  A broken pipe of the command's own is an error like any other.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if args.verbose:
+            log.exception("failed")
+        print(f"blockfs {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"blockfs {args.command}: interrupted", file=sys.stderr)
+        return 130

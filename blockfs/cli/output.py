@@ -1,0 +1,24 @@
+"""How the command line shows sizes and progress to people."""
+
+from __future__ import annotations
+
+import sys
+
+
+def progress_bar(total: int | None, unit: str, desc: str):
+    """A tqdm bar on a terminal (a counter when ``total`` is None); None (quiet) when stderr is not one."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    divisor = 1024 if unit == "B" else 1000
+    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=divisor, desc=desc, dynamic_ncols=True)
+
+
+def human(n: float) -> str:
+    """A size in powers of 1024, short: ``"9.5 GiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

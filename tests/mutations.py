@@ -1,0 +1,503 @@
+"""Mutations of a small packed dataset, and the invariant every reader must keep under them (issue 17).
+
+Shared by the property tests (``tests/test_hostile_mutations.py``, a few derandomized examples per family)
+and the fuzzer (``tools/fuzz_dataset.py``, thousands): both draw a mutation from a ``random.Random``, apply
+it to a fresh copy of a pristine pack, and run every reader on it. Hypothesis hands the tests a
+``Random`` it controls (``st.randoms``), so both find the same kinds of damage from one code path.
+
+The invariant, for ``info``, ``ls``, ``cat`` (every file), ``verify`` and ``unpack`` run in-process
+through ``blockfs.cli.main``: the command succeeds and what it gives is the source's (exact bytes), or it
+fails with exit status 1 or 2 and one line on stderr, no traceback; ``unpack`` writes nothing outside
+OUT; no reader runs longer than :data:`READER_LIMIT_S`.
+
+Two kinds of family: in an *authentic* one the index is the packer's or is refused by its CRC (index
+bytes not re-signed, metadata, blocks), so a success must give back the source exactly, modes, times
+and links included, and ``verify`` saying ok means every file reads back. In a *forged* one the index
+was edited and re-signed by someone who knows the format: names, modes and times are then whatever the
+forger wrote, and what is checked is what no forger may cause: wrong bytes under a source file's path,
+anything written outside OUT, a traceback or a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import stat
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from indexutil import read_toc, resign
+
+import blockfs
+from blockfs import cli
+from blockfs.core import format as fmt
+
+READER_LIMIT_S = 20  # a reader of this tiny pack taking longer is hung (issue 17 #7)
+BLOCK_SIZE = 600  # several blocks from a tree of a few dozen small files
+
+
+# --- the tree and its packs -------------------------------------------------------------------------
+def make_small_tree(root: Path) -> Path:
+    """A few dozen files in three class directories, one symlink, one hard link and an empty directory."""
+    rnd = random.Random(17)
+    for c in range(3):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for i in range(9):
+            (d / f"f{i:02d}.bin").write_bytes(rnd.randbytes(rnd.choice((0, 1, 7, 60, 200, 450))))
+    (root / "class0" / "empty.bin").write_bytes(b"")
+    (root / "top.txt").write_bytes(b"not in a class\n")
+    os.symlink("f01.bin", root / "class1" / "link")
+    os.link(root / "class2" / "f03.bin", root / "class0" / "hard.bin")
+    (root / "empty_dir").mkdir()
+    return root
+
+
+@dataclass
+class Pristine:
+    """A source tree, its pack, and another pack of the same tree (whose blocks are foreign to the first)."""
+
+    src: Path
+    pack: Path
+    other: Path
+    files: dict[bytes, bytes] = field(default_factory=dict)  # relative path -> bytes, regular files
+    snapshot: dict = field(default_factory=dict)  # conftest.tree_snapshot of src
+
+
+def make_pristine(root: Path) -> Pristine:
+    from conftest import tree_snapshot
+
+    src = make_small_tree(root / "src")
+    blockfs.pack(src, root / "pack", block_size=BLOCK_SIZE, seed=0, fsync=False)
+    blockfs.pack(src, root / "other", block_size=BLOCK_SIZE, seed=1, fsync=False)
+    p = Pristine(src, root / "pack", root / "other", snapshot=tree_snapshot(src))
+    for rel, ((kind, data), _mode, _mtime) in ((k, v) for k, v in p.snapshot.items() if k != "hardlink groups"):
+        if kind == "file":
+            p.files[rel] = data
+    n_blocks = len(os.listdir(p.pack / fmt.BLOCKS_DIR))
+    assert n_blocks >= 4 and n_blocks == len(os.listdir(p.other / fmt.BLOCKS_DIR)), n_blocks
+    return p
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a scratch directory; unpack restores modes, so a directory in it may be read-only."""
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            if not os.path.islink(os.path.join(dirpath, d)):
+                os.chmod(os.path.join(dirpath, d), 0o700)
+    shutil.rmtree(path)
+
+
+def fresh_copy(p: Pristine, work: Path) -> Path:
+    dest = work / "ds"
+    shutil.copytree(p.pack, dest)
+    return dest
+
+
+# --- mutations ---------------------------------------------------------------------------------------
+# Each takes the copy to damage and a Random, damages it, and returns what it did (a reproduction).
+INTERESTING_INTS = (0, 1, 2, 3, 7, 0x7F, 0x80, 0xFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1, 2**62, 2**63, 2**64 - 1)
+
+
+def _poke(path: Path, rnd: random.Random, lo: int, hi: int) -> str:
+    """Damage bytes [lo, hi) of a file: flip a bit, set a byte, or write an interesting little-endian word."""
+    raw = bytearray(path.read_bytes())
+    hi = min(hi, len(raw))
+    if hi <= lo:
+        return f"{path.name}: nothing in [{lo}, {hi})"
+    pos = rnd.randrange(lo, hi)
+    how = rnd.randrange(3)
+    if how == 0:
+        bit = rnd.randrange(8)
+        raw[pos] ^= 1 << bit
+        what = f"flip bit {bit} at {pos}"
+    elif how == 1:
+        value = rnd.randrange(256)
+        raw[pos] = value
+        what = f"byte {value} at {pos}"
+    else:
+        width = rnd.choice((4, 8))
+        value = rnd.choice(INTERESTING_INTS) % (1 << (8 * width))
+        word = value.to_bytes(width, "little")[: len(raw) - pos]
+        raw[pos : pos + len(word)] = word
+        what = f"u{8 * width} {value} at {pos}"
+    path.write_bytes(bytes(raw))
+    return f"{path.name}: {what}"
+
+
+def _index_bytes(dest: Path, rnd: random.Random) -> list[str]:
+    index = dest / fmt.INDEX_NAME
+    _toc, toc_len = read_toc(index)
+    steps = []
+    for _ in range(rnd.randint(1, 3)):
+        head = rnd.random() < 0.3  # the fixed header and the table of contents, else the arrays
+        lo, hi = (0, 16 + toc_len) if head else (16 + toc_len, index.stat().st_size)
+        steps.append(_poke(index, rnd, lo, hi))
+    return steps
+
+
+def mutate_index_resigned(dest: Path, rnd: random.Random) -> list[str]:
+    steps = _index_bytes(dest, rnd)
+    resign(dest)
+    return steps + ["re-signed"]
+
+
+def mutate_index_unsigned(dest: Path, rnd: random.Random) -> list[str]:
+    return _index_bytes(dest, rnd)
+
+
+ODD_VALUES = (None, [], {}, "", "x", -1, 0, 1, 1.5, 2**31, 2**64, True, "8", [1, 2], {"a": 1})
+DTYPES = ("xyz", 5, None, "|u1", "<u2", "<u4", "<i4", "<u8", "<i8", ">u4", ">u8", "<f8", "S4", "O", "V8", "<M8[ns]", [])
+
+
+def _toc_edit(toc: dict, rnd: random.Random) -> str:
+    arrays = toc.get("arrays")
+    names = sorted(arrays) if isinstance(arrays, dict) else []
+    what = rnd.randrange(9) if names else 8
+    if what < 5:
+        name = rnd.choice(names)
+        spec = arrays[name]
+        if what == 0:
+            spec[0] = rnd.choice(DTYPES)
+            return f"{name} dtype = {spec[0]!r}"
+        if what in (1, 2):
+            i = what  # 1 = offset, 2 = count
+            old = spec[i]
+            spec[i] = rnd.choice((old + rnd.choice((-64, -8, -1, 1, 8, 64)), *ODD_VALUES, 2**40))
+            return f"{name} {'offset' if i == 1 else 'count'} {old} -> {spec[i]!r}"
+        if what == 3:
+            arrays[name] = rnd.choice((spec[:2], spec + [0], "x", None, {}))
+            return f"{name} spec = {arrays[name]!r}"
+        other = rnd.choice(names)
+        arrays[name], arrays[other] = arrays[other], spec
+        return f"swap specs of {name} and {other}"
+    if what == 5:
+        name = rnd.choice(names)
+        new = rnd.choice(("", "x", name.upper(), rnd.choice(names) + "_"))
+        arrays[new] = arrays.pop(name)
+        return f"rename array {name} -> {new!r}"
+    if what == 6:
+        name = rnd.choice(names)
+        del arrays[name]
+        return f"delete array {name}"
+    if what == 7:
+        old = toc.get("n_entries")
+        toc["n_entries"] = rnd.choice((old + 1 if isinstance(old, int) else 0, old - 1 if isinstance(old, int) else 0,
+                                       *ODD_VALUES))  # fmt: skip
+        return f"n_entries {old!r} -> {toc['n_entries']!r}"
+    key = rnd.choice(("arrays", "n_entries", "extra"))
+    toc[key] = rnd.choice(ODD_VALUES)
+    return f"toc[{key!r}] = {toc[key]!r}"
+
+
+def mutate_toc(dest: Path, rnd: random.Random) -> list[str]:
+    """Edit fields of the index's table of contents (re-signed: only the schema checks can see it)."""
+    index = dest / fmt.INDEX_NAME
+    toc, toc_len = read_toc(index)
+    steps = [_toc_edit(toc, rnd) for _ in range(rnd.randint(1, 2))]
+    text = json.dumps(toc).encode()
+    if len(text) > toc_len:  # cannot happen with these edits on this tree: the room has slack
+        raise AssertionError(f"edited table of contents does not fit: {steps}")
+    raw = bytearray(index.read_bytes())
+    raw[16 : 16 + toc_len] = text.ljust(toc_len)
+    index.write_bytes(bytes(raw))
+    resign(dest)
+    return steps + ["re-signed"]
+
+
+META_PLAUSIBLE = {
+    "format_version": (0, 2, 99),
+    "format": ("blockfs2", "tar"),
+    "n_blocks": "count",
+    "n_entries": "count",
+    "n_files": "count",
+    "n_dirs": "count",
+    "n_symlinks": "count",
+    "file_bytes": "count",
+    "block_bytes": "count",
+    "classes": (["class0"], ["class0", "class1"], ["a", "b", "c", "d"], [1, 2, 3], ["class0", None, "x"]),
+    "index.file": ("../index.bfi", "/etc/hostname", "blocks/00000000.blk", "blockfs.json"),
+    "index.crc32": "crc",
+    "pack.block_size": (0, 1, -5),
+    "pack.files_per_block": (0, -1, 1),
+    "pack.seed": (1, -1),
+}
+
+
+def mutate_metadata(dest: Path, rnd: random.Random) -> list[str]:
+    """Edit blockfs.json: a field deleted, given the wrong type, or a plausible wrong value; or the whole file."""
+    path = dest / fmt.METADATA_NAME
+    meta = json.loads(path.read_text())
+    if rnd.random() < 0.08:
+        text = path.read_text()
+        cut = rnd.randrange(len(text))
+        path.write_text(text[:cut] if rnd.random() < 0.5 else rnd.choice(("[]", "null", "1", '"x"', "{}")))
+        return [f"blockfs.json cut to {cut} bytes or replaced"]
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        keys = [k for k in meta] + [f"{k}.{sub}" for k in ("index", "pack") if isinstance(meta.get(k), dict)
+                                    for sub in meta[k]]  # fmt: skip
+        key = rnd.choice(keys)
+        obj, leaf = (meta[key.split(".")[0]], key.split(".")[1]) if "." in key else (meta, key)
+        old = obj[leaf]
+        how = rnd.randrange(3)
+        if how == 0:
+            del obj[leaf]
+            steps.append(f"delete {key}")
+            continue
+        plausible = META_PLAUSIBLE.get(key)
+        if how == 1 and plausible == "count" and isinstance(old, int):
+            obj[leaf] = old + rnd.choice((-1, 1, 2**32))
+        elif how == 1 and plausible == "crc" and isinstance(old, int):
+            obj[leaf] = old ^ (1 << rnd.randrange(32))
+        elif how == 1 and isinstance(plausible, tuple):
+            obj[leaf] = rnd.choice(plausible)
+        else:
+            obj[leaf] = rnd.choice(ODD_VALUES)
+        steps.append(f"{key}: {old!r} -> {obj[leaf]!r}")
+    path.write_text(json.dumps(meta))
+    return steps
+
+
+def _block_regions(block: Path) -> dict[str, tuple[int, int]]:
+    raw = block.read_bytes()
+    n = int.from_bytes(raw[32:36], "little")
+    wide = bool(int.from_bytes(raw[10:12], "little") & fmt.FLAG_WIDE)
+    word = 8 if wide else 4
+    offsets = 36
+    sizes = offsets + word * n
+    labels = sizes + word * n
+    data = labels + 4 * n
+    return {"preamble": (0, 32), "count": (32, 36), "offsets": (offsets, sizes), "sizes": (sizes, labels),
+            "labels": (labels, data), "data": (data, len(raw))}  # fmt: skip
+
+
+def _pick_block(dest: Path, rnd: random.Random) -> Path:
+    return rnd.choice(sorted((dest / fmt.BLOCKS_DIR).iterdir()))
+
+
+def mutate_block_header(dest: Path, rnd: random.Random) -> list[str]:
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        block = _pick_block(dest, rnd)
+        region = rnd.choice(("preamble", "count", "offsets", "sizes", "labels"))
+        lo, hi = _block_regions(block)[region]
+        steps.append(f"{region}: " + _poke(block, rnd, lo, hi))
+    return steps
+
+
+def mutate_block_data(dest: Path, rnd: random.Random) -> list[str]:
+    steps = []
+    for _ in range(rnd.randint(1, 3)):
+        block = _pick_block(dest, rnd)
+        lo, hi = _block_regions(block)["data"]
+        steps.append("data: " + _poke(block, rnd, lo, hi))
+    return steps
+
+
+def mutate_block_length(dest: Path, rnd: random.Random) -> list[str]:
+    """A block file truncated, grown or missing."""
+    block = _pick_block(dest, rnd)
+    size = block.stat().st_size
+    how = rnd.randrange(4)
+    if how == 3:
+        block.unlink()
+        return [f"{block.name}: deleted"]
+    if how == 2:
+        extra = rnd.randint(1, 64)
+        with open(block, "ab") as f:
+            f.write(bytes(rnd.randrange(256) for _ in range(extra)))
+        return [f"{block.name}: {extra} bytes appended"]
+    new = rnd.choice((0, rnd.randrange(size), size - 1, 31, 35))
+    os.truncate(block, min(new, size - 1))
+    return [f"{block.name}: truncated to {min(new, size - 1)} of {size}"]
+
+
+def mutate_block_foreign(dest: Path, rnd: random.Random, other: Path) -> list[str]:
+    """A block replaced by the block of the same number from another pack of the same tree."""
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        block = _pick_block(dest, rnd)
+        shutil.copyfile(other / fmt.BLOCKS_DIR / block.name, block)
+        steps.append(f"{block.name}: replaced by {other.name}'s")
+    return steps
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    mutate: Callable[[Path, random.Random, Pristine], list[str]]
+    authentic: bool  # the index is the packer's, or refused by its CRC
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("index-bytes-resigned", lambda d, r, p: mutate_index_resigned(d, r), authentic=False),
+        Family("index-bytes-unsigned", lambda d, r, p: mutate_index_unsigned(d, r), authentic=True),
+        Family("toc-fields", lambda d, r, p: mutate_toc(d, r), authentic=False),
+        Family("metadata-fields", lambda d, r, p: mutate_metadata(d, r), authentic=True),
+        Family("block-header", lambda d, r, p: mutate_block_header(d, r), authentic=True),
+        Family("block-data", lambda d, r, p: mutate_block_data(d, r), authentic=True),
+        Family("block-length", lambda d, r, p: mutate_block_length(d, r), authentic=True),
+        Family("block-foreign", lambda d, r, p: mutate_block_foreign(d, r, p.other), authentic=True),
+    )
+}
+
+
+# --- the invariant -----------------------------------------------------------------------------------
+class Hung(BaseException):
+    """A reader ran past READER_LIMIT_S (BaseException: the CLI must not turn it into a clean error)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    def expire(signum, frame):
+        raise Hung(f"no answer in {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@dataclass
+class Outcome:
+    rc: int
+    out: bytes
+    err: str
+
+
+@functools.cache
+def _parser():
+    return _build_parser()
+
+
+_build_parser = cli.build_parser
+
+
+def run_cli(*argv: str | os.PathLike) -> Outcome:
+    """``blockfs.cli.main(argv)`` in this process, its stdout and stderr (log records included) captured."""
+    out, err = io.BytesIO(), io.StringIO()
+    stdout = io.TextIOWrapper(out, write_through=True)
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("blockfs: %(message)s"))
+    root = logging.getLogger()
+    saved = sys.stdout, sys.stderr, root.handlers[:], root.level
+    sys.stdout, sys.stderr = stdout, err
+    root.handlers[:] = [handler]  # the CLI's basicConfig is then a no-op; what it would log is on err
+    root.setLevel(logging.INFO)
+    cli.build_parser = _parser  # argparse's set-up costs more than a read of this tiny pack; parsing is pure
+    try:
+        with _time_limit(READER_LIMIT_S):
+            rc = cli.main([os.fsdecode(a) for a in argv])
+    except SystemExit as e:  # argparse
+        rc = e.code if isinstance(e.code, int) else 2
+    except Exception:  # noqa: BLE001 - escaped the CLI: the traceback a user would see, reported as a violation
+        rc = -1
+        err.write(traceback.format_exc())
+    finally:
+        sys.stdout, sys.stderr, root.handlers[:], level = saved
+        cli.build_parser = _build_parser
+        root.setLevel(level)
+    return Outcome(rc, out.getvalue(), err.getvalue())
+
+
+def _clean_failure(what: str, o: Outcome) -> list[str]:
+    lines = o.err.strip().splitlines()
+    if o.rc not in (1, 2):
+        return [f"{what}: exit status {o.rc}: {o.err.strip()[:300]!r}"]
+    if "Traceback" in o.err or (o.rc == 2 and len(lines) != 1) or len(lines) > 1:
+        return [f"{what}: exit {o.rc} without a one-line error: {o.err[:600]!r}"]
+    return []
+
+
+def _walk(root: Path) -> dict[bytes, tuple[str, object]]:
+    """Relative path -> (kind, bytes or link target) of everything under root."""
+    found = {}
+    top = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            rel = os.path.relpath(path, top)
+            if stat.S_ISLNK(st.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    found[rel] = ("file", f.read())
+            else:
+                found[rel] = ("dir" if stat.S_ISDIR(st.st_mode) else "other", None)
+    return found
+
+
+class _Judge:
+    """Collects violations and outcomes: a success is checked by ``ok``, a failure must be clean."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.tally = {"exact": 0, "error": 0}
+
+    def __call__(self, what: str, o: Outcome, ok: Callable[[Outcome], list[str]] = lambda o: []) -> bool:
+        if o.rc != 0:
+            self.problems.extend(_clean_failure(what, o))
+            self.tally["error"] += 1
+            return False
+        found = ok(o)
+        self.problems.extend(found)
+        key = "wrong" if found else "exact"
+        self.tally[key] = self.tally.get(key, 0) + 1
+        return not found
+
+
+def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool) -> tuple[list[str], dict[str, int]]:
+    """Run every reader on ``dest``; return the invariant's violations and a count of outcomes."""
+    judge = _Judge()
+    judge("info", run_cli("info", dest))
+    judge("ls", run_cli("ls", dest))
+    cats_ok = True
+    for rel, data in sorted(p.files.items()):
+        def same(o: Outcome, rel: bytes = rel, data: bytes = data) -> list[str]:
+            return [] if o.out == data else [f"cat {rel!r}: exit 0, {len(o.out)} wrong bytes ({len(data)} expected)"]
+
+        cats_ok &= judge(f"cat {rel!r}", run_cli("cat", dest, rel), same)
+    verified = judge("verify", run_cli("verify", dest))
+    unpacked = _check_unpack(p, dest, work, authentic, judge)
+    if authentic and verified and not (cats_ok and unpacked):
+        judge.problems.append("verify said ok, but a file did not read back")
+    return judge.problems, judge.tally
+
+
+def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _Judge) -> bool:
+    """Unpack into ``work/out`` next to a sentinel directory: nothing may change outside OUT, and no file
+    under a source path may hold other bytes (a failed unpack may leave one it had just created empty)."""
+    from conftest import tree_snapshot
+
+    out, sentinel = work / "out", work / "sentinel"
+    sentinel.mkdir()
+    (sentinel / "victim").write_bytes(b"keep")
+    before = sorted(os.listdir(work))
+    o = run_cli("unpack", dest, out)
+    if sorted(set(os.listdir(work)) - {"out"}) != before or _walk(sentinel) != {b"victim": ("file", b"keep")}:
+        judge.problems.append(f"unpack wrote outside OUT: {sorted(os.listdir(work))}, {_walk(sentinel)}")
+    for rel, (kind, data) in (_walk(out) if out.exists() else {}).items():
+        source = p.files.get(rel)
+        if kind == "file" and source is not None and data != source and not (o.rc != 0 and data == b""):
+            judge.problems.append(f"unpack wrote wrong bytes to {rel!r}")
+        if authentic and rel not in p.snapshot:
+            judge.problems.append(f"unpack made {rel!r}, which the source does not have")
+    return judge("unpack", o, lambda o: [] if not authentic or tree_snapshot(out) == p.snapshot else
+                 ["unpack: exit 0 but the tree differs from the source"])  # fmt: skip

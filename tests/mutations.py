@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from indexutil import read_toc, resign
 
 import blockfs
@@ -72,6 +73,12 @@ class Pristine:
     other: Path
     files: dict[bytes, bytes] = field(default_factory=dict)  # relative path -> bytes, regular files
     snapshot: dict = field(default_factory=dict)  # conftest.tree_snapshot of src
+    dirs: list[bytes] = field(default_factory=list)  # b"" (the root) and every directory under it
+
+    @property
+    def readers(self) -> int:
+        """Reader runs per mutation: info, plan, ls of each directory, cat of each file, verify, unpack."""
+        return 4 + len(self.dirs) + len(self.files)
 
 
 def make_pristine(root: Path) -> Pristine:
@@ -84,6 +91,9 @@ def make_pristine(root: Path) -> Pristine:
     for rel, ((kind, data), _mode, _mtime) in ((k, v) for k, v in p.snapshot.items() if k != "hardlink groups"):
         if kind == "file":
             p.files[rel] = data
+        elif kind == "dir":
+            p.dirs.append(rel)
+    p.dirs.insert(0, b"")
     n_blocks = len(os.listdir(p.pack / fmt.BLOCKS_DIR))
     assert n_blocks >= 4 and n_blocks == len(os.listdir(p.other / fmt.BLOCKS_DIR)), n_blocks
     return p
@@ -154,6 +164,29 @@ def mutate_index_resigned(dest: Path, rnd: random.Random) -> list[str]:
 
 def mutate_index_unsigned(dest: Path, rnd: random.Random) -> list[str]:
     return _index_bytes(dest, rnd)
+
+
+def mutate_index_arrays(dest: Path, rnd: random.Random) -> list[str]:
+    """Set one element of a chosen array (any column, uniformly: a byte flip lands mostly in the big ones)
+    to a nearby or an extreme value, and re-sign."""
+    index = dest / fmt.INDEX_NAME
+    toc, _ = read_toc(index)
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        name = rnd.choice(sorted(n for n, spec in toc["arrays"].items() if spec[2] > 0))
+        dtype, offset, count = toc["arrays"][name]
+        i = rnd.randrange(count)
+        info = np.iinfo(np.dtype(dtype))
+        raw = bytearray(index.read_bytes())
+        a = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)  # a writable view of raw
+        old = int(a[i])
+        new = rnd.choice((old + 1, old - 1, old ^ (1 << rnd.randrange(info.bits)), 0, info.max, info.min,
+                          info.max // 2 + 1, rnd.randint(info.min, info.max)))  # fmt: skip
+        a[i] = min(max(new, info.min), info.max)
+        index.write_bytes(bytes(raw))
+        steps.append(f"{name}[{i}] {old} -> {int(a[i])}")
+    resign(dest)
+    return steps + ["re-signed"]
 
 
 ODD_VALUES = (None, [], {}, "", "x", -1, 0, 1, 1.5, 2**31, 2**64, True, "8", [1, 2], {"a": 1})
@@ -296,6 +329,34 @@ def mutate_block_header(dest: Path, rnd: random.Random) -> list[str]:
     return steps
 
 
+def resign_block_header(block: Path) -> str:
+    """Recompute a block's header checksum, as a forger who knows the format would: what the header CRC
+    no longer catches, the checks against the index must."""
+    raw = bytearray(block.read_bytes())
+    if len(raw) < fmt.PREAMBLE_SIZE + 4:
+        return "too short to re-sign"
+    pre = np.frombuffer(bytes(raw[: fmt.PREAMBLE_SIZE]), dtype=fmt.PREAMBLE_DTYPE)[0]
+    count = int.from_bytes(raw[32:36], "little")
+    start = fmt.header_size(count, bool(int(pre["flags"]) & fmt.FLAG_WIDE), min(int(pre["data_size"]), 1 << 40))
+    if start > len(raw):
+        return "header longer than the file: not re-signed"
+    raw[12:16] = fmt.crc32(bytes(raw[16:start]), fmt.crc32(bytes(raw[:12]))).to_bytes(4, "little")
+    block.write_bytes(bytes(raw))
+    return "header re-signed"
+
+
+def mutate_block_header_resigned(dest: Path, rnd: random.Random) -> list[str]:
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        block = _pick_block(dest, rnd)
+        region = rnd.choice(("preamble", "count", "offsets", "sizes", "labels"))
+        lo, hi = _block_regions(block)[region]
+        if region == "preamble":
+            lo = 16  # past the header CRC, which is re-computed
+        steps.append(f"{region}: " + _poke(block, rnd, lo, hi) + "; " + resign_block_header(block))
+    return steps
+
+
 def mutate_block_data(dest: Path, rnd: random.Random) -> list[str]:
     steps = []
     for _ in range(rnd.randint(1, 3)):
@@ -345,9 +406,11 @@ FAMILIES = {
     for f in (
         Family("index-bytes-resigned", lambda d, r, p: mutate_index_resigned(d, r), authentic=False),
         Family("index-bytes-unsigned", lambda d, r, p: mutate_index_unsigned(d, r), authentic=True),
+        Family("index-arrays-resigned", lambda d, r, p: mutate_index_arrays(d, r), authentic=False),
         Family("toc-fields", lambda d, r, p: mutate_toc(d, r), authentic=False),
         Family("metadata-fields", lambda d, r, p: mutate_metadata(d, r), authentic=True),
         Family("block-header", lambda d, r, p: mutate_block_header(d, r), authentic=True),
+        Family("block-header-resigned", lambda d, r, p: mutate_block_header_resigned(d, r), authentic=True),
         Family("block-data", lambda d, r, p: mutate_block_data(d, r), authentic=True),
         Family("block-length", lambda d, r, p: mutate_block_length(d, r), authentic=True),
         Family("block-foreign", lambda d, r, p: mutate_block_foreign(d, r, p.other), authentic=True),
@@ -464,10 +527,12 @@ class _Judge:
 
 
 def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool) -> tuple[list[str], dict[str, int]]:
-    """Run every reader on ``dest``; return the invariant's violations and a count of outcomes."""
+    """Run every reader (:attr:`Pristine.readers` runs) on ``dest``; return the invariant's violations and a count of outcomes."""
     judge = _Judge()
     judge("info", run_cli("info", dest))
-    judge("ls", run_cli("ls", dest))
+    judge("plan", run_cli("plan", dest))
+    for directory in p.dirs:
+        judge(f"ls {directory!r}", run_cli("ls", dest, directory))
     cats_ok = True
     for rel, data in sorted(p.files.items()):
         def same(o: Outcome, rel: bytes = rel, data: bytes = data) -> list[str]:

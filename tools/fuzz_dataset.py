@@ -75,8 +75,8 @@ def _run(p: Pristine, families: list[str], args: argparse.Namespace, scratch: Pa
     per_family = max(1, args.mutations // len(families))
     started = time.monotonic()
     violations = 0
-    print(f"{per_family} mutations per family, seed {args.seed}; reads per mutation: info, ls, "
-          f"cat x{len(p.files)}, verify, unpack")  # fmt: skip
+    print(f"{per_family} mutations per family, seed {args.seed}; {p.readers} reader runs per mutation: info, plan, "
+          f"ls x{len(p.dirs)}, cat x{len(p.files)}, verify, unpack")  # fmt: skip
     print(f"{'family':<22} {'mutations':>9} {'exact/ok':>9} {'errors':>8} {'violations':>10} {'seconds':>8}")
     for family in families:
         t0 = time.monotonic()

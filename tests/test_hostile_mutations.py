@@ -20,6 +20,7 @@ import pytest
 from conftest import has_fuse, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from indexutil import entry_of, rewrite_index
 from mountutil import mounted
 from mutations import (
     FAMILIES,
@@ -34,8 +35,10 @@ from mutations import (
     remove_tree,
 )
 
+from blockfs import cli
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
+from blockfs.errors import CorruptBlockError
 
 EXAMPLES_PER_FAMILY = 20  # ~0.1-0.2 s each; tools/fuzz_dataset.py runs thousands
 
@@ -260,3 +263,30 @@ def test_a_real_mount_answers_exact_bytes_or_eio_under_block_damage_and_stays_up
         log = m.log_text()
     assert counts["eio"] > 0 and counts["exact"] > 0, (steps, counts)
     _eio_lines(log, damaged)
+
+
+# --- regressions the mutations found -------------------------------------------------------------------
+def test_a_forged_zero_size_is_checked_against_the_block_by_cat_and_unpack(pristine, tmp_path, capsys):
+    """index-arrays-resigned #307 (seed 0): a file's size set to 0 in a re-signed index made ``cat`` print
+    nothing and exit 0 (and ``unpack`` write an empty file): a read of no bytes never looked at the block."""
+
+    dest = fresh_copy(pristine, tmp_path)
+    rel = next(r for r, data in sorted(pristine.files.items()) if data)
+    rewrite_index(dest, lambda a: a["size"].__setitem__(entry_of(a, rel), 0))
+    with PackedDataset(dest) as ds:
+        with pytest.raises(CorruptBlockError, match="the index says 0"):
+            list(ds.read_pieces(ds.lookup(rel)))
+        empty = next(r for r, data in sorted(pristine.files.items()) if not data)
+        assert list(ds.read_pieces(ds.lookup(empty))) == []  # a file that is empty still reads as empty
+    for argv in (["cat", dest, rel], ["unpack", dest, tmp_path / "out"]):
+        assert cli.main([os.fsdecode(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "the index says 0" in err, err
+
+
+def test_mutation_index_arrays_resigned_307_keeps_the_invariant(pristine, tmp_path):
+    dest = fresh_copy(pristine, tmp_path)
+    steps = FAMILIES["index-arrays-resigned"].mutate(dest, random.Random("0:index-arrays-resigned:307"), pristine)
+    assert steps[0] == "size[12] 450 -> 0", steps  # the mutation that found it
+    assert check_readers(pristine, dest, tmp_path, authentic=False)[0] == []
+

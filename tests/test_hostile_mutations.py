@@ -290,3 +290,23 @@ def test_mutation_index_arrays_resigned_307_keeps_the_invariant(pristine, tmp_pa
     assert steps[0] == "size[12] 450 -> 0", steps  # the mutation that found it
     assert check_readers(pristine, dest, tmp_path, authentic=False)[0] == []
 
+
+
+def test_a_forged_zero_size_fails_through_the_mount(pristine, tmp_path):
+    """The same forged size through a real mount: the kernel never reads a file of size 0, so the size
+    is checked against the block when the file is looked up; a file that is empty still opens empty."""
+    require(has_fuse(), "/dev/fuse")
+    dest = fresh_copy(pristine, tmp_path)
+    rel = next(r for r, data in sorted(pristine.files.items()) if data)
+    empty = next(r for r, data in sorted(pristine.files.items()) if not data)
+    rewrite_index(dest, lambda a: a["size"].__setitem__(entry_of(a, rel), 0))
+    with mounted(dest, tmp_path / "mnt", "--open-mode", "none") as m:
+        mnt = os.fsencode(m.path)
+        os.listdir(os.path.join(mnt, os.path.dirname(rel)))  # a listing first: its attributes must not count
+        with pytest.raises(OSError) as raised, open(os.path.join(mnt, rel), "rb") as f:
+            f.read()
+        assert raised.value.errno == errno.EIO
+        with open(os.path.join(mnt, empty), "rb") as f:
+            assert f.read() == b""
+        log = m.log_text()
+    assert "Traceback" not in log and len([x for x in log.splitlines() if "EIO" in x]) == 1, log

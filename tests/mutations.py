@@ -195,7 +195,9 @@ DTYPES = ("xyz", 5, None, "|u1", "<u2", "<u4", "<i4", "<u8", "<i8", ">u4", ">u8"
 
 def _toc_edit(toc: dict, rnd: random.Random) -> str:
     arrays = toc.get("arrays")
-    names = sorted(arrays) if isinstance(arrays, dict) else []
+    # Arrays whose spec is still [dtype, offset, count] (an earlier edit may have broken one).
+    specs = arrays.items() if isinstance(arrays, dict) else ()
+    names = sorted(n for n, v in specs if isinstance(v, list) and len(v) == 3)
     what = rnd.randrange(9) if names else 8
     if what < 5:
         name = rnd.choice(names)
@@ -206,7 +208,8 @@ def _toc_edit(toc: dict, rnd: random.Random) -> str:
         if what in (1, 2):
             i = what  # 1 = offset, 2 = count
             old = spec[i]
-            spec[i] = rnd.choice((old + rnd.choice((-64, -8, -1, 1, 8, 64)), *ODD_VALUES, 2**40))
+            near = old + rnd.choice((-64, -8, -1, 1, 8, 64)) if type(old) is int else 0
+            spec[i] = rnd.choice((near, *ODD_VALUES, 2**40))
             return f"{name} {'offset' if i == 1 else 'count'} {old} -> {spec[i]!r}"
         if what == 3:
             arrays[name] = rnd.choice((spec[:2], spec + [0], "x", None, {}))

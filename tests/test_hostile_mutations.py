@@ -1,9 +1,9 @@
 """Property tests (issue 17): under any mutation of a small pack, every reader gives the source's exact
 bytes or a one-line error, writes nothing outside OUT, never hangs; the mount answers EIO and stays up.
 
-The mutation families and the invariant are in ``mutations.py``, shared with ``tools/fuzz_dataset.py``,
-which runs thousands of them; here each family gets a few examples (derandomized under the CI profile,
-see conftest.py), each on a fresh copy of one pristine pack.
+The mutation families and the invariant are in ``mutations.py`` and ``invariant.py``, shared with
+``tools/fuzz_dataset.py``, which runs thousands of them; here each family gets a few examples
+(derandomized under the CI profile, see conftest.py), each on a fresh copy of one pristine pack.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from conftest import has_fuse, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from indexutil import entry_of, rewrite_index
+from invariant import check_readers
 from mountutil import mounted
 from mutations import (
     FAMILIES,
     Pristine,
-    check_readers,
     fresh_copy,
     make_pristine,
     mutate_block_data,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Fuzz every reader of a packed dataset with thousands of mutations (issue 17).
 
-The mutation families and the invariant are ``tests/mutations.py``'s, the same the property tests run a
-derandomized handful of: this runs many more. Mutation ``i`` of a run is drawn from
-``random.Random(f"{seed}:{i}")`` and applied to a fresh copy of one pristine pack, so a violation is
+The mutation families and the invariant are ``tests/mutations.py`` and ``tests/invariant.py``, the same
+the property tests run a derandomized handful of: this runs many more. Mutation ``i`` of a family is
+drawn from ``random.Random(f"{seed}:{family}:{i}")`` and applied to a fresh copy of one pristine pack, so a violation is
 reproduced by its family and number alone::
 
     python3 tools/fuzz_dataset.py --mutations 3000 --seed 0
@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
+from invariant import check_readers
 from mutations import (
     FAMILIES,
     Pristine,
-    check_readers,
     fresh_copy,
     make_pristine,
     remove_tree,

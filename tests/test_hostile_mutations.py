@@ -40,7 +40,7 @@ from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
 
-EXAMPLES_PER_FAMILY = 20  # ~0.1-0.2 s each; tools/fuzz_dataset.py runs thousands
+EXAMPLES_PER_FAMILY = 40  # ~0.05-0.1 s each here; tools/fuzz_dataset.py runs thousands
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ INDEX_FAMILIES = sorted(f for f in FAMILIES if not f.startswith("block-"))
 
 
 @pytest.mark.parametrize("family", INDEX_FAMILIES)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False))
 def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, family, rnd):
     """A damaged or forged index or metadata: the mount refuses to start with a BlockfsError, or every

@@ -178,6 +178,9 @@ class PackedDataset:
         block does not hold, and a caller must never loop on empty reads towards a size it will not reach.
         """
         size = int(self._a["size"][e])
+        if size == 0:  # reads nothing, but checks the block holds an empty file: a zeroed size must not serve ""
+            self.read_entry(e)
+            return
         piece = READ_PIECE if size >= NARROW_LIMIT else max(size, 1)
         offset = 0
         while offset < size:

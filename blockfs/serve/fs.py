@@ -232,7 +232,12 @@ class BlockFS(binding.Operations):
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.getattr(raw)
-        return self._attr(self._ds.lookup(raw))
+        e = self._ds.lookup(raw)
+        if self._a["size"][e] == 0 and self._a["kind"][e] == KIND_FILE:
+            # The kernel never asks to read a file whose size is 0, so check here that its block holds an
+            # empty file: a size zeroed in a forged index must fail with EIO, not serve an empty file.
+            self._ds.read_entry(e)
+        return self._attr(e)
 
     def _attr(self, e: int) -> dict[str, Any]:
         a = self._a

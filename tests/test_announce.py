@@ -15,18 +15,10 @@ import time
 import pytest
 
 from blockfs import protocol
+from polling import wait_until
 from blockfs.serve.announce import MAX_CONNECTIONS, PrefetchListener
 
 NOBODY = 65534
-
-
-def poll(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture
@@ -108,7 +100,7 @@ def test_open_connections_are_bounded_and_the_longest_idle_goes(listener):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(server.address)
             socks.append(s)
-        assert poll(lambda: server.open_connections() == MAX_CONNECTIONS)
+        wait_until(lambda: server.open_connections() == MAX_CONNECTIONS, "server.open_connections() == MAX_CONNECTIONS")
         socks[0].settimeout(10)
         assert socks[0].recv(1) == b""  # the first, idle longest, was closed by the mount
         socks[-1].sendall(b"4\n")
@@ -129,13 +121,13 @@ def test_many_refused_connections_write_a_bounded_number_of_log_lines(listener, 
 
     with caplog.at_level(logging.WARNING):
         assert as_another_user(flood) == 0
-        assert poll(lambda: server.refusals.refused == n)
+        wait_until(lambda: server.refusals.refused == n, "server.refusals.refused == n")
         refused = [r for r in caplog.records if "refused" in r.getMessage()]
         assert 1 <= len(refused) <= 2  # the first, and at most one more per interval (10 s)
         assert f"user {NOBODY}" in refused[0].getMessage()
         server.refusals.interval_s = 0.0  # the next line says how many were not logged
         assert as_another_user(lambda: knock(server.address, b"2\n")) == 0
-        assert poll(lambda: server.refusals.refused == n + 1)
+        wait_until(lambda: server.refusals.refused == n + 1, "server.refusals.refused == n + 1")
     last = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()][-1]
     assert "more refused since the last such line" in last
     assert got.empty()  # nothing another user sent reached the cache
@@ -152,7 +144,7 @@ def test_the_listener_is_one_thread_however_many_clients(listener):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(server.address)
             socks.append(s)
-        assert poll(lambda: server.open_connections() == MAX_CONNECTIONS)
+        wait_until(lambda: server.open_connections() == MAX_CONNECTIONS, "server.open_connections() == MAX_CONNECTIONS")
         assert threading.active_count() == before
     finally:
         for s in socks:

@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -103,7 +104,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
     pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
     print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
-          f"stop with: blockfs umount {args.mountpoint}")  # fmt: skip
+          f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
     return 0
 
 
@@ -214,3 +215,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+
+
+def _program() -> str:
+    """How the user ran blockfs, for a command to copy: ``.venv/bin/blockfs`` when not activated."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "blockfs"
+    if os.path.basename(argv0) == "blockfs" and os.path.dirname(argv0) and not shutil.which("blockfs"):
+        return argv0
+    return "blockfs"

@@ -10,7 +10,6 @@ import os
 import queue
 import socket
 import threading
-import time
 
 import pytest
 

@@ -88,6 +88,7 @@ def test_default_order_mixes_classes_like_a_global_shuffle(packs, order, mixes, 
         assert ratio < 0.7, f"{order} pack: batch entropy {ratio:.3f}x a global shuffle's"
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_loader_reads_this_plan(torch_module, packs, tmp_path, num_workers):
     """``BlockLoader`` with its defaults yields the ids of :func:`default_plan`, batch for batch."""

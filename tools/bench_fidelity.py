@@ -372,6 +372,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("files", "test_files", "classes", "image_size", "files_per_block", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if args.image_size < md.MIN_IMAGE_SIZE:
+        parser.error(f"--image-size must be at least {md.MIN_IMAGE_SIZE} (got {args.image_size})")
+    if min(args.files, args.test_files) < max(args.classes, args.batch_size):
+        parser.error("--files and --test-files must be at least --classes and --batch-size")
     if not args.seeds or min(args.seeds) < 0:
         parser.error(f"--seeds needs at least one non-negative seed (got {args.seeds})")
     return args

@@ -52,6 +52,7 @@ sys.path.insert(0, str(TOOLS))
 sys.path.insert(0, str(TOOLS.parent / "examples"))
 import make_dataset as md  # noqa: E402
 from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted  # noqa: E402
+from fidelity_report import entropy_sweep, plot, summarise, sweep_table, table, verdict  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -250,91 +251,6 @@ def run_all(configs: list[Config], args: argparse.Namespace, test: tuple) -> dic
     return results
 
 
-# --- reports -----------------------------------------------------------------------------------------
-def summarise(configs: list[Config], results: dict[str, list[dict]]) -> dict[str, dict]:
-    out = {}
-    for config in configs:
-        runs = results[config.name]
-        final = np.array([r["accuracy"][-1] for r in runs])
-        out[config.name] = {
-            "what": config.what,
-            "final_accuracy_mean": float(final.mean()),
-            "final_accuracy_std": float(final.std(ddof=1)) if final.size > 1 else 0.0,
-            "curve_mean": np.mean([r["accuracy"] for r in runs], axis=0).tolist(),
-            "batch_entropy": float(np.mean([r["batch_entropy"] for r in runs])),
-            "steps": int(np.mean([sum(r["steps"]) for r in runs])),
-            "train_s": float(np.mean([r["train_s"] for r in runs])),
-            "runs": runs,
-        }
-    return out
-
-
-def verdict(summary: dict[str, dict]) -> str | None:
-    """Whether the default blockfs order's final accuracy is within one std (over seeds) of the reference's."""
-    if "global" not in summary or "blockfs" not in summary:
-        return None
-    ref, ours = summary["global"], summary["blockfs"]
-    gap = ours["final_accuracy_mean"] - ref["final_accuracy_mean"]
-    within = "within" if abs(gap) <= ref["final_accuracy_std"] else "NOT within"
-    return (f"default blockfs vs global shuffle: {gap:+.4f} accuracy, global's std over seeds "
-            f"{ref['final_accuracy_std']:.4f}: {within} one standard deviation")  # fmt: skip
-
-
-def table(summary: dict[str, dict]) -> str:
-    ref = summary.get("global")
-    rows = [["configuration", "final accuracy (mean ± std)", "vs global", "batch class entropy (bits)",
-             "vs global", "steps", "train s / run"]]  # fmt: skip
-    for name, s in summary.items():
-        rows.append([
-            f"`{name}`: {s['what']}",
-            f"{s['final_accuracy_mean']:.4f} ± {s['final_accuracy_std']:.4f}",
-            f"{s['final_accuracy_mean'] - ref['final_accuracy_mean']:+.4f}" if ref else "",
-            f"{s['batch_entropy']:.3f}",
-            f"{s['batch_entropy'] / ref['batch_entropy']:.3f}" if ref else "",
-            str(s["steps"]),
-            f"{s['train_s']:.1f}",
-        ])  # fmt: skip
-    for name, why in NOT_RUN.items():
-        rows.append([f"`{name}`: {why}", "", "", "", "", "", ""])
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
-    return "\n".join(lines)
-
-
-def plot(summary: dict[str, dict], path: Path, title: str) -> None:
-    """Mean test accuracy after each epoch, one line per configuration (Pillow only)."""
-    from PIL import Image, ImageDraw
-
-    width, height, left, right, top, bottom = 900, 520, 60, 290, 40, 50
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    colours = [(40, 40, 40), (50, 110, 210), (90, 170, 90), (220, 60, 50), (230, 140, 40), (150, 80, 170)]
-    epochs = max(len(s["curve_mean"]) for s in summary.values())
-    plot_w, plot_h = width - left - right, height - top - bottom
-
-    def xy(epoch: int, accuracy: float) -> tuple[float, float]:
-        return left + plot_w * (epoch - 1) / max(epochs - 1, 1), top + plot_h * (1.0 - accuracy)
-
-    draw.text((left, 12), title, fill="black")
-    draw.rectangle((left, top, left + plot_w, top + plot_h), outline="black")
-    for tick in np.linspace(0, 1, 6):
-        draw.line((left - 4, xy(1, tick)[1], left, xy(1, tick)[1]), fill="black")
-        draw.text((8, xy(1, tick)[1] - 6), f"{tick:.1f}", fill="black")
-    for epoch in range(1, epochs + 1):
-        draw.text((xy(epoch, 0)[0] - 3, top + plot_h + 8), str(epoch), fill="black")
-    draw.text((left + plot_w // 2 - 60, height - 20), "epoch (test accuracy, mean over seeds)", fill="black")
-    for n, (name, s) in enumerate(summary.items()):
-        colour = colours[n % len(colours)]
-        points = [xy(e + 1, a) for e, a in enumerate(s["curve_mean"])]
-        draw.line(points, fill=colour, width=3) if len(points) > 1 else None
-        for x, y in points:
-            draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=colour)
-        y = top + 10 + 22 * n
-        draw.rectangle((width - right + 20, y, width - right + 36, y + 10), fill=colour)
-        draw.text((width - right + 42, y - 1), f"{name} {s['final_accuracy_mean']:.3f}", fill="black")
-    image.save(path)
-
-
 # --- main --------------------------------------------------------------------------------------------
 def fuse_problem() -> str | None:
     """Why a mount cannot work here, or None."""
@@ -415,10 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_fidelity.py: error: cannot mount: {e}", file=sys.stderr)
         return 2
     summary = summarise(configs, results)
+    sweep = entropy_sweep(args.workdir, args.seeds, args.batch_size)
     title = (f"{args.files} train / {args.test_files} test images, {args.classes} classes, "
              f"{args.image_size}px, {args.files_per_block} files per block ({data['blocks']['shuffled']} blocks), "
              f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}")  # fmt: skip
-    text = table(summary)
+    text = table(summary, NOT_RUN) + "\n\nBatch class entropy x a global shuffle's, by interleave (epoch plans only):\n\n"
+    text += sweep_table(sweep)
     print(f"\n{title}\n\n{text}")
     check = verdict(summary)
     if check:
@@ -426,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     for why in NOT_RUN.values():
         print(why)
     report = {"title": title, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "dataset": data, "verdict": check, "not_run": NOT_RUN, "summary": summary,
+              "dataset": data, "verdict": check, "not_run": NOT_RUN, "summary": summary, "entropy_sweep": sweep,
               "total_s": time.perf_counter() - started,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "platform": platform.platform()}}  # fmt: skip

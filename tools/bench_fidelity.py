@@ -26,8 +26,10 @@ the same. Everything runs on the CPU in one process with one thread and fixed se
 so the accuracies repeat exactly; the times are wall seconds of the training loops (reading, decoding,
 training; not evaluation). Each run uses the same learning-rate schedule over its epochs (linear warm-up,
 cosine decay to zero), so runs with more or fewer steps per epoch (reuse, importance) end annealed too.
-Writes JSON (``--out``), a Markdown table (``--table``) and a PNG of the accuracy curves (``--plot``, drawn
-with Pillow); the mounts are always unmounted. Without FUSE (``/dev/fuse``) it refuses to run the
+It also computes, from the loader's epoch plans alone (no training), each pack's batch class entropy by
+``blocks_in_flight``: how much interleave a pack needs. Writes JSON (``--out``), Markdown tables
+(``--table``) and a PNG of the accuracy curves (``--plot``, drawn with Pillow, so no matplotlib is needed);
+the mounts are always unmounted. Without FUSE (``/dev/fuse``) it refuses to run the
 configurations that need a mount.
 """
 

@@ -19,7 +19,7 @@ import blockfs
 import blockfs.packing.packer  # noqa: F401  (the package's `pack` attribute is the function)
 from blockfs.core import format as fmt
 from blockfs.core.index import KIND_DIR, KIND_FILE
-from blockfs.errors import NotADatasetError, PackError, SourceError, UnsupportedVersionError
+from blockfs.errors import CorruptBlockError, NotADatasetError, PackError, SourceError, UnsupportedVersionError
 from blockfs.packing import writer as writer_module
 from blockfs.packing.plan import plan_blocks
 from blockfs.packing.sources import DirectorySource, Source, SourceEntry
@@ -463,3 +463,30 @@ def test_a_forkable_custom_source_is_read_in_worker_processes(tmp_path):
     assert readers and os.getpid() not in readers
     with blockfs.open_dataset(tmp_path / "p") as ds:
         assert {p: ds.read(p) for p in files} == files
+
+
+def test_a_wide_block_forged_with_matching_chunk_checksums_is_refused(tmp_path, monkeypatch):
+    """Chunk CRCs are the block's own: a forger who rewrites a chunk, its CRC and the header CRC passes
+    them, so a read of the file must also hold it to the index's CRC of the file."""
+    monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
+    monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
+    monkeypatch.setattr(writer_module, "STREAM_PIECE", 1 << 18)
+    data = np.random.default_rng(0).bytes(3 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big").write_bytes(data)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=1 << 20)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        block = ds.stat("big").block
+        path, head = ds.store.block_paths[block], ds.store.header(block)
+    raw = bytearray(open(path, "rb").read())
+    start = head.data_start + 5 * fmt.CHUNK_SIZE
+    raw[start : start + 4] = b"FAKE"
+    chunks = fmt.chunk_crcs_of(bytes(raw[head.data_start :]))
+    chunk_at = head.data_start - 4 * chunks.size
+    raw[chunk_at : head.data_start] = chunks.astype("<u4").tobytes()
+    raw[12:16] = fmt.crc32(bytes(raw[16 : head.data_start]), fmt.crc32(bytes(raw[:12]))).to_bytes(4, "little")
+    open(path, "wb").write(bytes(raw))
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        assert ds.store.header(block).chunk_crcs is not None  # the forged header passes its own checks
+        with pytest.raises(CorruptBlockError, match="checksum mismatch"):
+            ds.read("big", 5 * fmt.CHUNK_SIZE, 10)

@@ -343,6 +343,9 @@ class BlockStore:
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
+            # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
+            # bytes to this dataset (checked once per file, as for a big file in a narrow block).
+            self.verify_file(block, slot, crc)
             return self._read_chunked(block, head, start + offset, size)
         if length > VERIFY_PIECE and size < length:  # a piece of a big file: verify it once, then read pieces
             self.verify_file(block, slot, crc)

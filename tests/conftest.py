@@ -121,6 +121,18 @@ def make_edge_tree(root: str | os.PathLike, *, special: bool = False) -> bytes:
     return root
 
 
+def make_class_tree(src, files: int, seed: int, sizes: tuple[int, int]) -> None:
+    """``files`` files of random bytes (sizes in the closed range ``sizes``) in three class directories."""
+    import random
+    from pathlib import Path
+
+    rng = random.Random(seed)
+    for i in range(files):
+        path = Path(src) / f"c{i % 3}" / f"f{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(rng.randint(*sizes)))
+
+
 def tree_snapshot(root: str | os.PathLike) -> dict:
     """Everything pack must keep, per relative path: type, mode, mtime, content or link target, and
     which paths share an inode."""

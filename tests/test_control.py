@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import random
 import stat
 import threading
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import blockfs
+from conftest import make_class_tree
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
@@ -24,11 +24,7 @@ CTL = b"/.blockfs"
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("control")
-    rng = random.Random(5)
-    for i in range(90):
-        path = root / "src" / f"c{i % 3}" / f"f{i:03d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(rng.randbytes(rng.randint(300, 2500)))
+    make_class_tree(root / "src", files=90, seed=5, sizes=(300, 2500))
     blockfs.pack(root / "src", root / "p", block_size=16 << 10, fsync=False)
     return root / "p"
 

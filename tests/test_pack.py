@@ -166,13 +166,19 @@ def test_empty_source(tmp_path):
     assert ds.listdir("") == [] and verify(ds) == [] and summary(ds)["files"] == 0
 
 
-def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
+def _big_file_for_a_wide_block(tmp_path, monkeypatch) -> bytes:
+    """A 3 MiB file under SRC, with limits lowered so it gets a WIDE block of 64 KiB chunks."""
     monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
     monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
     monkeypatch.setattr(writer_module, "STREAM_PIECE", 1 << 18)
     data = np.random.default_rng(0).bytes(3 << 20)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "big").write_bytes(data)
+    return data
+
+
+def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
+    data = _big_file_for_a_wide_block(tmp_path, monkeypatch)
     (tmp_path / "src" / "small").write_bytes(b"s")
     blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=1 << 20)
     ds = blockfs.open_dataset(tmp_path / "p")
@@ -468,12 +474,7 @@ def test_a_forkable_custom_source_is_read_in_worker_processes(tmp_path):
 def test_a_wide_block_forged_with_matching_chunk_checksums_is_refused(tmp_path, monkeypatch):
     """Chunk CRCs are the block's own: a forger who rewrites a chunk, its CRC and the header CRC passes
     them, so a read of the file must also hold it to the index's CRC of the file."""
-    monkeypatch.setattr(fmt, "NARROW_LIMIT", 1 << 20)
-    monkeypatch.setattr(fmt, "CHUNK_SIZE", 1 << 16)
-    monkeypatch.setattr(writer_module, "STREAM_PIECE", 1 << 18)
-    data = np.random.default_rng(0).bytes(3 << 20)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "big").write_bytes(data)
+    _big_file_for_a_wide_block(tmp_path, monkeypatch)
     blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=1 << 20)
     with blockfs.open_dataset(tmp_path / "p") as ds:
         block = ds.stat("big").block

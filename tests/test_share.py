@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import blockfs
+from conftest import make_class_tree
 from blockfs.core import format as fmt
 from blockfs.serve.cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset
@@ -22,11 +23,7 @@ from blockfs.serve.share import ShareServer
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("share")
-    rng = random.Random(3)
-    for i in range(120):
-        path = root / "src" / f"c{i % 3}" / f"f{i:03d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(rng.randbytes(rng.randint(500, 3000)))
+    make_class_tree(root / "src", files=120, seed=3, sizes=(500, 3000))
     blockfs.pack(root / "src", root / "p", block_size=32 << 10, fsync=False)
     return root / "p"
 

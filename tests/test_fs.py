@@ -144,3 +144,20 @@ def test_a_damaged_block_fails_its_files_with_eio_and_one_log_line(edge_pack, tm
         assert fs.read("/class_a/one.txt", 10, 0, None) == b"hello\n"  # the mount stays up
     lines = [r for r in caplog.records if "answering EIO" in r.getMessage()]
     assert len(lines) == 1 and "big.bin" in lines[0].getMessage()
+
+
+def test_the_error_log_logs_a_damaged_block_once_and_a_failing_block_once_a_minute(caplog, monkeypatch):
+    from blockfs.errors import BlockReadError, CorruptBlockError
+    from blockfs.serve import errorlog
+
+    now = [1000.0]
+    monkeypatch.setattr(errorlog.time, "monotonic", lambda: now[0])
+    errors = errorlog.ErrorLog()
+    with caplog.at_level(logging.ERROR, logger="blockfs.serve.errorlog"):
+        for _ in range(3):
+            errors.report(CorruptBlockError("block 4: damaged", block=4))
+            errors.report(BlockReadError("block 7: gone", block=7))
+        now[0] += errorlog.FAILED_READ_LOG_S
+        errors.report(BlockReadError("block 7: gone", block=7))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["block 4", "block 7", "block 7"]
+    assert errors.stats() == {"damaged_files_read": 3, "damaged_blocks_reported": [4], "failed_reads": 4}

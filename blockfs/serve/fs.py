@@ -49,6 +49,7 @@ from ..core.index import KIND_FILE, KIND_SYMLINK
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
 from .cache import BlockCache
 from .control import ControlDirectory, control_name_for
+from .errorlog import ErrorLog
 from .plan import MemoryPlan
 from .retain import RetainingReader
 
@@ -60,7 +61,6 @@ log = logging.getLogger(__name__)
 BINDING_ENV = "BLOCKFS_FUSE"
 ENCODING = "latin-1"
 FORGET_INTERVAL_S = 0.5  # how often snapshots the control directory dropped are dropped from the kernel's cache
-FAILED_READ_LOG_S = 60.0  # a block whose reads keep failing (not damaged: retried) is logged this often
 
 
 def load_binding(name: str | None = None) -> ModuleType:
@@ -119,7 +119,7 @@ def fuse_call(method: Callable) -> Callable:
             raise
         except BlockfsError as e:
             if isinstance(e, (CorruptBlockError, BlockReadError)):
-                self._report(e)
+                self.error_log.report(e)
             raise FuseOSError(e.errno) from None
         except OSError as e:
             raise FuseOSError(e.errno or errno.EIO) from None
@@ -162,11 +162,7 @@ class BlockFS(binding.Operations):
         self._threads = options.threads
         self._prefill = options.prefill
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._reported: set[int | None] = set()
-        self._report_lock = threading.Lock()
-        self._errors = 0
-        self._failed_reads = 0
-        self._failed_logged: dict[int | None, float] = {}  # block -> when a failed read of it was last logged
+        self.error_log = ErrorLog()
         self._started = time.time()
         self._mountpoint = mountpoint
         self.control = ControlDirectory(ds, control_name_for(ds, options.control_name), self.stats)
@@ -206,25 +202,6 @@ class BlockFS(binding.Operations):
                     invalidate(fuse, path)
 
         threading.Thread(target=run, name="blockfs-forget", daemon=True).start()
-
-    def _report(self, e: CorruptBlockError | BlockReadError) -> None:
-        """One log line per damaged block, naming the block and the first file read from it; a failed read
-        (not damage: the next read tries again) one line per block a minute at most."""
-        damaged = isinstance(e, CorruptBlockError)
-        now = time.monotonic()
-        with self._report_lock:
-            if damaged:
-                self._errors += 1
-                first = e.block not in self._reported
-                self._reported.add(e.block)
-            else:
-                self._failed_reads += 1
-                first = now - self._failed_logged.get(e.block, -FAILED_READ_LOG_S) >= FAILED_READ_LOG_S
-                if first:
-                    self._failed_logged[e.block] = now
-        if first:
-            log.error("%s: answering EIO %s", e, "for the files it damages" if damaged else
-                      "for this read; the next read tries again")  # fmt: skip
 
     # --- metadata -------------------------------------------------------------------------------
     @fuse_call
@@ -399,8 +376,7 @@ class BlockFS(binding.Operations):
             "retained": self._retainer.stats() if self._retainer is not None else None,
             **self._cache.stats(),
             "requests": dict(self.requests),
-            "errors": {"damaged_files_read": self._errors, "damaged_blocks_reported": sorted(
-                b for b in self._reported if b is not None), "failed_reads": self._failed_reads},
+            "errors": self.error_log.stats(),
         }
 
 

@@ -553,6 +553,8 @@ def test_a_block_file_missing_for_a_while_fails_its_reads_then_serves_them(tmp_p
     assert "cannot open" in lines[0] and "(reading " in lines[0]
     assert stats["errors"]["damaged_blocks_reported"] == [] and stats["counters"]["damaged_blocks"] == 0
     assert stats["errors"]["failed_reads"] >= 2 * len(bad) and stats["counters"]["read_errors"] >= 2 * len(bad)
+    shown = cli.mount_commands._stats_text(stats, None, 1.0)
+    assert f"failed     {stats['errors']['failed_reads']:,} reads failed on I/O errors" in shown, shown
 
 
 def test_block_files_read_through_the_control_directory(tmp_path):

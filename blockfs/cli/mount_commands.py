@@ -188,6 +188,9 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     if errors.get("damaged_files_read"):
         lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
                      f"{errors['damaged_blocks_reported']}")  # fmt: skip
+    if errors.get("failed_reads"):
+        lines.append(f"failed     {errors['failed_reads']:,} reads failed on I/O errors (EIO, retried by the "
+                     "next read; not damage)")  # fmt: skip
     if previous is not None and seconds > 0:
         p = previous["counters"]
         files = (k["files_served"] - p["files_served"]) / seconds

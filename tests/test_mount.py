@@ -31,7 +31,8 @@ from blockfs.cli.output import human
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
-from blockfs.serve.process import control_dir, is_mounted, read_stats
+from blockfs.client import control_dir, read_stats
+from blockfs.serve.process import is_mounted
 from conftest import has_fuse, has_torch, make_edge_tree, require
 from mountutil import BINDINGS, mounted, release
 from polling import wait_until

@@ -17,7 +17,7 @@ import blockfs
 from blockfs.serve.uncached import FILE_BUFFER_BYTES
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.format import BLOCKS_DIR
-from blockfs.serve.process import read_stats
+from blockfs.client import read_stats
 from blockfs.serve.retain import plan_dataset, unique_files
 from conftest import has_fuse, require
 from mountutil import mounted, release

@@ -40,7 +40,8 @@ from benchutil import MemoryCgroup, drop_caches  # noqa: E402
 import make_dataset as md  # noqa: E402
 
 import blockfs  # noqa: E402
-from blockfs.serve.process import read_stats, unmount  # noqa: E402
+from blockfs.client import read_stats  # noqa: E402
+from blockfs.serve.process import unmount  # noqa: E402
 from blockfs.serve.plan import parse_size  # noqa: E402
 
 CONFIGS = {

@@ -49,7 +49,8 @@ from benchutil import drop_caches  # noqa: E402
 import make_dataset as md  # noqa: E402
 
 import blockfs  # noqa: E402
-from blockfs.serve.process import read_stats, start_background, unmount  # noqa: E402
+from blockfs.client import read_stats  # noqa: E402
+from blockfs.serve.process import start_background, unmount  # noqa: E402
 from blockfs.packing.packer import plan_blocks  # noqa: E402
 from blockfs.serve.plan import parse_size  # noqa: E402
 from blockfs.serve.policies import make_policy  # noqa: E402

@@ -14,12 +14,12 @@ import subprocess
 import time
 from typing import Sequence
 
-from ..client import control_dir, read_stats
+from ..client import read_stats
 from ..core.dataset import read_metadata
 from ..errors import BlockfsError, MountError
 
-__all__ = ["check_dest", "check_mountpoint", "control_dir", "default_log_path", "is_mounted", "mount_entry",
-           "read_stats", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+__all__ = ["check_dest", "check_mountpoint", "default_log_path", "is_mounted", "mount_entry",
+           "serving_pid", "start_background", "unmount", "wait_until_mounted"]
 
 
 def _unescape(field: str) -> str:

@@ -207,14 +207,18 @@ class BlockStore:
         """The block's parsed header, once it is shown to be this index's block ``block``."""
         head = self._headers.get(block)
         if head is None:
-            try:
-                head = self._read_header(block)
-                self._check_belongs(block, head)
-            except CorruptBlockError as e:
-                e.block = block
-                raise
-            self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
-            self._headers[block] = head
+            head = self.adopt_header(block, self.unchecked_header(block))
+        return head
+
+    def adopt_header(self, block: int, head: fmt.BlockHeader) -> fmt.BlockHeader:
+        """Check a header :meth:`unchecked_header` gave against the index, and keep it for :meth:`header`."""
+        try:
+            self._check_belongs(block, head)
+        except CorruptBlockError as e:
+            e.block = block
+            raise
+        self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
+        self._headers[block] = head
         return head
 
     def unchecked_header(self, block: int) -> fmt.BlockHeader:

@@ -53,7 +53,7 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     if bad.size:  # intact, but some files are not the index's: name those
         return Problem(f"block {b}", f"{ds.store.where(b)}: {bad.size} files differ from the index", _names(ds, bad))
     try:  # every file matches; what is left to prove is the rest of the header (number, labels)
-        ds.store.header(b)
+        ds.store.adopt_header(b, head)
     except BlockfsError as err:
         return Problem(f"block {b}", str(err), _names(ds, entries))
     return None

@@ -35,18 +35,22 @@ def test_profile(x):
 """
 
 
-def run_probe(tmp_path: Path, require_all: bool) -> subprocess.CompletedProcess:
+def run_probe(tmp_path: Path, require_all: bool, ci: bool = False) -> subprocess.CompletedProcess:
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_probe.py").write_text(PROBE)
-    env = {k: v for k, v in os.environ.items() if k != "BLOCKFS_REQUIRE_ALL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("BLOCKFS_REQUIRE_ALL", "CI")}
     if require_all:
         env["BLOCKFS_REQUIRE_ALL"] = "1"
+    # Hypothesis changes its own defaults when it sees CI=true; the profiles must not depend on that.
+    if ci:
+        env["CI"] = "true"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(tmp_path)]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_without_require_all_capability_skips_skip(tmp_path):
-    done = run_probe(tmp_path, require_all=False)
+@pytest.mark.parametrize("ci", [False, True], ids=["outside-ci", "ci-variable-set"])
+def test_without_require_all_capability_skips_skip(tmp_path, ci):
+    done = run_probe(tmp_path, require_all=False, ci=ci)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 2 skipped" in done.stdout
 

@@ -69,6 +69,30 @@ def torch_module():
     return torch
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto) on loopback for the whole session, always stopped at the end."""
+    require(importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,
+            "moto[server] and obstore (pip install -e '.[test]')")  # fmt: skip
+    from s3server import S3Server
+
+    server = S3Server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The session's S3 server, reachable from this process and its children through the AWS variables."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    s3_server.start() if s3_server._server is None else None  # a test that stopped it and failed
+    return s3_server
+
+
 # --- trees to pack -----------------------------------------------------------------------------------
 EDGE_MTIME_NS = 1_600_000_000_123_456_789
 

@@ -1,0 +1,81 @@
+"""A real S3-compatible server on loopback for the tests: moto in server mode, started once per session.
+
+Credentials are fake but distinctive (:data:`SECRET`), so a test can prove they never reach a log line, an
+error or a control file.  :meth:`S3Server.stop` and :meth:`S3Server.start` restart it on the same port with
+its objects kept (moto keeps them in this process), which is how a test takes the store away mid-epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+
+from polling import wait_until
+
+ACCESS_KEY = "AKIABLOCKFSTESTKEY01"
+SECRET = "blockfs-test-secret-Zq7rW2xV9pL4"
+REGION = "us-east-1"
+_bucket_numbers = itertools.count()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class S3Server:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        wait_until(lambda: _answers(self.port), timeout=20, what="the S3 test server to answer")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+            wait_until(lambda: not _answers(self.port), timeout=20, what="the S3 test server to stop")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach the server through the standard AWS variables."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET,
+            region_name=REGION,
+        )  # fmt: skip
+
+    def new_bucket(self) -> str:
+        name = f"blockfs-test-{next(_bucket_numbers)}-{os.getpid()}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))

@@ -79,3 +79,13 @@ class S3Server:
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def upload_tree(server: S3Server, bucket: str, prefix: str, root: str | os.PathLike) -> None:
+    """Put every file under ``root`` at ``prefix/<relative path>`` (a packed dataset, copied as-is)."""
+    client = server.client()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            key = f"{prefix}/{os.path.relpath(path, root)}".lstrip("/")
+            client.upload_file(path, bucket, key)

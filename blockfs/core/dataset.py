@@ -23,7 +23,8 @@ from ..errors import (
 )
 from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
 from .index_format import REPACK
-from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT, block_path
+from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
+from .location import StorageOptions, locate
 from .metadata import read_metadata  # noqa: F401  (part of this module's API)
 from .store import BlockStore
 
@@ -72,10 +73,24 @@ def _check_labels(labels: np.ndarray, classes: list[str] | None, where: str) -> 
 
 
 class PackedDataset:
-    """A packed dataset opened for reading.  Opening is O(1) in the number of files."""
+    """A packed dataset opened for reading.  Opening is O(1) in the number of files.
 
-    def __init__(self, root: str | os.PathLike, reader: FileReader | None = None) -> None:
-        self.root = os.fspath(root)
+    ``location`` is a directory or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``); ``storage``
+    says how to reach and cache a remote one.  ``root`` is always a local directory holding the metadata
+    and the index (for a URL, fetched there once); ``location`` is what messages show (a URL redacted)."""
+
+    def __init__(self, location: str | os.PathLike, reader: FileReader | None = None,
+                 storage: StorageOptions | None = None) -> None:  # fmt: skip
+        self._location = locate(location, storage)
+        try:
+            self._open(reader)
+        except BaseException:
+            self._location.close()
+            raise
+
+    def _open(self, reader: FileReader | None) -> None:
+        self.root = self._location.root
+        self.location = self._location.display
         self.metadata = read_metadata(self.root)
         n_blocks = self.metadata["n_blocks"]
         self.index = PackedIndex(
@@ -83,7 +98,7 @@ class PackedDataset:
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)
-        self.store = BlockStore([block_path(self.root, b) for b in range(n_blocks)], a)
+        self.store = BlockStore(self._location.block_files([int(n) for n in a["block_sizes"]]), a)
         self.reader: FileReader = reader or self.store
         self._a = a
         self._crcs_by_block: dict[int, np.ndarray] = {}
@@ -262,9 +277,19 @@ class PackedDataset:
         off, files = self.layout
         return [self.path_of(int(e)) for e in files[int(off[block]) : int(off[block + 1])]]
 
+    @property
+    def is_remote(self) -> bool:
+        return self._location.is_remote
+
+    @property
+    def disk_tier(self):
+        """The local-disk tier of a remote dataset (:class:`blockfs.storage.disk_tier.DiskTier`), or None."""
+        return self._location.tier
+
     def close(self) -> None:
         self.store.close()
         self.index.close()
+        self._location.close()
 
     def __enter__(self) -> "PackedDataset":
         return self
@@ -278,6 +303,11 @@ def _naming(err: CorruptBlockError | BlockReadError, what: str) -> CorruptBlockE
     return type(err)(f"{err} (reading {what})", block=err.block)
 
 
-def open_dataset(root: str | os.PathLike, reader: FileReader | None = None) -> PackedDataset:
-    """Open the packed dataset at ``root`` (a directory written by :func:`blockfs.pack`)."""
-    return PackedDataset(root, reader)
+def open_dataset(location: str | os.PathLike, reader: FileReader | None = None, *,
+                 storage_options: dict | None = None, disk_cache: str | os.PathLike | None = None,
+                 disk_cache_size: int = 0) -> PackedDataset:  # fmt: skip
+    """Open the packed dataset at ``location``: a directory written by :func:`blockfs.pack`, or its URL in
+    an object store.  For a URL, ``storage_options`` reach it (``endpoint``, ``region``, keys; fsspec's
+    spellings work) and ``disk_cache`` keeps fetched blocks on a local disk, up to ``disk_cache_size`` bytes."""
+    storage = StorageOptions(dict(storage_options or {}), os.fspath(disk_cache) if disk_cache else None, disk_cache_size)
+    return PackedDataset(location, reader, storage)

@@ -24,9 +24,7 @@ Headers are parsed once per block and kept (12 bytes per file).
 
 from __future__ import annotations
 
-import errno
 import os
-import resource
 import threading
 from collections import OrderedDict
 from typing import Mapping
@@ -35,90 +33,11 @@ import numpy as np
 
 from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, IndexFormatError
+from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 
 VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
 VERIFIED_KEPT = 64  # big narrow files remembered as verified, so reading one in pieces checks it once
-
-
-def raise_open_file_limit() -> None:
-    """Lift the soft limit on open files to the hard one: a store keeps one descriptor per block."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # keep the soft limit; EMFILE is handled by closing idle descriptors
-
-
-class _Descriptor:
-    __slots__ = ("fd", "users", "stale")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.users = 0
-        self.stale = False
-
-
-class _Descriptors:
-    """Open block files, shared by concurrent reads.
-
-    A descriptor is closed only once no read is using it: closing it under a read would fail that read,
-    or, once the kernel reuses the number for another file, make it read the wrong file.
-    """
-
-    def __init__(self, paths: list[str]) -> None:
-        self._paths = paths
-        self._open: dict[int, _Descriptor] = {}
-        self._lock = threading.Lock()
-
-    def acquire(self, block: int) -> _Descriptor:
-        """The block's open descriptor, marked in use until :meth:`release`; raises OSError."""
-        with self._lock:
-            d = self._open.get(block)
-            if d is None:
-                d = self._open[block] = _Descriptor(self._open_file(block))
-            d.users += 1
-            return d
-
-    def _open_file(self, block: int) -> int:
-        try:
-            return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno != errno.EMFILE or not self._close_idle_locked():
-                raise
-        return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)  # once more, with descriptors freed
-
-    def release(self, d: _Descriptor) -> None:
-        with self._lock:
-            d.users -= 1
-            if d.stale and d.users == 0:
-                os.close(d.fd)
-
-    def discard(self, block: int) -> None:
-        """Forget the block's descriptor (closed once its reads are done): the next read opens the file anew."""
-        with self._lock:
-            d = self._open.pop(block, None)
-            if d is not None:
-                self._retire_locked(d)
-
-    def _close_idle_locked(self) -> bool:
-        """Close every descriptor no read is using; whether any was closed."""
-        idle = [block for block, d in self._open.items() if d.users == 0]
-        for block in idle:
-            self._retire_locked(self._open.pop(block))
-        return bool(idle)
-
-    @staticmethod
-    def _retire_locked(d: _Descriptor) -> None:
-        d.stale = True
-        if d.users == 0:
-            os.close(d.fd)
-
-    def close(self) -> None:
-        with self._lock:
-            for d in self._open.values():
-                self._retire_locked(d)
-            self._open.clear()
+COPIES_AT_ONCE = 4  # whole blocks being fetched into a tier at once (each holds a block-sized buffer)
 
 
 class BlockStore:
@@ -128,86 +47,79 @@ class BlockStore:
     counts and sizes, the block layout and the per-file columns the blocks are checked against.
     """
 
-    def __init__(self, block_paths: list[str], index: Mapping[str, np.ndarray]) -> None:
-        self.block_paths = block_paths
+    def __init__(self, files: BlockFiles | list[str], index: Mapping[str, np.ndarray]) -> None:
+        self._files = files if isinstance(files, BlockFiles) else LocalBlockFiles(list(files))
         self._index = index
-        self._fds = _Descriptors(block_paths)
         self._headers: dict[int, fmt.BlockHeader] = {}
         self._sizes: dict[int, memoryview] = {}  # each checked header's file sizes, for file_size
         self._verified: OrderedDict[tuple[int, int, int], None] = OrderedDict()
         self._verified_lock = threading.Lock()
-        raise_open_file_limit()
+        self._copying: dict[int, threading.Lock] = {}  # blocks being fetched whole into a tier
+        self._copying_lock = threading.Lock()
+        self._copy_slots = threading.BoundedSemaphore(COPIES_AT_ONCE)
+
+    @property
+    def files(self) -> BlockFiles:
+        return self._files
+
+    @property
+    def block_paths(self) -> list[str]:
+        """Where each block lives: a path, or a (redacted) URL."""
+        return self._files.names
 
     @property
     def n_blocks(self) -> int:
-        return len(self.block_paths)
+        return len(self._files.names)
 
     def where(self, block: int) -> str:
-        return f"block {block} ({self.block_paths[block]})"
+        return f"block {block} ({self._files.names[block]})"
 
-    # --- raw I/O: every system call on a block file, and the one translation of its errors -----------
-    def _failed(self, block: int, what: str, e: OSError | None = None) -> BlockReadError:
-        """A failed read: drop the block's descriptor, so the next read opens the file afresh.  A header
-        already checked is kept: every block file that belongs to this index has exactly that header."""
-        self._fds.discard(block)
-        reason = f": {e.strerror or e}" if e is not None else ""
-        return BlockReadError(f"{self.where(block)}: {what}{reason}", block=block)
-
-    def _acquire(self, block: int) -> _Descriptor:
-        try:
-            return self._fds.acquire(block)
-        except OSError as e:
-            raise self._failed(block, "cannot open", e) from e
+    # --- raw I/O: every read of a block file, and the one translation of its errors ------------------
+    def _failed(self, block: int, e: OSError) -> BlockReadError:
+        """A failed read (``e`` says what failed): drop the block's descriptor, so the next read opens the
+        file afresh.  A header already checked is kept: every block file that belongs to this index has
+        exactly that header."""
+        self._files.discard(block)
+        return BlockReadError(f"{self.where(block)}: {e.strerror or e}", block=block)
 
     def _file_size(self, block: int) -> int:
-        d = self._acquire(block)
         try:
-            return os.fstat(d.fd).st_size
+            return self._files.size(block)
         except OSError as e:
-            raise self._failed(block, "cannot stat", e) from e
-        finally:
-            self._fds.release(d)
+            raise self._failed(block, e) from e
 
     def _pread(self, block: int, size: int, offset: int) -> bytes:
         """Exactly ``size`` bytes at ``offset``, or a BlockReadError."""
-        d = self._acquire(block)
         try:
-            data = os.pread(d.fd, size, offset)
+            return self._files.pread(block, size, offset)
         except OSError as e:
-            raise self._failed(block, "read failed", e) from e
-        finally:
-            self._fds.release(d)
-        if len(data) == size:
-            return data
-        # Short: the end of the file, or a read past 2 GiB (Linux's most per call); the rest says which.
-        whole = bytearray(size)
-        whole[: len(data)] = data
-        self._read_into(block, memoryview(whole)[len(data) :], offset + len(data))
-        return bytes(whole)
+            raise self._failed(block, e) from e
 
     def _read_into(self, block: int, view: memoryview, offset: int) -> None:
         """Fill ``view`` with the file's bytes from ``offset`` (``preadv``: no copy), or a BlockReadError."""
-        d = self._acquire(block)
         try:
-            done, size = 0, len(view)
-            while done < size:
-                try:
-                    n = os.preadv(d.fd, [view[done:]], offset + done)
-                except OSError as e:
-                    raise self._failed(block, "read failed", e) from e
-                if n == 0:
-                    end = f"the file ends at byte {offset + done}, before {offset + size} (did it change?)"
-                    raise self._failed(block, end)
-                done += n
-        finally:
-            self._fds.release(d)
+            self._files.read_into(block, view, offset)
+        except OSError as e:
+            raise self._failed(block, e) from e
+
+    def _from_a_good_copy(self, block: int, read):
+        """``read()``, once more from the remote if it found a tier's copy of ``block`` damaged: a copy on
+        a local disk can rot, the dataset's own block is what decides."""
+        try:
+            return read()
+        except CorruptBlockError:
+            if not self._files.drop_copy(block):
+                raise
+            self._headers.pop(block, None)
+            self._sizes.pop(block, None)
+            return read()
 
     # --- headers, checked against the file and the index ---------------------------------------------
     def header(self, block: int) -> fmt.BlockHeader:
         """The block's parsed header, once it is shown to be this index's block ``block``."""
         head = self._headers.get(block)
         if head is None:
-            head = self.adopt_header(block, self.unchecked_header(block))
+            head = self._from_a_good_copy(block, lambda: self.adopt_header(block, self.unchecked_header(block)))
         return head
 
     def adopt_header(self, block: int, head: fmt.BlockHeader) -> fmt.BlockHeader:
@@ -324,15 +236,32 @@ class BlockStore:
         """Read ``block``'s data section into ``buf`` (writable, ``head.data_size`` bytes: the caller's
         memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
 
-        ``head`` is :meth:`header`'s answer the caller sized ``buf`` by."""
+        ``head`` is :meth:`header`'s answer the caller sized ``buf`` by.  A block verified whole is
+        offered to a tier that keeps copies (the local-disk tier of a remote dataset)."""
         view = memoryview(buf)
         try:
             if len(view) != head.data_size:
                 raise ValueError(f"a buffer of {len(view)} bytes for {head.data_size} bytes of data")
-            self._read_into(block, view, head.data_start)
-            return fmt.check_data(head, view, self.where(block))
+
+            def read() -> np.ndarray:
+                self._read_into(block, view, head.data_start)
+                return fmt.check_data(head, view, self.where(block))
+
+            crcs = self._from_a_good_copy(block, read)
+            if self._files.wants_copy(block):
+                self._files.keep_copy(block, self.header_bytes(block), view)
+            return crcs
         finally:
             view.release()
+
+    def _copy_into_tier(self, block: int) -> None:
+        """Fetch ``block`` whole and verified into the tier that wants it, once however many readers ask."""
+        with self._copying_lock:
+            lock = self._copying.setdefault(block, threading.Lock())
+        with lock, self._copy_slots:
+            if self._files.wants_copy(block):  # not already copied by the reader this one waited for
+                head = self.header(block)
+                self.read_data_into(block, head, bytearray(head.data_size))
 
     def verified_crcs(self, block: int) -> np.ndarray:
         """Read and verify a whole block; return its files' CRC-32s by slot (for ``verify``)."""
@@ -341,7 +270,14 @@ class BlockStore:
 
     # --- single files -----------------------------------------------------------------------------------
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
-        """Bytes ``[offset, offset + size)`` of one file, verified before they are returned."""
+        """Bytes ``[offset, offset + size)`` of one file, verified before they are returned.
+
+        A block that a tier wants a copy of is fetched whole into it first (then read from there)."""
+        if self._files.wants_copy(block):
+            self._copy_into_tier(block)
+        return self._from_a_good_copy(block, lambda: self._read_file(block, slot, crc, offset, size))
+
+    def _read_file(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
         head = self.header(block)
         start, length = int(head.offsets[slot]), int(head.sizes[slot])
         if size < 0 or offset + size > length:
@@ -404,4 +340,4 @@ class BlockStore:
         return bytes(view[start - lo : start - lo + size])
 
     def close(self) -> None:
-        self._fds.close()
+        self._files.close()

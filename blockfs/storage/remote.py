@@ -228,7 +228,12 @@ class RemoteStore:
     # --- requests ----------------------------------------------------------------------------------------
     def _call(self, what: str, name: str, request):
         """``request()`` with bounded, counted retries; a failure becomes a RemoteError naming the object."""
-        from obstore.exceptions import BaseError, NotFoundError, PermissionDeniedError, UnauthenticatedError
+        from obstore.exceptions import (
+            BaseError,
+            NotFoundError,
+            PermissionDeniedError,
+            UnauthenticatedError,
+        )
 
         started = time.monotonic()
         delay, tries = 0.05, 0

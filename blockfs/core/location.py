@@ -1,0 +1,143 @@
+"""Where a packed dataset is: a local directory, or a URL whose metadata and index are fetched once.
+
+Everything above the block store reads a dataset from a local directory holding ``blockfs.json`` and
+``index.bfi``.  For a remote dataset that directory is the disk tier's (``DIR/<key>/``, so a remount
+fetches the index only if the dataset changed) or, without a disk tier, a private temporary directory
+removed at close.  Blocks are then read through :mod:`blockfs.storage`: ranged GETs, with the disk tier
+in front when there is one.  Opening sends one GET for the metadata (and one for the index when it is not
+already on disk); it never lists the bucket.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+from ..errors import NotADatasetError
+from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+from ..storage.disk_tier import DiskTier, write_atomically
+from ..storage.location import is_remote, join
+from ..storage.remote import RemoteError, RemoteStore
+from ..storage.remote_blocks import RemoteBlockFiles
+from ..storage.tiered import TieredBlockFiles
+from .format import (
+    BLOCKS_DIR,
+    INDEX_NAME,
+    METADATA_NAME,
+    PACKING_MARKER,
+    block_path,
+    crc32,
+)
+
+
+@dataclass
+class StorageOptions:
+    """How to reach and cache a remote dataset (ignored for a local one)."""
+
+    options: dict = field(default_factory=dict)  # the client's (endpoint, region, keys ...) and blockfs's
+    disk_cache: str | None = None  # the disk tier's directory
+    disk_cache_size: int = 0  # its byte budget
+
+
+class DatasetLocation:
+    """A dataset's local directory (``root``) and its blocks' files; ``display`` is what messages show."""
+
+    def __init__(self, display: str, root: str, remote: RemoteStore | None = None, tier: DiskTier | None = None,
+                 temporary: bool = False) -> None:  # fmt: skip
+        self.display = display
+        self.root = root
+        self.remote = remote
+        self.tier = tier
+        self._temporary = temporary
+
+    @property
+    def is_remote(self) -> bool:
+        return self.remote is not None
+
+    def block_files(self, block_sizes: list[int]) -> BlockFiles:
+        n = len(block_sizes)
+        if self.remote is None:
+            return LocalBlockFiles([block_path(self.root, b) for b in range(n)])
+        objects = [block_path("", b) for b in range(n)]  # "blocks/00000000.blk"
+        remote = RemoteBlockFiles(self.remote, objects, block_sizes)
+        return remote if self.tier is None else TieredBlockFiles(remote, self.tier)
+
+    def close(self) -> None:
+        if self._temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self._temporary = False
+
+
+def locate(location: str | os.PathLike, storage: StorageOptions | None = None) -> DatasetLocation:
+    """Find the dataset at ``location`` (a path or a URL) and, for a URL, fetch what opening it needs."""
+    if not is_remote(location):
+        root = os.fspath(location)
+        return DatasetLocation(root, root)
+    storage = storage or StorageOptions()
+    remote = RemoteStore(os.fspath(location), storage.options)
+    try:
+        return _fetch(remote, storage)
+    except BaseException:
+        remote.close()
+        raise
+
+
+def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
+    try:
+        meta_bytes = remote.get(METADATA_NAME)
+    except RemoteError as e:
+        if e.errno != errno.ENOENT:
+            raise
+        if remote.exists(PACKING_MARKER):
+            raise NotADatasetError(f"{remote.display} is an unfinished pack (it was interrupted): run 'blockfs pack' "
+                                   "again") from None  # fmt: skip
+        raise NotADatasetError(
+            f"{remote.display} is not a packed dataset (no {join(remote.display, METADATA_NAME)}): check the URL, "
+            "or run 'blockfs pack' first"
+        ) from None
+    key = hashlib.sha256(meta_bytes).hexdigest()[:20]
+    tier = None
+    if storage.disk_cache:
+        tier = DiskTier(storage.disk_cache, storage.disk_cache_size, key, remote.display)
+        root, temporary = tier.root, False
+    else:
+        root, temporary = tempfile.mkdtemp(prefix="blockfs-remote-"), True
+    located = DatasetLocation(remote.display, root, remote, tier, temporary)
+    try:
+        _keep(root, METADATA_NAME, meta_bytes)
+        try:
+            meta = json.loads(meta_bytes)
+            expected_crc = meta["index"]["crc32"]
+            side_files = [meta["source"]["labels_file"]] if "labels_file" in (meta.get("source") or {}) else []
+        except (ValueError, KeyError, TypeError):
+            return located  # read_metadata names what is wrong with it
+        if _file_crc(os.path.join(root, INDEX_NAME)) != expected_crc:
+            _keep(root, INDEX_NAME, remote.get(INDEX_NAME))
+        for name in side_files:
+            plain = isinstance(name, str) and "/" not in name and name not in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR)
+            if plain and not os.path.exists(os.path.join(root, name)):
+                _keep(root, name, remote.get(name))
+        return located
+    except BaseException:
+        located.close()
+        raise
+
+
+def _file_crc(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            check = 0
+            while piece := f.read(16 << 20):
+                check = crc32(piece, check)
+            return check
+    except OSError:
+        return None
+
+
+def _keep(root: str, name: str, data: bytes) -> None:
+    write_atomically(os.path.join(root, name), (data,))

@@ -1,0 +1,208 @@
+"""``BlockFiles``: the bytes of a dataset's block files, wherever they are — no checks, no format.
+
+:class:`~blockfs.core.store.BlockStore` verifies every byte it is given; this layer only fetches them.  It
+raises ``OSError`` for any failed read (the store turns that into a retriable ``BlockReadError``) and
+never decides that a block is damaged.
+
+Three kinds, one interface: :class:`LocalBlockFiles` (block files in a directory, read with ``pread`` on
+pooled descriptors), :class:`~blockfs.storage.remote_blocks.RemoteBlockFiles` (ranged GETs) and
+:class:`~blockfs.storage.tiered.TieredBlockFiles` (a local-disk copy first, the remote for the rest).  The
+tier hooks at the end let the store hand a block it has verified whole to a tier that keeps copies.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import threading
+
+
+def raise_open_file_limit() -> None:
+    """Lift the soft limit on open files to the hard one: a store keeps one descriptor per block."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # keep the soft limit; EMFILE is handled by closing idle descriptors
+
+
+class BlockFiles:
+    """Reads of block files by number.  ``names[b]`` says where block ``b`` lives (for messages)."""
+
+    names: list[str]
+
+    def size(self, block: int) -> int:
+        """The block file's size in bytes."""
+        raise NotImplementedError
+
+    def pread(self, block: int, size: int, offset: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``, or an OSError."""
+        raise NotImplementedError
+
+    def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        """Fill ``view`` with the bytes at ``offset``, or an OSError."""
+        raise NotImplementedError
+
+    def discard(self, block: int) -> None:
+        """A read of ``block`` failed: forget any state (a descriptor), so the next read starts afresh."""
+
+    # --- tiers that keep copies (the defaults: none) --------------------------------------------------
+    def wants_copy(self, block: int) -> bool:
+        """Whether a tier would keep a copy of ``block`` if handed one (and has reserved room for it)."""
+        return False
+
+    def keep_copy(self, block: int, header: bytes, data: memoryview) -> None:
+        """Keep a copy of a block the store has verified whole (after :meth:`wants_copy` said yes)."""
+
+    def drop_copy(self, block: int) -> bool:
+        """A kept copy of ``block`` failed a check: delete it; whether there was one (then read again)."""
+        return False
+
+    def stats(self) -> dict:
+        """Counters for ``stats.json`` (tiers and remote requests); empty for local files."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class _Descriptor:
+    __slots__ = ("fd", "stale", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.stale = False
+
+
+class _Descriptors:
+    """Open files, shared by concurrent reads.
+
+    A descriptor is closed only once no read is using it: closing it under a read would fail that read,
+    or, once the kernel reuses the number for another file, make it read the wrong file.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self._paths = paths
+        self._open: dict[int, _Descriptor] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, block: int) -> _Descriptor:
+        """The block's open descriptor, marked in use until :meth:`release`; raises OSError."""
+        with self._lock:
+            d = self._open.get(block)
+            if d is None:
+                d = self._open[block] = _Descriptor(self._open_file(block))
+            d.users += 1
+            return d
+
+    def _open_file(self, block: int) -> int:
+        try:
+            return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.EMFILE or not self._close_idle_locked():
+                raise
+        return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)  # once more, with descriptors freed
+
+    def release(self, d: _Descriptor) -> None:
+        with self._lock:
+            d.users -= 1
+            if d.stale and d.users == 0:
+                os.close(d.fd)
+
+    def discard(self, block: int) -> None:
+        """Forget the block's descriptor (closed once its reads are done): the next read opens the file anew."""
+        with self._lock:
+            d = self._open.pop(block, None)
+            if d is not None:
+                self._retire_locked(d)
+
+    def _close_idle_locked(self) -> bool:
+        """Close every descriptor no read is using; whether any was closed."""
+        idle = [block for block, d in self._open.items() if d.users == 0]
+        for block in idle:
+            self._retire_locked(self._open.pop(block))
+        return bool(idle)
+
+    @staticmethod
+    def _retire_locked(d: _Descriptor) -> None:
+        d.stale = True
+        if d.users == 0:
+            os.close(d.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for d in self._open.values():
+                self._retire_locked(d)
+            self._open.clear()
+
+
+def _phrased(what: str, e: OSError) -> OSError:
+    """``e`` with a message that says what failed (the store adds which block)."""
+    return OSError(e.errno, f"{what}: {e.strerror or e}")
+
+
+class LocalBlockFiles(BlockFiles):
+    """Block files in a local directory (``paths[b]`` is block ``b``'s file)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.names = paths
+        self._fds = _Descriptors(paths)
+        raise_open_file_limit()
+
+    def _acquire(self, block: int):
+        try:
+            return self._fds.acquire(block)
+        except OSError as e:
+            raise _phrased("cannot open", e) from e
+
+    def size(self, block: int) -> int:
+        d = self._acquire(block)
+        try:
+            return os.fstat(d.fd).st_size
+        except OSError as e:
+            raise _phrased("cannot stat", e) from e
+        finally:
+            self._fds.release(d)
+
+    def pread(self, block: int, size: int, offset: int) -> bytes:
+        d = self._acquire(block)
+        try:
+            data = os.pread(d.fd, size, offset)
+        except OSError as e:
+            raise _phrased("read failed", e) from e
+        finally:
+            self._fds.release(d)
+        if len(data) == size:
+            return data
+        # Short: the end of the file, or a read past 2 GiB (Linux's most per call); the rest says which.
+        whole = bytearray(size)
+        whole[: len(data)] = data
+        self.read_into(block, memoryview(whole)[len(data) :], offset + len(data))
+        return bytes(whole)
+
+    def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        d = self._acquire(block)
+        try:
+            done, size = 0, len(view)
+            while done < size:
+                try:
+                    n = os.preadv(d.fd, [view[done:]], offset + done)
+                except OSError as e:
+                    raise _phrased("read failed", e) from e
+                if n == 0:
+                    raise OSError(
+                        errno.EIO,
+                        f"the file ends at byte {offset + done}, before {offset + size} (did it change?)",
+                    )
+                done += n
+        finally:
+            self._fds.release(d)
+
+    def discard(self, block: int) -> None:
+        self._fds.discard(block)
+
+    def close(self) -> None:
+        self._fds.close()

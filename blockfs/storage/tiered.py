@@ -1,0 +1,92 @@
+"""``TieredBlockFiles``: a remote dataset's blocks read from the local-disk tier when it holds them, from the
+remote otherwise; blocks the store has verified whole are offered to the tier.
+
+The memory tier sits above this one (the mount's block cache and retained files), so a read reaches
+here only when memory does not hold its bytes: memory → local disk → remote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .blockfiles import BlockFiles, LocalBlockFiles
+from .disk_tier import DiskTier
+from .remote_blocks import RemoteBlockFiles
+
+log = logging.getLogger(__name__)
+
+
+class TieredBlockFiles(BlockFiles):
+    def __init__(self, remote: RemoteBlockFiles, tier: DiskTier) -> None:
+        self.remote = remote
+        self.tier = tier
+        self.names = remote.names
+        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))])
+        self._lock = threading.Lock()
+        self._counts = {"disk_reads": 0, "disk_bytes": 0, "remote_reads": 0, "remote_bytes": 0}
+
+    def _count(self, where: str, n: int) -> None:
+        with self._lock:
+            self._counts[f"{where}_reads"] += 1
+            self._counts[f"{where}_bytes"] += n
+
+    def size(self, block: int) -> int:
+        return self.remote.size(block)
+
+    def _on_disk(self, block: int, read):
+        """``read(files)`` from the disk copy if there is one and it reads; else None.  A copy that cannot
+        be read (deleted under us, an I/O error) is forgotten: the remote still has the block."""
+        if not self.tier.has(block):
+            return None
+        try:
+            return read(self._local)
+        except OSError as e:
+            log.warning("disk tier: %s unreadable (%s): reading block %d from the remote", self.tier.path(block),
+                        e.strerror or e, block)  # fmt: skip
+            self._local.discard(block)
+            self.tier.remove(block)
+            return None
+
+    def pread(self, block: int, size: int, offset: int) -> bytes:
+        data = self._on_disk(block, lambda files: files.pread(block, size, offset))
+        if data is not None:
+            self._count("disk", size)
+            return data
+        data = self.remote.pread(block, size, offset)
+        self._count("remote", size)
+        return data
+
+    def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        if self._on_disk(block, lambda files: files.read_into(block, view, offset) or True):
+            self._count("disk", len(view))
+            return
+        self.remote.read_into(block, view, offset)
+        self._count("remote", len(view))
+
+    def discard(self, block: int) -> None:
+        self._local.discard(block)
+        self.remote.discard(block)
+
+    def wants_copy(self, block: int) -> bool:
+        return not self.tier.has(block) and self.tier.room_for(self.remote.size(block))
+
+    def keep_copy(self, block: int, header: bytes, data: memoryview) -> None:
+        self.tier.put_block(block, header, data)
+
+    def drop_copy(self, block: int) -> bool:
+        if not self.tier.has(block):
+            return False
+        log.warning("disk tier: the copy of block %d failed its check: deleted, reading the remote's", block)
+        self._local.discard(block)
+        self.tier.remove(block)
+        return True
+
+    def stats(self) -> dict:
+        with self._lock:
+            reads = dict(self._counts)
+        return {**self.remote.stats(), "disk_tier": {**self.tier.stats(), **reads}}
+
+    def close(self) -> None:
+        self._local.close()
+        self.remote.close()

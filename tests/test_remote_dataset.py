@@ -1,0 +1,182 @@
+"""A packed dataset in an S3-compatible store (moto on loopback), read without mounting: the same bytes as
+the local pack, the disk tier kept across opens, damage and failed reads kept apart on every tier."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+import pytest
+
+import blockfs
+from blockfs.core import format as fmt
+from blockfs.errors import BlockReadError, CorruptBlockError, NotADatasetError
+from s3server import SECRET, upload_tree
+
+FILES = 240
+
+
+@pytest.fixture(scope="module")
+def local_pack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote-src")
+    rng = random.Random(5)
+    contents = {}
+    for i in range(FILES):
+        rel = f"class{i % 3}/f{i:04d}.bin"
+        data = rng.randbytes(rng.randint(50, 6000))
+        os.makedirs(root / "src" / f"class{i % 3}", exist_ok=True)
+        (root / "src" / rel).write_bytes(data)
+        contents[rel] = data
+    blockfs.pack(root / "src", root / "packed", files_per_block=40, fsync=False)
+    return root / "packed", contents
+
+
+@pytest.fixture
+def url(s3, local_pack):
+    """A fresh bucket holding the pack under ``ds/``."""
+    bucket = s3.new_bucket()
+    upload_tree(s3, bucket, "ds", local_pack[0])
+    return f"s3://{bucket}/ds"
+
+
+def read_all(ds, contents) -> None:
+    for rel, data in contents.items():
+        assert ds.read(rel) == data, rel
+
+
+def remote_counts(ds) -> dict:
+    return ds.store.files.stats()["remote"]
+
+
+def test_a_remote_dataset_reads_exactly_the_local_bytes(url, local_pack):
+    _, contents = local_pack
+    with blockfs.open_dataset(url) as ds:
+        assert ds.location == url and ds.is_remote
+        assert sorted(ds.listdir("")) == ["class0", "class1", "class2"]
+        read_all(ds, contents)
+        counts = remote_counts(ds)
+        root = ds.root
+    assert counts["failures"] == 0 and counts["requests"] > 0
+    assert not os.path.exists(root)  # the private copy of the index is gone at close
+
+
+def test_file_reads_fetch_about_the_bytes_they_serve(url, local_pack):
+    """Without a tier, a file is one ranged GET of its bytes: remote bytes stay near the bytes served."""
+    _, contents = local_pack
+    with blockfs.open_dataset(url) as ds:
+        before = remote_counts(ds)["bytes"]
+        read_all(ds, contents)
+        fetched = remote_counts(ds)["bytes"] - before
+        heads = sum(min(64 << 10, int(n)) for n in ds.index.arrays["block_sizes"])
+    served = sum(len(d) for d in contents.values())
+    assert fetched <= 1.1 * served + heads, (fetched, served, heads)
+
+
+def test_the_disk_tier_is_kept_across_opens_and_serves_with_no_block_gets(url, local_pack, tmp_path):
+    _, contents = local_pack
+    cache = tmp_path / "disk"
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        read_all(ds, contents)
+        tier = ds.store.files.stats()["disk_tier"]
+        assert tier["blocks"] == ds.n_blocks and tier["copies_written"] == ds.n_blocks
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        read_all(ds, contents)
+        counts = remote_counts(ds)
+        tier = ds.store.files.stats()["disk_tier"]
+    meta_size = os.path.getsize(local_pack[0] / fmt.METADATA_NAME)
+    assert counts["requests"] == 1 and counts["bytes"] == meta_size, counts  # the metadata only: no index, no block
+    assert tier["remote_reads"] == 0 and tier["disk_reads"] > 0
+    names = os.listdir(cache)
+    assert len(names) == 1 and sorted(os.listdir(cache / names[0] / "blocks"))[0] == "00000000.blk"
+    assert not any(".tmp" in n for n in os.listdir(cache / names[0] / "blocks"))
+
+
+def test_the_disk_tier_keeps_only_what_its_budget_holds(url, local_pack, tmp_path):
+    _, contents = local_pack
+    packed, _ = local_pack
+    one_block = os.path.getsize(fmt.block_path(packed, 0))
+    index_bytes = os.path.getsize(packed / fmt.INDEX_NAME) + os.path.getsize(packed / fmt.METADATA_NAME)
+    budget = index_bytes + 2 * one_block + 10
+    with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=budget) as ds:
+        read_all(ds, contents)
+        read_all(ds, contents)
+        tier = ds.store.files.stats()["disk_tier"]
+    assert tier["used"] <= budget and 1 <= tier["blocks"] <= 2
+
+
+def test_a_damaged_copy_on_disk_is_dropped_and_read_from_the_remote(url, local_pack, tmp_path):
+    _, contents = local_pack
+    cache = tmp_path / "disk"
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        read_all(ds, contents)
+        copy = ds.disk_tier.path(1)
+    with open(copy, "r+b") as f:
+        f.seek(os.path.getsize(copy) - 7)
+        f.write(b"\xffBROKEN")
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        read_all(ds, contents)
+        tier = ds.store.files.stats()["disk_tier"]
+        assert tier["copies_dropped"] == 1 and tier["remote_reads"] >= 1
+        read_all(ds, contents)
+
+
+def test_a_damaged_object_fails_its_files_only_and_is_kept_in_no_tier(s3, url, local_pack, tmp_path):
+    _, contents = local_pack
+    bucket, prefix = url[5:].split("/", 1)
+    key = f"{prefix}/blocks/00000002.blk"
+    body = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-3] ^= 0xFF
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=1 << 30) as ds:
+        damaged = {os.fsdecode(p) for p in ds.files_in_block(2)}
+        failed = set()
+        for rel, data in contents.items():
+            try:
+                assert ds.read(rel) == data
+            except CorruptBlockError:
+                failed.add(rel)
+        assert failed and failed <= damaged
+        assert not ds.disk_tier.has(2) and ds.disk_tier.has(1)
+
+
+def test_a_missing_object_is_a_failed_read_not_damage(s3, url, local_pack):
+    _, contents = local_pack
+    bucket, prefix = url[5:].split("/", 1)
+    key = f"{prefix}/blocks/00000003.blk"
+    body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.client().delete_object(Bucket=bucket, Key=key)
+    with blockfs.open_dataset(url) as ds:
+        name = sorted(os.fsdecode(p) for p in ds.files_in_block(3))[0]
+        with pytest.raises(BlockReadError) as raised:
+            ds.read(name)
+        assert not isinstance(raised.value, CorruptBlockError) and raised.value.errno == errno.EIO
+        assert "blocks/00000003.blk" in str(raised.value) and SECRET not in str(raised.value)
+        s3.client().put_object(Bucket=bucket, Key=key, Body=body)
+        assert ds.read(name) == contents[name]
+
+
+def test_a_url_that_holds_no_dataset_says_so(s3):
+    bucket = s3.new_bucket()
+    with pytest.raises(NotADatasetError, match="not a packed dataset"):
+        blockfs.open_dataset(f"s3://{bucket}/nothing")
+    s3.client().put_object(Bucket=bucket, Key="half/.blockfs-packing", Body=b"")
+    with pytest.raises(NotADatasetError, match="unfinished pack"):
+        blockfs.open_dataset(f"s3://{bucket}/half")
+
+
+def test_a_repacked_url_never_meets_the_old_copies(s3, local_pack, tmp_path):
+    packed, contents = local_pack
+    bucket = s3.new_bucket()
+    url = f"s3://{bucket}/ds"
+    upload_tree(s3, bucket, "ds", packed)
+    cache = tmp_path / "disk"
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        ds.read(sorted(contents)[0])
+        old_root = ds.disk_tier.root
+    other = tmp_path / "other"
+    blockfs.pack(packed.parent / "src", other, files_per_block=40, seed=9, fsync=False)
+    upload_tree(s3, bucket, "ds", other)
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        assert ds.disk_tier.root != old_root and not os.path.exists(old_root)
+        read_all(ds, contents)

@@ -15,6 +15,7 @@ from ..errors import BlockfsError
 from ..packing.options import ORDERS
 from ..serve.server import OPEN_MODES
 
+from .locations import add_storage_arguments
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_verify
 from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 
@@ -85,35 +86,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="counts, bytes, blocks and labels of a packed dataset")
     p.add_argument("dest")
     p.add_argument("--json", action="store_true")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("verify", help="check every checksum; exit 1 naming each bad block and its files")
     p.add_argument("dest")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("ls", help="list a directory of a packed dataset like ls -l")
     p.add_argument("dest")
     p.add_argument("path", nargs="?", default="")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write one file's bytes to stdout")
     p.add_argument("dest")
     p.add_argument("path")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_cat)
 
     p = sub.add_parser("unpack", help="write the packed tree back out (exact inverse of pack)")
     p.add_argument("dest")
     p.add_argument("out")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_unpack)
 
     p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
-    p.add_argument("dest", help="the packed dataset")
+    p.add_argument("dest", help="the packed dataset (a directory or a URL)")
     _memory_arguments(p)
     p.add_argument("--json", action="store_true")
+    add_storage_arguments(p, disk_tier=True)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
-    p.add_argument("dest", help="the packed dataset")
+    p.add_argument("dest", help="the packed dataset (a directory or a URL)")
     p.add_argument("mountpoint", help="an empty directory")
     _memory_arguments(p)
     p.add_argument("--preload", action="store_true", help="read what the plan keeps before serving")
@@ -125,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
+    add_storage_arguments(p, disk_tier=True)
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
     tuning.add_argument("--open-mode", choices=OPEN_MODES,
                         default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "

@@ -11,7 +11,8 @@ import stat
 import sys
 import time
 
-from ..core.dataset import PackedDataset, open_dataset
+from ..core.dataset import PackedDataset
+from .locations import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..serve.plan import parse_size
@@ -72,7 +73,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from ..core.verify import summary
 
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         info = summary(ds)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -97,12 +98,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..core.verify import verify
 
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         bar = progress_bar(ds.n_blocks, "block", "verify")
         problems = verify(ds, on_block=(lambda b: bar.update(1)) if bar else None)
         if bar:
             bar.close()
-        n_blocks = ds.n_blocks
+        n_blocks, where = ds.n_blocks, ds.location
     for p in problems:
         print(f"BAD {p.what}: {p.message}")
         for f in p.files[:10]:
@@ -110,9 +111,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if len(p.files) > 10:
             print(f"    ... and {len(p.files) - 10} more files")
     if problems:
-        print(f"{len(problems)} problems in {args.dest}")
+        print(f"{len(problems)} problems in {where}")
         return 1
-    print(f"ok: {n_blocks} blocks and the index verified in {args.dest}")
+    print(f"ok: {n_blocks} blocks and the index verified in {where}")
     return 0
 
 
@@ -132,7 +133,7 @@ def _ls_line(ds: PackedDataset, e: int, name: bytes) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         e = ds.lookup(args.path)
         if ds.index.kind(e) != KIND_DIR:
             print(_ls_line(ds, e, os.fsencode(args.path)))
@@ -143,7 +144,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         e = ds.lookup(args.path)
         out = sys.stdout.buffer
         for piece in ds.read_pieces(e):
@@ -155,7 +156,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
 def cmd_unpack(args: argparse.Namespace) -> int:
     from ..core.unpack import unpack
 
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         bar = progress_bar(ds.index.n_entries - 1, "entry", "unpack")
         n = unpack(ds, args.out, on_file=(lambda e: bar.update(1)) if bar else None)
         if bar:

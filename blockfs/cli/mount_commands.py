@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 
-from ..core.dataset import open_dataset
+from .locations import dataset_location, open_from_args, storage_options
 from ..serve.plan import parse_size
 from .output import human, progress_bar
 
@@ -52,7 +52,7 @@ def _memory_plan(args: argparse.Namespace, size: int):
     """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset)."""
     from ..serve.retain import plan_dataset
 
-    with open_dataset(args.dest) as ds:
+    with open_from_args(args) as ds:
         plan, _files = plan_dataset(
             ds.index.arrays, size, strategy=args.retain_strategy, threshold=_threshold(args.retain_threshold),
             retain=not args.no_retain and getattr(args, "policy", "cache-once") != "none",
@@ -86,8 +86,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from ..serve import process as mnt
 
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
-    args.dest, args.mountpoint = os.path.abspath(args.dest), os.path.abspath(args.mountpoint)
-    meta = mnt.check_dest(args.dest)
+    args.dest, args.mountpoint = dataset_location(args.dest), os.path.abspath(args.mountpoint)
+    with open_from_args(args) as ds:  # for a URL: the metadata and index fetched (into the disk tier if any)
+        meta = ds.metadata
     mnt.check_mountpoint(args.mountpoint)
     size, why = _budget(args)
     print(_plan_line(meta, size, why, args.policy), flush=True)
@@ -127,6 +128,7 @@ def _mount_options(args: argparse.Namespace, size: int):
         retain_strategy=args.retain_strategy,
         retain_threshold=_threshold(args.retain_threshold),
         preload=args.preload,
+        storage=storage_options(args),
     )
 
 

@@ -74,7 +74,7 @@ def summary(ds: PackedDataset) -> dict:
     n_files = int(files.sum())
     header_bytes = int(sizes.sum()) - int(a["size"][files][_stored(a, files)].sum()) if n_files else 0
     return {
-        "path": ds.root,
+        "path": ds.location,
         "files": n_files,
         "directories": meta["n_dirs"],
         "symlinks": meta["n_symlinks"],

@@ -175,7 +175,7 @@ class BlockFS(binding.Operations):
         self.served = True
         log.info(
             "serving %s at %s (%s, libfuse %d, open %s, cache %d bytes %s)",
-            self._ds.root, self._mountpoint, BINDING_NAME, LIBFUSE_MAJOR, self.open_mode,
+            self._ds.location, self._mountpoint, BINDING_NAME, LIBFUSE_MAJOR, self.open_mode,
             self._cache.budget_bytes, self._cache.policy_name,
         )  # fmt: skip
         self._start_forgetting()
@@ -351,7 +351,7 @@ class BlockFS(binding.Operations):
         budget = self._cache.budget_bytes
         return {
             "mount": {
-                "dest": os.path.abspath(self._ds.root),
+                "dest": self._ds.location,
                 "mountpoint": self._mountpoint,
                 "pid": os.getpid(),
                 "binding": BINDING_NAME,
@@ -377,6 +377,7 @@ class BlockFS(binding.Operations):
             **self._cache.stats(),
             "requests": dict(self.requests),
             "errors": self.error_log.stats(),
+            "storage": self._ds.store.files.stats(),  # remote requests and the disk tier; {} for a local dataset
         }
 
 

@@ -22,6 +22,8 @@ import numpy as np
 
 from .. import protocol
 from ..core.dataset import PackedDataset
+from ..core.location import StorageOptions
+from ..storage.location import is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
 from .cache import READAHEAD_BLOCKS, BlockCache
@@ -61,6 +63,7 @@ class MountOptions:
     retain_strategy: str | None = None  # plan.DEFAULT_STRATEGY
     retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
     preload: bool = False  # read what the plan keeps before serving
+    storage: StorageOptions | None = None  # a remote dataset's options and its disk tier
 
     def __post_init__(self) -> None:
         if self.open_mode not in OPEN_MODES:
@@ -79,7 +82,8 @@ class MountOptions:
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     """The binding's keyword options for this mount (``-o`` options plus foreground/nothreads)."""
     from .fs import ENCODING
-    fsname = "".join(c if c.isprintable() and c not in ",\\=" else "_" for c in os.path.abspath(dest))
+    source = redact(dest) if is_remote(dest) else os.path.abspath(dest)  # /proc/mounts shows it to everyone
+    fsname = "".join(c if c.isprintable() and c not in ",\\=" else "_" for c in source)
     timeout = f"{options.timeout_s:g}"
     kwargs: dict[str, Any] = {
         "foreground": True,
@@ -138,6 +142,11 @@ def preload(
     log.info("preloaded %d bytes in %.1f s", done[0], time.monotonic() - started)
 
 
+def _absolute(dest: str | os.PathLike) -> str:
+    """A URL as given, a path made absolute."""
+    return dest if is_remote(dest) else os.path.abspath(os.fspath(dest))
+
+
 @contextlib.contextmanager
 def assembled(
     dest: str | os.PathLike,
@@ -148,9 +157,9 @@ def assembled(
     """Every layer of a mount of ``dest`` at ``mountpoint`` (not mounted): the adapter, with its control
     directory's sockets listening; everything is closed on the way out."""
     from .fs import BlockFS
-    dest, mountpoint = os.path.abspath(os.fspath(dest)), os.path.abspath(os.fspath(mountpoint))
+    dest, mountpoint = _absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
-        ds = PackedDataset(dest)
+        ds = PackedDataset(dest, storage=options.storage)
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
@@ -197,7 +206,7 @@ def serve(
     from .fs import run
 
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
-    dest, mountpoint = os.path.abspath(os.fspath(dest)), os.path.abspath(os.fspath(mountpoint))
+    dest, mountpoint = _absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with assembled(dest, mountpoint, options, on_progress) as fs:
         run(fs, mountpoint, fuse_kwargs(options, dest))
     log.info("unmounted %s", mountpoint)

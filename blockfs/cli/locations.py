@@ -1,0 +1,52 @@
+"""A dataset named on the command line: a path or a URL, with ``--storage-option`` and the disk tier's
+options turned into :class:`~blockfs.core.location.StorageOptions` in one place for every command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+from ..core.dataset import PackedDataset
+from ..core.location import StorageOptions
+from ..serve.plan import parse_size
+from ..storage.location import is_remote
+from ..storage.remote import parse_options
+
+DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space under --disk-cache
+
+
+def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -> None:
+    g = p.add_argument_group("remote datasets (s3://, gs://, az://, http(s)://)")
+    g.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
+                   help="for the object store: endpoint, region, access_key_id, secret_access_key, anon ... "
+                        "(fsspec spellings work: endpoint_url, key, secret); blockfs's own: part_size, "
+                        "concurrency, retry_timeout (seconds). Credentials are best left to the standard "
+                        "environment variables and profiles")  # fmt: skip
+    if disk_tier:
+        g.add_argument("--disk-cache", metavar="DIR", help="keep fetched blocks on this local disk, across mounts")
+        g.add_argument("--disk-cache-size", metavar="SIZE|auto", default="auto",
+                       help=f"bytes the disk tier may hold (auto: {DISK_AUTO_FRACTION:.0%} of the free space "
+                            "under DIR)")  # fmt: skip
+
+
+def disk_cache_size(directory: str, text: str) -> int:
+    if text != "auto":
+        return parse_size(text)
+    os.makedirs(directory, exist_ok=True)
+    return int(shutil.disk_usage(directory).free * DISK_AUTO_FRACTION)
+
+
+def storage_options(args: argparse.Namespace) -> StorageOptions:
+    disk = getattr(args, "disk_cache", None)
+    size = disk_cache_size(disk, args.disk_cache_size) if disk else 0
+    return StorageOptions(parse_options(getattr(args, "storage_option", None)), disk, size)
+
+
+def dataset_location(text: str) -> str:
+    """A URL as given; a path made absolute (libfuse 3 changes the working directory once mounted)."""
+    return text if is_remote(text) else os.path.abspath(text)
+
+
+def open_from_args(args: argparse.Namespace) -> PackedDataset:
+    return PackedDataset(args.dest, storage=storage_options(args))

@@ -180,3 +180,19 @@ def test_a_repacked_url_never_meets_the_old_copies(s3, local_pack, tmp_path):
     with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
         assert ds.disk_tier.root != old_root and not os.path.exists(old_root)
         read_all(ds, contents)
+
+
+def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(url, tmp_path):
+    from blockfs.serve.cache import BlockCache
+    from polling import wait_until
+
+    with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=1 << 30) as ds:
+        cache = BlockCache(ds.store, 0, "cache-once", readahead=0, lock_memory=False, n_files=10, share=False)
+        try:
+            announced = [4, 1, 3]
+            cache.prefetch(announced)
+            wait_until(lambda: all(ds.disk_tier.has(b) for b in announced), what="announced blocks on disk")
+            assert not ds.disk_tier.has(0) and not ds.disk_tier.has(2)
+            assert cache.stats()["counters"]["disk_copies_ahead"] == 3
+        finally:
+            cache.close()

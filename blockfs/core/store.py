@@ -254,7 +254,7 @@ class BlockStore:
         finally:
             view.release()
 
-    def _copy_into_tier(self, block: int) -> None:
+    def copy_into_tier(self, block: int) -> None:
         """Fetch ``block`` whole and verified into the tier that wants it, once however many readers ask."""
         with self._copying_lock:
             lock = self._copying.setdefault(block, threading.Lock())
@@ -274,7 +274,7 @@ class BlockStore:
 
         A block that a tier wants a copy of is fetched whole into it first (then read from there)."""
         if self._files.wants_copy(block):
-            self._copy_into_tier(block)
+            self.copy_into_tier(block)
         return self._from_a_good_copy(block, lambda: self._read_file(block, slot, crc, offset, size))
 
     def _read_file(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:

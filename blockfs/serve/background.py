@@ -39,14 +39,18 @@ class AheadLoadable(Protocol):
 
     def claim_ahead(self, block: int, counter: str, *, fill_only: bool) -> Callable[[], int] | None: ...
 
+    def copy_ahead(self, block: int) -> bool: ...
+
     def count(self, name: str) -> None: ...
 
 
 class BackgroundLoads:
     """A pool of ``threads`` loader threads (started on first use) in front of ``cache``."""
 
-    def __init__(self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int) -> None:
+    def __init__(self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int,
+                 to_disk: bool = False) -> None:  # fmt: skip
         self._cache = cache
+        self._to_disk = to_disk  # announced blocks memory will not hold go to a remote dataset's disk tier
         self._n_blocks = n_blocks
         self._readahead = max(0, readahead)
         self._threads = max(1, threads)
@@ -98,14 +102,17 @@ class BackgroundLoads:
             # the room an earlier one needs; the loads themselves still run side by side.
             with self._claim_order:
                 with self._lock:
-                    if self._cache.closed or self._generation != generation or self._cache.full:
+                    full = self._cache.full
+                    if self._cache.closed or self._generation != generation or (full and not self._to_disk):
                         return
                     block = next(blocks, None)  # under the lock: the threads share the iterator
                 if block is None:
                     return
-                load = self._cache.claim_ahead(block, "prefetch_loads", fill_only=True)
+                load = None if full else self._cache.claim_ahead(block, "prefetch_loads", fill_only=True)
             if load is not None:
                 load()
+            elif self._to_disk:  # memory will not hold it: a remote dataset's disk tier may
+                self._cache.copy_ahead(block)
 
     def close(self) -> None:
         """Stop: queued loads are dropped, running ones finish (the cache is closed first)."""

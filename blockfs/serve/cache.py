@@ -111,7 +111,9 @@ class BlockCache:
         self._files = UncachedFiles(store, self._counters)
         self._sequence = SequentialReads()
         # A proxy, not a reference: a cycle would keep an unclosed cache's memory until the cycle collector ran.
-        self._background = BackgroundLoads(weakref.proxy(self), store.n_blocks, readahead=readahead, threads=loaders)
+        self._background = BackgroundLoads(
+            weakref.proxy(self), store.n_blocks, readahead=readahead, threads=loaders, to_disk=store.files.keeps_copies
+        )
 
     # --- the reader interface ---------------------------------------------------------------------
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
@@ -250,6 +252,19 @@ class BlockCache:
 
     def count(self, name: str) -> None:
         self._counters.add(name)
+
+    def copy_ahead(self, block: int) -> bool:
+        """Fetch ``block`` into the disk tier before a read needs it (a loader announced it, and memory
+        will not hold it); whether it was copied.  A failure is left for the read to report."""
+        if block in self._damaged or not self._store.files.wants_copy(block):
+            return False
+        try:
+            self._store.copy_into_tier(block)
+        except (CorruptBlockError, BlockReadError) as e:
+            log.debug("copying block %d ahead failed: %s", block, e)
+            return False
+        self._counters.add("disk_copies_ahead")
+        return True
 
     def load_ahead(self, block: int, counter: str, *, fill_only: bool) -> int | None:
         """Load ``block`` before any read asks for it, if :meth:`claim_ahead` lets it.  Returns the block's

@@ -32,6 +32,7 @@ class BlockFiles:
     """Reads of block files by number.  ``names[b]`` says where block ``b`` lives (for messages)."""
 
     names: list[str]
+    keeps_copies = False  # a tier that keeps copies of verified blocks (the disk tier)
 
     def size(self, block: int) -> int:
         """The block file's size in bytes."""

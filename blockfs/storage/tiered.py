@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class TieredBlockFiles(BlockFiles):
+    keeps_copies = True
+
     def __init__(self, remote: RemoteBlockFiles, tier: DiskTier) -> None:
         self.remote = remote
         self.tier = tier

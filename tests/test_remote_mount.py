@@ -39,6 +39,12 @@ def url(s3, edge):
     return f"s3://{bucket}/edge"
 
 
+def blockfs_cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "blockfs", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def regular_files(root: bytes) -> dict[bytes, bytes]:
     out = {}
     for dirpath, _dirs, files in os.walk(root):
@@ -85,10 +91,14 @@ def test_the_disk_tier_serves_a_remount_with_no_remote_block_reads(url, edge, tm
         assert regular_files(os.fsencode(m.path)) == expected
         first = read_stats(m.path)["storage"]
     assert first["disk_tier"]["blocks"] == blockfs.open_dataset(edge[0] / "packed").n_blocks
+    plan = blockfs_cli("plan", url, "--cache-size", "0", "--disk-cache", str(disk), "--disk-cache-size", "1GiB")
+    assert "disk tier:" in plan and "all of the blocks" in plan and "remote read per epoch" in plan, plan
     with mounted(url, tmp_path / "mnt2", *args) as m:
         assert regular_files(os.fsencode(m.path)) == expected
         second = read_stats(m.path)["storage"]
         no_secret_anywhere(m, m.path)
+        text = blockfs_cli("stats", str(m.path))
+        assert "remote     1 requests" in text and "0 from the remote" in text, text
     assert second["disk_tier"]["remote_reads"] == 0 and second["disk_tier"]["disk_reads"] > 0
     assert second["remote"]["requests"] == 1  # the metadata, to learn the dataset did not change
 

@@ -48,26 +48,37 @@ def _threshold(text: str | None) -> int | str | None:
     return None if text is None else ("auto" if text == "auto" else parse_size(text))
 
 
-def _memory_plan(args: argparse.Namespace, size: int):
-    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset)."""
+def _memory_plan(args: argparse.Namespace, size: int, ds):
+    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset),
+    and for a remote dataset the disk tier's part (None for a local one)."""
+    from ..serve.plan import disk_tier_plan
     from ..serve.retain import plan_dataset
 
-    with open_from_args(args) as ds:
-        plan, _files = plan_dataset(
-            ds.index.arrays, size, strategy=args.retain_strategy, threshold=_threshold(args.retain_threshold),
-            retain=not args.no_retain and getattr(args, "policy", "cache-once") != "none",
-        )  # fmt: skip
-    return plan
+    plan, _files = plan_dataset(
+        ds.index.arrays, size, strategy=args.retain_strategy, threshold=_threshold(args.retain_threshold),
+        retain=not args.no_retain and getattr(args, "policy", "cache-once") != "none",
+    )  # fmt: skip
+    tier, disk = ds.disk_tier, None
+    if tier is not None:
+        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root)
+    return plan, ds.is_remote, disk
+
+
+def _describe(plan, remote: bool, disk: dict | None) -> str:
+    from ..serve.plan import describe_disk_tier
+
+    return plan.describe() + ("\n" + describe_disk_tier(disk) if remote else "")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     size, why = _budget(args)
-    plan = _memory_plan(args, size)
+    with open_from_args(args) as ds:
+        plan, remote, disk = _memory_plan(args, size, ds)
     if args.json:
-        print(json.dumps(plan.to_dict() | {"budget_from": why}, indent=2))
+        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk}, indent=2))
     else:
         print(f"budget from:      {why}")
-        print(plan.describe())
+        print(_describe(plan, remote, disk))
     return 0
 
 
@@ -87,13 +98,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
     args.dest, args.mountpoint = dataset_location(args.dest), os.path.abspath(args.mountpoint)
-    with open_from_args(args) as ds:  # for a URL: the metadata and index fetched (into the disk tier if any)
-        meta = ds.metadata
     mnt.check_mountpoint(args.mountpoint)
     size, why = _budget(args)
-    print(_plan_line(meta, size, why, args.policy), flush=True)
-    if args.policy != "none":
-        print(_memory_plan(args, size).describe(), flush=True)
+    with open_from_args(args) as ds:  # for a URL: the metadata and index fetched (into the disk tier if any)
+        print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
+        if args.policy != "none":
+            print(_describe(*_memory_plan(args, size, ds)), flush=True)
     if args.foreground:
         return _serve_here(args, size)
     log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
@@ -185,6 +195,19 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
             f"retained   {r['retained_files']:,} of {r['target_files']:,} target files, {human(r['retained_bytes'])} "
             f"of {human(r['target_bytes'])}; {r['retained_hits']:,} hits, "
             f"{human(r['storage_bytes_avoided'])} not read again; mlock: {r['mlock']}"
+        )
+    storage = s.get("storage") or {}
+    remote = storage.get("remote")
+    if remote:
+        lines.append(f"remote     {remote['requests']:,} requests, {human(remote['bytes'])} fetched; "
+                     f"{remote['retries']:,} retried, {remote['failures']:,} failed")  # fmt: skip
+    tier = storage.get("disk_tier")
+    if tier:
+        lines.append(
+            f"disk tier  {human(tier['used'])} of {human(tier['budget'])}, {tier['blocks']:,} blocks; reads "
+            f"{tier['disk_reads']:,} from disk ({human(tier['disk_bytes'])}), {tier['remote_reads']:,} from the "
+            f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
+            f"{tier['copies_dropped']:,} dropped after a failed check"
         )
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):

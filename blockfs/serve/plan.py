@@ -291,3 +291,31 @@ def _select(
     retained = np.zeros(sizes.size, dtype=bool)
     retained[order[:count]] = True
     return retained, applied, int(cumulative[count - 1]) if count else 0
+
+
+def disk_tier_plan(plan: MemoryPlan, block_bytes: int, budget: int, held: int, directory: str) -> dict[str, Any]:
+    """What a remote dataset's disk tier adds below the memory plan: the share of the blocks it will hold
+    (cache-once, from the first epoch on) and the remote bytes to expect per epoch from the second."""
+    share = min(1.0, budget / block_bytes) if block_bytes else 1.0
+    return {
+        "directory": directory,
+        "budget_bytes": budget,
+        "held_bytes": held,
+        "block_bytes": block_bytes,
+        "share_of_blocks": share,
+        "expected_remote_bytes_per_epoch": int(plan.expected_storage_bytes_per_epoch * (1 - share)),
+    }
+
+
+def describe_disk_tier(tier: dict[str, Any] | None) -> str:
+    """The disk tier in the plan's words, or the line saying a remote dataset has none."""
+    if tier is None:
+        return "disk tier:        none (--disk-cache DIR keeps fetched blocks on a local disk, across mounts)"
+    size = format_size
+    share = tier["share_of_blocks"]
+    holds = "all of the blocks" if share >= 1 else f"about {share:.0%} of the blocks"
+    return (
+        f"disk tier:        {tier['directory']}: {size(tier['budget_bytes'])}, cache-once, {holds} "
+        f"(holds {size(tier['held_bytes'])} now)\n"
+        f"remote read per epoch (from the 2nd): about {size(tier['expected_remote_bytes_per_epoch'])}"
+    )

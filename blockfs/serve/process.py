@@ -15,7 +15,6 @@ import time
 from typing import Sequence
 
 from ..client import read_stats
-from ..core.dataset import read_metadata
 from ..errors import BlockfsError, MountError
 
 __all__ = ["check_dest", "check_mountpoint", "default_log_path", "is_mounted", "mount_entry",
@@ -61,11 +60,6 @@ def mount_entry(mountpoint: str | os.PathLike) -> dict[str, str] | None:
 
 def is_mounted(mountpoint: str | os.PathLike) -> bool:
     return mount_entry(mountpoint) is not None
-
-
-def check_dest(dest: str | os.PathLike) -> dict:
-    """The dataset's metadata, or the reason DEST is not a packed dataset."""
-    return read_metadata(os.fspath(dest))
 
 
 def check_mountpoint(mountpoint: str | os.PathLike) -> None:

@@ -17,7 +17,7 @@ from typing import Sequence
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
 
-__all__ = ["check_dest", "check_mountpoint", "default_log_path", "is_mounted", "mount_entry",
+__all__ = ["check_mountpoint", "default_log_path", "is_mounted", "mount_entry",
            "serving_pid", "start_background", "unmount", "wait_until_mounted"]
 
 

@@ -163,3 +163,26 @@ def test_commands_read_a_url_and_errors_carry_no_secret(s3, url, edge):
     denied = run("ls", url, "--storage-option", f"secret={SECRET}x")
     for done in (info, bad, denied):
         assert SECRET.encode() not in done.stdout + done.stderr
+
+
+def test_the_loader_reads_a_remote_mount_as_a_local_one(s3, tmp_path, torch_module):
+    """The loader, unchanged, over a mount of s3://: every file once, its bytes and its label."""
+    from blockfs.loader.block_loader import BlockLoader
+
+    src = tmp_path / "src"
+    for i in range(120):
+        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 3}" / f"{i:03d}.bin").write_bytes(os.urandom(200 + i))
+    blockfs.pack(src, tmp_path / "packed", files_per_block=16, fsync=False)
+    bucket = s3.new_bucket()
+    upload_tree(s3, bucket, "ds", tmp_path / "packed")
+    with mounted(f"s3://{bucket}/ds", tmp_path / "mnt", "--cache-size", "1MiB", "--disk-cache", str(tmp_path / "d")) as m:
+        seen = 0
+        with BlockLoader(m.path, 8, num_workers=0, device="cpu") as loader:  # closed before the unmount
+            for samples, labels, ids in loader:
+                for data, label, i in zip(samples, labels.tolist(), ids.tolist()):
+                    rel = os.path.relpath(loader.path(i), loader.root)
+                    assert data == (src / rel).read_bytes() and rel.split("/")[0] == loader.classes[label]
+                    seen += 1
+        assert seen == 120
+        assert read_stats(m.path)["storage"]["remote"]["failures"] == 0

@@ -196,3 +196,41 @@ def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(ur
             assert cache.stats()["counters"]["disk_copies_ahead"] == 3
         finally:
             cache.close()
+
+
+@pytest.fixture(scope="module")
+def big_blocks(tmp_path_factory):
+    """Blocks well over a ranged read's head (64 KiB), so a server ignoring Range cannot pass unseen."""
+    root = tmp_path_factory.mktemp("http-src")
+    rng = random.Random(8)
+    contents = {}
+    for i in range(60):
+        rel = f"c{i % 2}/f{i:02d}.bin"
+        os.makedirs(root / "src" / f"c{i % 2}", exist_ok=True)
+        contents[rel] = rng.randbytes(rng.randint(10_000, 30_000))
+        (root / "src" / rel).write_bytes(contents[rel])
+    blockfs.pack(root / "src", root / "packed", files_per_block=20, fsync=False)
+    return root / "packed", contents
+
+
+def test_an_http_url_reads_the_dataset(big_blocks):
+    from httpserver import serving
+
+    packed, contents = big_blocks
+    with serving(packed) as (base, _faults), blockfs.open_dataset(base + "/") as ds:
+        read_all(ds, contents)
+
+
+def test_an_http_server_that_ignores_range_gives_a_clear_error_never_wrong_bytes(big_blocks):
+    from httpserver import serving
+
+    packed, contents = big_blocks
+    with serving(packed) as (base, faults), blockfs.open_dataset(base + "/") as ds:
+        faults.ignore_range = True
+        errors = []
+        for rel, data in contents.items():
+            try:
+                assert ds.read(rel) == data, rel  # whatever is served is right
+            except BlockReadError as e:
+                errors.append(str(e))
+        assert errors and all("ignored the byte range" in e for e in errors), errors[:3]

@@ -120,3 +120,23 @@ def test_storage_options_are_checked_and_translated():
         parse_options(["novalue"])
     with pytest.raises(RemoteConfigError, match="part_size"):
         RemoteStore("s3://b/p", {"part_size": "lots"})
+
+
+def test_5xx_and_throttling_are_retried_and_counted_but_404_is_not(tmp_path):
+    from httpserver import serving
+
+    (tmp_path / "obj").write_bytes(bytes(range(256)) * 16)
+    with serving(tmp_path) as (base, faults):
+        store = RemoteStore(base + "/")
+        for status in (503, 429, 500):
+            faults.fail_status, faults.fail_next = status, 2
+            before = store.counters.snapshot()["retries"]
+            assert bytes(store.get_range("obj", 10, 20)) == (bytes(range(256)) * 16)[10:30]
+            assert store.counters.snapshot()["retries"] - before == 2
+        faults.fail_status, faults.fail_next = 403, 1
+        with pytest.raises(RemoteError):
+            store.get_range("obj", 0, 4)
+        assert store.counters.snapshot()["retries"] == 6  # a refusal is not retried
+        with pytest.raises(RemoteError) as e:
+            store.get("missing")
+        assert e.value.errno == errno.ENOENT and store.counters.snapshot()["retries"] == 6

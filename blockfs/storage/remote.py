@@ -231,6 +231,7 @@ class RemoteStore:
         from obstore.exceptions import (
             BaseError,
             NotFoundError,
+            NotSupportedError,
             PermissionDeniedError,
             UnauthenticatedError,
         )
@@ -245,6 +246,11 @@ class RemoteStore:
             except (NotFoundError, FileNotFoundError):
                 self.counters.add("failures")
                 raise RemoteError(errno.ENOENT, f"{self.where(name)}: no such object") from None
+            except NotSupportedError as e:  # e.g. a ranged GET answered with the whole object
+                self.counters.add("failures")
+                raise RemoteError(
+                    errno.EOPNOTSUPP, f"{self.where(name)}: {what} not supported: {self._scrub(_first_line(e))}"
+                ) from None
             except (PermissionDeniedError, UnauthenticatedError, PermissionError) as e:
                 self.counters.add("failures")
                 raise RemoteError(
@@ -276,17 +282,17 @@ class RemoteStore:
 
         if length == 0:
             return memoryview(b"")
-        data = self._call("GET", name, lambda: obstore.get_range(self._store, name, start=start, length=length))
+        try:
+            data = self._call("GET", name, lambda: obstore.get_range(self._store, name, start=start, length=length))
+        except RemoteError as e:
+            if e.errno != errno.EOPNOTSUPP:
+                raise
+            raise self._range_ignored(name, start, length, "the whole object") from None
         view = memoryview(data)
         self.counters.add("bytes", len(view))
         if len(view) > length:
             self.counters.add("failures")
-            raise RemoteError(
-                errno.EIO,
-                f"{self.where(name)}: the server ignored the byte range (asked for {length} bytes at {start}, got "
-                f"{len(view)}): blockfs needs a store that answers ranged GETs (HTTP 206); serve the dataset "
-                "from one that does",
-            )
+            raise self._range_ignored(name, start, length, f"{len(view)} bytes")
         if len(view) < length:
             self.counters.add("failures")
             raise RemoteError(
@@ -295,6 +301,15 @@ class RemoteStore:
                 "it changed or was cut short",
             )
         return view
+
+    def _range_ignored(self, name: str, start: int, length: int, got: str) -> RemoteError:
+        """The error for a server that answered a ranged GET with more than the range (HTTP 200)."""
+        return RemoteError(
+            errno.EIO,
+            f"{self.where(name)}: the server ignored the byte range (asked for {length} bytes at {start}, got "
+            f"{got}): blockfs needs a store that answers ranged GETs (HTTP 206); serve the dataset from one that "
+            "does (S3, GCS, Azure, nginx, a CDN), not 'python -m http.server'",
+        )
 
     def get_into(self, name: str, start: int, view: memoryview) -> None:
         """Fill ``view`` from the object's bytes at ``start``: parallel ranged GETs of ``part_size``."""

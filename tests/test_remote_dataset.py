@@ -234,3 +234,23 @@ def test_an_http_server_that_ignores_range_gives_a_clear_error_never_wrong_bytes
             except BlockReadError as e:
                 errors.append(str(e))
         assert errors and all("ignored the byte range" in e for e in errors), errors[:3]
+
+
+def test_a_copy_a_crash_left_half_written_is_removed_at_open(url, local_pack, tmp_path):
+    _, contents = local_pack
+    cache = tmp_path / "disk"
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        blocks = os.path.dirname(ds.disk_tier.path(0))
+    half = os.path.join(blocks, "00000000.blk.tmp-123-456")
+    with open(half, "wb") as f:
+        f.write(b"half a block")
+    with blockfs.open_dataset(url, disk_cache=cache, disk_cache_size=1 << 30) as ds:
+        assert not os.path.exists(half) and not ds.disk_tier.has(0)
+        read_all(ds, contents)
+
+
+def test_a_disk_cache_for_a_local_dataset_is_refused(local_pack, tmp_path):
+    from blockfs.storage.remote import RemoteConfigError
+
+    with pytest.raises(RemoteConfigError, match="local"):
+        blockfs.open_dataset(local_pack[0], disk_cache=tmp_path / "d", disk_cache_size=1 << 20)

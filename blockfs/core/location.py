@@ -22,7 +22,7 @@ from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 from ..storage.disk_tier import DiskTier, write_atomically
 from ..storage.location import is_remote, join
-from ..storage.remote import RemoteError, RemoteStore
+from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
 from ..storage.tiered import TieredBlockFiles
 from .format import (
@@ -76,6 +76,11 @@ class DatasetLocation:
 def locate(location: str | os.PathLike, storage: StorageOptions | None = None) -> DatasetLocation:
     """Find the dataset at ``location`` (a path or a URL) and, for a URL, fetch what opening it needs."""
     if not is_remote(location):
+        if storage is not None and storage.disk_cache:
+            raise RemoteConfigError(
+                f"--disk-cache keeps copies of a remote dataset's blocks; {os.fspath(location)!r} is a local "
+                "directory, read directly: leave --disk-cache out"
+            )
         root = os.fspath(location)
         return DatasetLocation(root, root)
     storage = storage or StorageOptions()

@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from ..errors import BlockfsError
@@ -328,8 +328,11 @@ class RemoteStore:
             for f in futures:
                 f.result()
         finally:
+            # On a failure, parts not started are dropped, and the ones running are waited for: none may
+            # write into ``view`` once the caller has it back (a cache reuses a failed load's memory).
             for f in futures:
                 f.cancel()
+            wait(futures)
 
     @property
     def pool(self) -> ThreadPoolExecutor:

@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
     p.add_argument("src", nargs="+", metavar="SOURCE",
-                   help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, or WebDataset shards "
-                        "(several files, a quoted glob or a {000..009} range)")
-    p.add_argument("dest", help="new directory for the packed dataset")
+                   help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, WebDataset shards "
+                        "(several files, a quoted glob or a {000..009} range), or a URL prefix of objects")
+    p.add_argument("dest", help="new directory for the packed dataset, or a URL (s3://, gs://, az://)")
     p.add_argument("--block-size", default="64MiB", help="target bytes per block (default 64MiB)")
     p.add_argument("--files-per-block", type=int, default=None, help="at most this many files per block")
     p.add_argument("--labels", default="dirname",
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-damaged", action="store_true",
                    help="pack around damaged records or tar members (listing them) instead of stopping")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync blocks (faster; unsafe on power loss)")
+    add_storage_arguments(p)
+    p.add_argument("--staging", metavar="DIR", help="a URL DEST: where finished blocks wait for their upload "
+                   "(default: the temp directory; a few blocks at a time)")
     p.set_defaults(func=cmd_pack)
 
     p = sub.add_parser("info", help="counts, bytes, blocks and labels of a packed dataset")

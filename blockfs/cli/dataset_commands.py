@@ -12,6 +12,7 @@ import sys
 import time
 
 from ..core.dataset import PackedDataset
+from ..storage.remote import parse_options
 from .locations import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
@@ -35,6 +36,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         skip_unreadable=args.skip_unreadable,
         skip_damaged=args.skip_damaged,
         fsync=not args.no_fsync,
+        storage_options=parse_options(args.storage_option),
+        staging=args.staging,
     )
     src = args.src[0] if len(args.src) == 1 else args.src  # several: WebDataset shards
     bar = listed = None
@@ -64,7 +67,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     rate = result.file_bytes / max(result.seconds, 1e-9) / 1e6
     print(
         f"packed {result.n_files} files ({human(result.file_bytes)}), {result.n_dirs} directories, "
-        f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {args.dest} "
+        f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {result.dest} "
         f"in {result.seconds:.1f} s ({result.n_files / max(result.seconds, 1e-9):,.0f} files/s, {rate:,.0f} MB/s)"
     )
     return 0

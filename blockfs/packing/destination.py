@@ -58,16 +58,22 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], n_blocks: int) -> np.ndarray:
+def write_index(
+    dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], n_blocks: int,
+    sizes: list[int] | None = None,
+) -> np.ndarray:
     """Write the index, now that the file CRCs (``crcs``, in plan order) are known; return the block sizes.
 
     ``plan_pos`` maps each entry of the index to its position in the plan (-1: not a file).  Called once
-    every block is on disk: an index never names a block that a crash could lose.
+    every block is on disk: an index never names a block that a crash could lose.  ``sizes``: the block
+    files' sizes when they are no longer in ``dest`` (uploaded from a staging directory).
     """
     is_file = plan_pos >= 0
     file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
     file_crcs[is_file] = np.asarray(crcs, dtype=np.uint32)[plan_pos[is_file]]
-    block_sizes = np.array([os.path.getsize(block_path(dest, b)) for b in range(n_blocks)], dtype=np.uint64)
+    if sizes is None:
+        sizes = [os.path.getsize(block_path(dest, b)) for b in range(n_blocks)]
+    block_sizes = np.array(sizes, dtype=np.uint64)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
     index.write(tmp_index, file_crcs, block_sizes)
     os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
@@ -103,13 +109,8 @@ def dataset_metadata(
     }
 
 
-def commit(dest: str, metadata: dict, fsync: bool) -> None:
-    """Rename ``blockfs.json`` into place and remove the marker: from here on ``dest`` opens as a dataset.
-
-    With ``fsync``, the blocks directory is made durable first, and ``dest`` itself after.
-    """
-    if fsync:
-        _fsync_dir(os.path.join(dest, BLOCKS_DIR))
+def write_metadata_file(dest: str, metadata: dict, fsync: bool) -> None:
+    """Write ``blockfs.json`` under its own name, through a temporary one (fsynced if ``fsync``)."""
     tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
     with open(tmp_meta, "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2, sort_keys=True)
@@ -118,9 +119,45 @@ def commit(dest: str, metadata: dict, fsync: bool) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp_meta, os.path.join(dest, METADATA_NAME))
+
+
+def commit(dest: str, metadata: dict, fsync: bool) -> None:
+    """Rename ``blockfs.json`` into place and remove the marker: from here on ``dest`` opens as a dataset.
+
+    With ``fsync``, the blocks directory is made durable first, and ``dest`` itself after.
+    """
+    if fsync:
+        _fsync_dir(os.path.join(dest, BLOCKS_DIR))
+    write_metadata_file(dest, metadata, fsync)
     os.unlink(os.path.join(dest, PACKING_MARKER))
     if fsync:
         _fsync_dir(dest)
+
+
+class LocalDestination:
+    """A pack into a local directory: written in place, committed by renaming ``blockfs.json`` into place
+    (the same steps as :class:`~blockfs.packing.remote_destination.RemoteDestination`, with nothing to upload)."""
+
+    def __init__(self, dest: str) -> None:
+        self.local = self.display = dest
+
+    def claim(self, src_dir: str | None, force: bool) -> None:
+        prepare_dest(src_dir, self.local, force)
+
+    def block_written(self, block: int) -> None:
+        pass
+
+    def blocks_done(self) -> None:
+        pass
+
+    def block_sizes(self, n_blocks: int) -> list[int] | None:
+        return None  # read from the block files
+
+    def commit(self, metadata: dict, fsync: bool) -> None:
+        commit(self.local, metadata, fsync)
+
+    def close(self) -> None:
+        pass
 
 
 def _file_crc(path: str) -> int:

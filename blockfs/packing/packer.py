@@ -25,11 +25,14 @@ import numpy as np
 
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
 from .containers import open_source, spool_dir_for
-from .destination import commit, dataset_metadata, prepare_dest, write_index
+from ..storage.location import is_remote
+from .destination import LocalDestination, dataset_metadata, write_index
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
 from .parallel import write_blocks
 from .plan import BlockPlan, make_plan, plan_blocks
+from .remote_destination import RemoteDestination
+from .remote_source import WRITERS, RemotePrefixSource
 from .sources import DirectorySource, Source, SourceEntry
 from .writer import BlockWriter
 
@@ -58,20 +61,31 @@ def pack(
     """
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
-    dest = os.fspath(dest)
-    source = _open(src, dest, options)
-    entries = _list_entries(source, listing)
-    labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
-    prepare_dest(_source_dir(source), dest, options.force)
-    plan = make_plan(entries, options)
-    crcs, (cols, plan_pos, index), unreadable = _write_blocks(source, dest, plan, options, progress)
-    block_sizes = write_index(dest, index, plan_pos, crcs, plan.n_blocks)
-    metadata = dataset_metadata(dest, cols, block_sizes, classes, labels, options)
-    described = source.write_metadata(dest, options.fsync)  # containers: side files (labels.json)
-    if described is not None:
-        metadata["source"] = described
-    commit(dest, metadata, options.fsync)
-    return _report(source, dest, metadata, unreadable, time.monotonic() - started)
+    target = _destination(os.fspath(dest), options)
+    try:
+        source = _open(src, target.local, options)
+        entries = _list_entries(source, listing)
+        labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
+        target.claim(_source_dir(source), options.force)
+        plan = make_plan(entries, options)
+        crcs, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
+        sizes = target.block_sizes(plan.n_blocks)
+        block_sizes = write_index(target.local, index, plan_pos, crcs, plan.n_blocks, sizes)
+        metadata = dataset_metadata(target.local, cols, block_sizes, classes, labels, options)
+        described = source.write_metadata(target.local, options.fsync)  # containers: side files (labels.json)
+        if described is not None:
+            metadata["source"] = described
+        target.commit(metadata, options.fsync)
+    finally:
+        target.close()
+    return _report(source, target.display, metadata, unreadable, time.monotonic() - started)
+
+
+def _destination(dest: str, options: PackOptions) -> LocalDestination | RemoteDestination:
+    """Where the pack goes: a local directory, or a URL (written to a staging directory, uploaded)."""
+    if is_remote(dest):
+        return RemoteDestination(dest, options.storage_options, options.staging)
+    return LocalDestination(dest)
 
 
 def _open(src: object, dest: str, options: PackOptions) -> Source:
@@ -79,6 +93,8 @@ def _open(src: object, dest: str, options: PackOptions) -> Source:
     shards it names, chosen by the bytes."""
     if isinstance(src, Source):
         return src
+    if isinstance(src, str) and is_remote(src):
+        return RemotePrefixSource(src, options.storage_options)
     if isinstance(src, (str, bytes, os.PathLike, list, tuple)):
         return open_source(src, follow_symlinks=options.follow_symlinks, skip_damaged=options.skip_damaged,
                            spool_dir=spool_dir_for(dest), workers=options.workers)
@@ -121,14 +137,19 @@ def _source_dir(source: Source) -> str | None:
 
 
 def _write_blocks(
-    source: Source, dest: str, plan: BlockPlan, options: PackOptions, progress: ProgressCallback | None
+    source: Source, target: LocalDestination | RemoteDestination, plan: BlockPlan, options: PackOptions,
+    progress: ProgressCallback | None,
 ) -> tuple[list[int], tuple[IndexColumns, np.ndarray, PreparedIndex], frozenset[bytes]]:
-    """Write every block and wait until they are on disk; return the file CRCs in plan order, the index
-    prepared for the entries kept, and the paths found unreadable (skipped with --skip-unreadable)."""
-    with BlockWriter(source, dest, fsync=options.fsync, skip_unreadable=options.skip_unreadable) as writer:
-        workers = options.workers or os.cpu_count() or 1
-        crcs, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs)
+    """Write every block and wait until they are on disk (uploaded, for a URL); return the file CRCs in plan
+    order, the index prepared for the entries kept, and the paths found unreadable (--skip-unreadable)."""
+    remote = isinstance(target, RemoteDestination)
+    fsync = options.fsync and not remote  # a staging copy is thrown away: the upload is what lasts
+    with BlockWriter(source, target.local, fsync=fsync, skip_unreadable=options.skip_unreadable) as writer:
+        workers = options.workers or (WRITERS if isinstance(source, RemotePrefixSource) else os.cpu_count() or 1)
+        crcs, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,
+                                      on_written=target.block_written)  # fmt: skip
         writer.wait_durable()
+    target.blocks_done()
     unreadable = frozenset(writer.unreadable)
     if unreadable:  # rare: the entries kept are not those the index was prepared with
         prepared = plan.index_without_crcs(unreadable)

@@ -23,10 +23,12 @@ T = TypeVar("T")
 
 
 def write_blocks(
-    writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T]
+    writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T],
+    on_written: Callable[[int], None] | None = None,
 ) -> tuple[list[int], T]:
     """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC of each stored
-    file, in plan order, and what ``meanwhile()`` returned.
+    file, in plan order, and what ``meanwhile()`` returned.  ``on_written(block)`` is called in this
+    thread as each block's file is complete (a remote destination uploads it).
 
     Forked processes where the source allows it (see :mod:`blockfs.packing.forking`), threads otherwise.
     With processes, ``meanwhile`` runs on a thread of this otherwise idle process while they write; with
@@ -36,7 +38,7 @@ def write_blocks(
     pool = None
     if workers > 1 and writer.source.forkable:
         pool = forked_pool(workers, _start_forked_writer, (writer, plan))
-    tally = _Tally(plan, progress)
+    tally = _Tally(plan, progress, on_written)
     if pool is None:
         threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
         _run(threads, workers, plan.n_blocks, lambda b: threads.submit(writer.write, b, plan.files_of(b)), tally.add)
@@ -66,8 +68,10 @@ def write_blocks(
 class _Tally:
     """The CRCs of the blocks written so far, in plan order, and the progress reports as blocks finish."""
 
-    def __init__(self, plan: BlockPlan, progress: ProgressCallback | None) -> None:
+    def __init__(self, plan: BlockPlan, progress: ProgressCallback | None,
+                 on_written: Callable[[int], None] | None = None) -> None:  # fmt: skip
         self.crcs = [0] * len(plan.stored)
+        self._on_written = on_written
         self._bounds = plan.bounds
         self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if len(plan.stored) else []
         self._total_bytes = sum(self._block_bytes)
@@ -83,6 +87,8 @@ class _Tally:
         self._bytes += self._block_bytes[block]
         if self._progress is not None:
             self._progress(self._files, self._bytes, len(self.crcs), self._total_bytes)
+        if self._on_written is not None:
+            self._on_written(block)
 
 
 def _run(

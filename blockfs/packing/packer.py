@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
-from .containers import open_source, spool_dir_for
 from ..storage.location import is_remote
+from .containers import open_source, spool_dir_for
 from .destination import LocalDestination, dataset_metadata, write_index
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback

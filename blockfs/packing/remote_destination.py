@@ -26,10 +26,16 @@ import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
-from .destination import write_metadata_file
+from ..core.format import (
+    BLOCKS_DIR,
+    INDEX_NAME,
+    METADATA_NAME,
+    PACKING_MARKER,
+    block_path,
+)
 from ..errors import PackError
 from ..storage.remote import RemoteError, RemoteStore
+from .destination import write_metadata_file
 
 UPLOADS = 4  # blocks uploaded at once
 _BLOCK_OBJECT = re.compile(r"^blocks/(\d{8})\.blk$")

@@ -95,3 +95,13 @@ def test_help_describes_the_program_and_lists_every_command(capsys):
     assert {"pack", "mount", "umount", "stats", "verify"} <= set(names)
     listed = {line.split()[0] for line in commands.splitlines() if line.startswith("    ") and line.split()}
     assert set(names) <= listed
+
+
+def test_every_command_prints_its_help(capsys):
+    from blockfs.cli import build_parser
+
+    for name in build_parser()._subparsers._group_actions[0].choices:
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0, name
+        assert f"usage: blockfs {name}" in capsys.readouterr().out

@@ -26,7 +26,7 @@ def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -
     if disk_tier:
         g.add_argument("--disk-cache", metavar="DIR", help="keep fetched blocks on this local disk, across mounts")
         g.add_argument("--disk-cache-size", metavar="SIZE|auto", default="auto",
-                       help=f"bytes the disk tier may hold (auto: {DISK_AUTO_FRACTION:.0%} of the free space "
+                       help=f"bytes the disk tier may hold (auto: {DISK_AUTO_FRACTION * 100:.0f}%% of the free space "
                             "under DIR)")  # fmt: skip
 
 

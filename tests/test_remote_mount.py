@@ -34,9 +34,10 @@ def edge(tmp_path_factory):
 
 @pytest.fixture
 def url(s3, edge):
-    bucket = s3.new_bucket()
-    upload_tree(s3, bucket, "edge", edge[0] / "packed")
-    return f"s3://{bucket}/edge"
+    """The edge tree packed straight to the store (the same blocks as the local pack: packing is deterministic)."""
+    url = f"s3://{s3.new_bucket()}/edge"
+    blockfs.pack(edge[1], url, block_size=4096, fsync=False)
+    return url
 
 
 def blockfs_cli(*args: str) -> str:
@@ -186,3 +187,22 @@ def test_the_loader_reads_a_remote_mount_as_a_local_one(s3, tmp_path, torch_modu
                     seen += 1
         assert seen == 120
         assert read_stats(m.path)["storage"]["remote"]["failures"] == 0
+
+
+def test_a_background_mount_fetches_the_index_once_and_leaves_no_copy(url, edge, tmp_path):
+    """``blockfs mount`` fetches metadata and index to print the plan and hands them to its serving process:
+    the server itself sends only the metadata GET, and the copy is gone after the unmount."""
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    os.makedirs(env["TMPDIR"])
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", url, str(mnt), "--no-prefill", "--log", str(tmp_path / "log")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    try:
+        remote = read_stats(mnt)["storage"]["remote"]
+        assert remote["requests"] == 1 and remote["bytes"] == os.path.getsize(edge[0] / "packed" / "blockfs.json")
+        assert regular_files(os.fsencode(mnt)) == regular_files(os.fsencode(edge[1]))
+    finally:
+        blockfs_cli("umount", str(mnt))
+    assert os.listdir(env["TMPDIR"]) == []

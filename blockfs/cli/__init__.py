@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
+    p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
     add_storage_arguments(p, disk_tier=True)
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
     tuning.add_argument("--open-mode", choices=OPEN_MODES,

@@ -40,7 +40,9 @@ def disk_cache_size(directory: str, text: str) -> int:
 def storage_options(args: argparse.Namespace) -> StorageOptions:
     disk = getattr(args, "disk_cache", None)
     size = disk_cache_size(disk, args.disk_cache_size) if disk else 0
-    return StorageOptions(parse_options(getattr(args, "storage_option", None)), disk, size)
+    fetched = getattr(args, "fetched_dir", None)  # a background mount's: what the starting command fetched
+    return StorageOptions(parse_options(getattr(args, "storage_option", None)), disk, size, fetched,
+                          remove_fetched=fetched is not None)  # fmt: skip
 
 
 def dataset_location(text: str) -> str:
@@ -48,5 +50,10 @@ def dataset_location(text: str) -> str:
     return text if is_remote(text) else os.path.abspath(text)
 
 
-def open_from_args(args: argparse.Namespace) -> PackedDataset:
-    return PackedDataset(args.dest, storage=storage_options(args))
+def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None) -> PackedDataset:
+    """The dataset the command names.  ``keep_fetched_in``: a remote dataset's metadata and index are
+    fetched into this directory and left there (for the serving process ``mount`` starts)."""
+    storage = storage_options(args)
+    if keep_fetched_in is not None and storage.disk_cache is None:
+        storage.fetched_dir, storage.remove_fetched = keep_fetched_in, False
+    return PackedDataset(args.dest, storage=storage)

@@ -9,8 +9,10 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 
+from ..storage.location import is_remote
 from .locations import dataset_location, open_from_args, storage_options
 from ..serve.plan import parse_size
 from .output import human, progress_bar
@@ -100,20 +102,31 @@ def cmd_mount(args: argparse.Namespace) -> int:
     args.dest, args.mountpoint = dataset_location(args.dest), os.path.abspath(args.mountpoint)
     mnt.check_mountpoint(args.mountpoint)
     size, why = _budget(args)
-    with open_from_args(args) as ds:  # for a URL: the metadata and index fetched (into the disk tier if any)
-        print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
-        if args.policy != "none":
-            print(_describe(*_memory_plan(args, size, ds)), flush=True)
-    if args.foreground:
-        return _serve_here(args, size)
-    log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
-    # The serving process gets the user's own command line: every option is declared once, in the parser.
-    # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
-    command = [sys.executable, "-m", "blockfs", *args.argv, "--foreground", "--budget-bytes", str(size)]
-    command += [] if args.log else ["--log", log_path]
-    # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
-    timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
-    pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
+    # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory
+    # handed to the serving process (which removes it).
+    fetched = None
+    if is_remote(args.dest) and not args.foreground and not args.disk_cache:
+        fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
+    try:
+        with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
+            print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
+            if args.policy != "none":
+                print(_describe(*_memory_plan(args, size, ds)), flush=True)
+        if args.foreground:
+            return _serve_here(args, size)
+        log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
+        # The serving process gets the user's own command line: every option is declared once, in the parser.
+        # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
+        command = [sys.executable, "-m", "blockfs", *args.argv, "--foreground", "--budget-bytes", str(size)]
+        command += [] if args.log else ["--log", log_path]
+        command += ["--fetched-dir", fetched] if fetched else []
+        # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
+        timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
+        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
+    except BaseException:
+        if fetched:
+            shutil.rmtree(fetched, ignore_errors=True)
+        raise
     print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
           f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
     return 0

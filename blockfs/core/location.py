@@ -42,6 +42,10 @@ class StorageOptions:
     options: dict = field(default_factory=dict)  # the client's (endpoint, region, keys ...) and blockfs's
     disk_cache: str | None = None  # the disk tier's directory
     disk_cache_size: int = 0  # its byte budget
+    # Without a disk tier: a directory for the fetched metadata and index (so ``blockfs mount`` hands what
+    # it fetched to its serving process instead of both fetching), and whether closing removes it.
+    fetched_dir: str | None = None
+    remove_fetched: bool = True
 
 
 class DatasetLocation:
@@ -110,6 +114,8 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
     if storage.disk_cache:
         tier = DiskTier(storage.disk_cache, storage.disk_cache_size, key, remote.display)
         root, temporary = tier.root, False
+    elif storage.fetched_dir:
+        root, temporary = storage.fetched_dir, storage.remove_fetched
     else:
         root, temporary = tempfile.mkdtemp(prefix="blockfs-remote-"), True
     located = DatasetLocation(remote.display, root, remote, tier, temporary)

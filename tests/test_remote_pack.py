@@ -129,3 +129,27 @@ def test_pack_output_and_errors_carry_no_secret(s3, tmp_path):
         assert SECRET not in out.stdout + out.stderr
     http = run_cli("pack", str(src), "http://127.0.0.1:9/ds")
     assert http.returncode != 0 and "read-only" in http.stderr
+
+
+def test_a_failed_upload_stops_the_pack_and_commits_nothing(s3, tmp_path, monkeypatch):
+    import errno
+
+    from blockfs.storage.remote import RemoteError, RemoteStore
+
+    src = tmp_path / "src"
+    make_class_tree(src, files=60, seed=4, sizes=(10, 100))
+    bucket = s3.new_bucket()
+    real_put = RemoteStore.put_file
+
+    def put_file(self, name, path):
+        if name == "blocks/00000003.blk":
+            raise RemoteError(errno.EIO, f"{self.where(name)}: PUT failed: simulated")
+        return real_put(self, name, path)
+
+    monkeypatch.setattr(RemoteStore, "put_file", put_file)
+    (tmp_path / "stage").mkdir()
+    with pytest.raises(PackError, match="00000003.blk: PUT failed"):
+        blockfs.pack(src, f"s3://{bucket}/ds", files_per_block=5, fsync=False, workers=1, staging=str(tmp_path / "stage"))
+    keys = s3.keys(bucket, "ds/")
+    assert "ds/blockfs.json" not in keys and "ds/.blockfs-packing" in keys
+    assert os.listdir(tmp_path / "stage") == []  # the staging directory is gone

@@ -81,7 +81,9 @@ class RemoteDestination:
         os.makedirs(os.path.join(self.staging, BLOCKS_DIR), exist_ok=True)
 
     def block_written(self, block: int) -> None:
-        """Upload a finished block in the background; waits while too many are waiting already."""
+        """Upload a finished block in the background; waits while too many are waiting already.  An
+        upload that failed stops the pack here, at the next block, not after every block is written."""
+        self._raise_failed(done_only=True)
         path = block_path(self.staging, block)
         self._sizes[block] = os.path.getsize(path)
         self._waiting.acquire()
@@ -96,7 +98,12 @@ class RemoteDestination:
     def blocks_done(self) -> None:
         """Wait for every block's upload; the first failure stops the pack."""
         wait(self._futures)
+        self._raise_failed(done_only=False)
+
+    def _raise_failed(self, done_only: bool) -> None:
         for future in self._futures:
+            if done_only and not future.done():
+                continue
             error = future.exception()
             if error is not None:
                 raise PackError(f"cannot upload to {self.display}: {error}") from None

@@ -7,11 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 import blockfs
-from blockfs.errors import NotADatasetError, PackError
+from blockfs.errors import NotADatasetError, PackError, SourceError
+from blockfs.packing.remote_source import _ReadAhead
+from blockfs.packing.sources import SourceEntry
 from conftest import make_class_tree, make_edge_tree
 from polling import wait_until
 from s3server import SECRET
@@ -50,24 +53,92 @@ def test_a_pack_to_s3_is_the_local_pack_and_unpacks_to_the_tree(s3, tmp_path):
     assert diff.returncode == 0, diff.stdout + diff.stderr
 
 
-def test_a_pack_from_a_prefix_of_objects_is_the_pack_of_the_tree(s3, tmp_path):
-    src = tmp_path / "src"
-    make_class_tree(src, files=90, seed=3, sizes=(10, 3000))
-    bucket = s3.new_bucket()
+def files_and_labels(ds) -> dict[str, tuple[bytes, int]]:
+    return {os.fsdecode(ds.path_of(e)): (ds.read_entry(e), int(ds.labels[e])) for e in ds.file_ids}
+
+
+def upload_tree(s3, bucket: str, prefix: str, root) -> None:
     client = s3.client()
-    client.put_object(Bucket=bucket, Key="raw/train/", Body=b"")  # a folder placeholder is a directory
-    for dirpath, _dirs, files in os.walk(src):
+    for dirpath, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(dirpath, name)
-            client.upload_file(path, bucket, "raw/train/" + os.path.relpath(path, src))
-    client.put_object(Bucket=bucket, Key="raw/trainer/other.bin", Body=b"not under the prefix")
-    blockfs.pack(f"s3://{bucket}/raw/train/", tmp_path / "from-s3", files_per_block=20, fsync=False)
-    blockfs.pack(src, tmp_path / "from-disk", files_per_block=20, fsync=False)
-    with blockfs.open_dataset(tmp_path / "from-s3") as a, blockfs.open_dataset(tmp_path / "from-disk") as b:
-        assert a.classes == b.classes and a.classes
-        files = {os.fsdecode(a.path_of(e)): (a.read_entry(e), int(a.labels[e])) for e in a.file_ids}
-        expected = {os.fsdecode(b.path_of(e)): (b.read_entry(e), int(b.labels[e])) for e in b.file_ids}
-    assert files == expected
+            client.upload_file(path, bucket, prefix + os.path.relpath(path, root))
+
+
+def test_a_prefix_of_objects_packs_as_the_tree_it_describes(s3, tmp_path):
+    src = tmp_path / "src"
+    make_class_tree(src, files=45, seed=3, sizes=(10, 3000))
+    (src / "c1" / "empty.bin").write_bytes(b"")  # an empty file: a zero-byte object that is not a folder
+    (src / "c3" / "deeper").mkdir(parents=True)  # an empty folder: a placeholder key "c3/deeper/"
+    bucket = s3.new_bucket()
+    upload_tree(s3, bucket, "raw/train/", src)
+    client = s3.client()
+    for key in ("raw/train/", "raw/train/c0/", "raw/train/c3/deeper/"):  # folder placeholders
+        client.put_object(Bucket=bucket, Key=key, Body=b"")
+    client.put_object(Bucket=bucket, Key="raw/trainer/x.bin", Body=b"beside the prefix, not under it")
+
+    blockfs.pack(f"s3://{bucket}/raw/train/", tmp_path / "from-s3", files_per_block=10, fsync=False)
+    blockfs.pack(f"s3://{bucket}/raw/train/", f"s3://{bucket}/packed", files_per_block=10)  # store to store
+    blockfs.pack(src, tmp_path / "from-disk", files_per_block=10, fsync=False)
+    with (
+        blockfs.open_dataset(tmp_path / "from-s3") as a,
+        blockfs.open_dataset(tmp_path / "from-disk") as b,
+        blockfs.open_dataset(f"s3://{bucket}/packed") as c,
+    ):
+        assert a.classes == b.classes == c.classes == ["c0", "c1", "c2", "c3"]
+        assert files_and_labels(a) == files_and_labels(b) == files_and_labels(c)
+        dirs = {os.fsdecode(a.path_of(e)) for e in range(a.index.n_entries) if a.stat_entry(e).kind == 1}
+        assert dirs == {"", "c0", "c1", "c2", "c3", "c3/deeper"}
+        assert a.stat("c1/empty.bin").size == 0 and a.stat("c1/empty.bin").mode == 0o100644
+        assert a.stat("c3/deeper").mode == 0o040755
+        mtime = client.head_object(Bucket=bucket, Key="raw/train/c2/f002.bin")["LastModified"].timestamp()
+        assert a.stat("c2/f002.bin").mtime_ns == int(mtime * 1e9)
+
+
+def test_a_prefix_that_cannot_be_a_tree_is_refused_with_the_key(s3, tmp_path):
+    bucket = s3.new_bucket()
+    client = s3.client()
+    client.put_object(Bucket=bucket, Key="raw/a", Body=b"an object")
+    client.put_object(Bucket=bucket, Key="raw/a/b", Body=b"and a key beneath it")
+    with pytest.raises(SourceError, match=rf"s3://{bucket}/raw/a is both an object and a folder"):
+        blockfs.pack(f"s3://{bucket}/raw", tmp_path / "p")
+    with pytest.raises(SourceError, match="holds no objects"):
+        blockfs.pack(f"s3://{bucket}/nothing/", tmp_path / "p")
+    assert not (tmp_path / "p").exists()  # refused before DEST was touched
+
+
+def test_the_read_ahead_keeps_to_its_budget_and_fetches_each_object_once():
+    entries = [SourceEntry(f"f{i:03d}".encode(), 0, 0o100644, 0, size=100 + i % 7) for i in range(300)]
+    fetched: list[bytes] = []
+    lock = threading.Lock()
+    ahead: _ReadAhead | None = None
+    peak = 0
+
+    def fetch(entry: SourceEntry) -> bytes:
+        nonlocal peak
+        with lock:
+            fetched.append(entry.path)
+            peak = max(peak, ahead.held if ahead is not None else 0)
+        return entry.path * entry.size
+
+    def read(entry: SourceEntry) -> None:  # what RemotePrefixSource.read_into does
+        future = ahead.take(entry)
+        if future is None:
+            data = fetch(entry)
+        else:
+            data = future.result()
+            ahead.taken(entry)
+        assert data == entry.path * entry.size
+
+    ahead = _ReadAhead(fetch, entries, budget=1000, requests=4)
+    try:
+        read(entries[250])  # far past the budget's reach: read by the writer, and skipped by the read-ahead
+        for entry in entries[:250] + entries[251:]:
+            read(entry)
+    finally:
+        ahead.stop()
+    assert sorted(fetched) == [e.path for e in entries]  # each once, by one side or the other
+    assert 0 < peak <= 1000 and ahead.held == 0
 
 
 def test_a_killed_pack_leaves_no_dataset_and_a_rerun_replaces_it(s3, tmp_path):

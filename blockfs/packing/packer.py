@@ -32,7 +32,7 @@ from .options import PackOptions, PackResult, ProgressCallback
 from .parallel import write_blocks
 from .plan import BlockPlan, make_plan, plan_blocks
 from .remote_destination import RemoteDestination
-from .remote_source import WRITERS, RemotePrefixSource
+from .remote_source import RemotePrefixSource
 from .sources import DirectorySource, Source, SourceEntry
 from .writer import BlockWriter
 
@@ -144,8 +144,11 @@ def _write_blocks(
     order, the index prepared for the entries kept, and the paths found unreadable (--skip-unreadable)."""
     remote = isinstance(target, RemoteDestination)
     fsync = options.fsync and not remote  # a staging copy is thrown away: the upload is what lasts
-    with BlockWriter(source, target.local, fsync=fsync, skip_unreadable=options.skip_unreadable) as writer:
-        workers = options.workers or (WRITERS if isinstance(source, RemotePrefixSource) else os.cpu_count() or 1)
+    with (
+        source.reading(plan.stored),
+        BlockWriter(source, target.local, fsync=fsync, skip_unreadable=options.skip_unreadable) as writer,
+    ):
+        workers = options.workers or os.cpu_count() or 1
         crcs, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,
                                       on_written=target.block_written)  # fmt: skip
         writer.wait_durable()

@@ -17,9 +17,9 @@ import logging
 import os
 import stat
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ..errors import PackError, SourceError
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
@@ -59,6 +59,7 @@ class Source(ABC):
       the packer then writes blocks in worker processes instead of threads.
     - ``provides_labels = True`` when the entries carry their own labels (RecordIO headers, WebDataset
       ``.cls``); ``pack`` then keeps them unless told ``--labels none`` or a CSV.
+    - :meth:`reading`: the order the files will be read in, for a source that fetches ahead.
     - :meth:`skipped`, :meth:`damaged`: what was left out, for one warning each.
     - :meth:`write_metadata`: side files written into the dataset, and what ``blockfs.json`` records.
 
@@ -80,6 +81,12 @@ class Source(ABC):
 
         Thread-safe: the packer calls it from several writer threads.  Raises OSError when unreadable.
         """
+
+    def reading(self, order: Sequence[SourceEntry]) -> AbstractContextManager[object]:
+        """While the context is open, files are read about in ``order``: each once (a large one in pieces),
+        a block's files in order, several blocks at once, blocks started in order.  A source whose reads have latency (objects in a store) may fetch
+        ahead; by default nothing happens."""
+        return nullcontext()
 
     def skipped(self) -> list[bytes]:
         """Paths seen but not packed (sockets, FIFOs, devices), for one warning."""

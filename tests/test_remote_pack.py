@@ -1,27 +1,57 @@
-"""``blockfs pack`` to and from an S3-compatible store (moto on loopback): the same dataset as a local pack,
-crash-safe commits, refusals that lose nothing, and no credential in any output."""
+"""``blockfs pack`` to and from an S3-compatible store (moto on loopback): the objects are a local pack's
+files, a prefix of objects packs as the tree it describes, a killed pack leaves nothing that opens, the
+refusals lose nothing, and no credential reaches any output."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
+from conftest import make_class_tree, tree_snapshot
+from polling import wait_until
+from s3server import SECRET
+from test_containers import record_payload, recordio_sample, write_recordio
 
 import blockfs
+from blockfs.core import format as fmt
+from blockfs.core.unpack import unpack
 from blockfs.errors import NotADatasetError, PackError, SourceError
 from blockfs.packing.remote_source import _ReadAhead
 from blockfs.packing.sources import SourceEntry
-from conftest import make_class_tree, make_edge_tree
-from polling import wait_until
-from s3server import SECRET
+from blockfs.storage.remote import RemoteError, RemoteStore
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "blockfs", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "blockfs", *args], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+
+
+def download(s3, bucket: str, prefix: str, to) -> dict[str, bytes]:
+    """Every object under ``prefix/``, written below ``to`` by its relative name; their bytes by name."""
+    client, found = s3.client(), {}
+    for key in s3.keys(bucket, prefix + "/"):
+        rel = key[len(prefix) + 1 :]
+        os.makedirs(os.path.dirname(os.path.join(to, rel)) or to, exist_ok=True)
+        client.download_file(bucket, key, os.path.join(to, rel))
+        with open(os.path.join(to, rel), "rb") as f:
+            found[rel] = f.read()
+    return found
+
+
+def local_files(root) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                out[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
+    return out
 
 
 def snapshot(ds) -> dict[str, tuple]:
@@ -35,26 +65,34 @@ def snapshot(ds) -> dict[str, tuple]:
     return out
 
 
-def test_a_pack_to_s3_is_the_local_pack_and_unpacks_to_the_tree(s3, tmp_path):
-    src = tmp_path / "src"
-    make_edge_tree(src)
-    bucket = s3.new_bucket()
-    url = f"s3://{bucket}/edge"
-    result = blockfs.pack(src, url, block_size=4096, fsync=False)
-    assert result.dest == url and result.n_blocks >= 2
-    keys = s3.keys(bucket, "edge/")
-    assert "edge/blockfs.json" in keys and "edge/index.bfi" in keys and "edge/.blockfs-packing" not in keys
-    blockfs.pack(src, tmp_path / "local", block_size=4096, fsync=False)
-    with blockfs.open_dataset(url) as remote, blockfs.open_dataset(tmp_path / "local") as local:
-        assert snapshot(remote) == snapshot(local)
-    done = run_cli("unpack", url, str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
-    diff = subprocess.run(["diff", "-r", "--no-dereference", src, tmp_path / "out"], capture_output=True)
-    assert diff.returncode == 0, diff.stdout + diff.stderr
-
-
 def files_and_labels(ds) -> dict[str, tuple[bytes, int]]:
     return {os.fsdecode(ds.path_of(e)): (ds.read_entry(e), int(ds.labels[e])) for e in ds.file_ids}
+
+
+def test_a_pack_to_s3_is_a_local_pack_object_for_object(s3, tmp_path, edge_tree):
+    bucket = s3.new_bucket()
+    staging = tmp_path / "staging"
+    result = blockfs.pack(edge_tree, f"s3://{bucket}/ds", block_size=4096, staging=str(staging))
+    assert result.dest == f"s3://{bucket}/ds" and result.n_blocks >= 2
+    assert os.listdir(staging) == []  # the staging directory is gone, blocks and all
+    uploaded = download(s3, bucket, "ds", tmp_path / "copy")
+    blockfs.pack(edge_tree, tmp_path / "local", block_size=4096)
+    assert uploaded == local_files(tmp_path / "local")  # same names, same bytes; no marker
+    with blockfs.open_dataset(tmp_path / "copy") as ds:
+        unpack(ds, tmp_path / "out")
+    assert tree_snapshot(tmp_path / "out") == tree_snapshot(edge_tree)
+    with blockfs.open_dataset(f"s3://{bucket}/ds") as remote, blockfs.open_dataset(tmp_path / "local") as local:
+        assert snapshot(remote) == snapshot(local)  # and read in place, through ranged GETs
+
+
+def test_side_files_are_uploaded_before_the_commit(s3, tmp_path):
+    sample = recordio_sample(np.random.default_rng(0))
+    write_recordio(tmp_path / "data.rec", [record_payload(lab, i, img) for lab, i, img, _ in sample], True)
+    bucket = s3.new_bucket()
+    blockfs.pack(tmp_path / "data.rec", f"s3://{bucket}/rec", block_size=1024, fsync=False)
+    blockfs.pack(tmp_path / "data.rec", tmp_path / "local", block_size=1024, fsync=False)
+    assert download(s3, bucket, "rec", tmp_path / "copy") == local_files(tmp_path / "local")
+    assert "labels.json" in local_files(tmp_path / "local")
 
 
 def upload_tree(s3, bucket: str, prefix: str, root) -> None:
@@ -141,86 +179,129 @@ def test_the_read_ahead_keeps_to_its_budget_and_fetches_each_object_once():
     assert 0 < peak <= 1000 and ahead.held == 0
 
 
-def test_a_killed_pack_leaves_no_dataset_and_a_rerun_replaces_it(s3, tmp_path):
-    big, small = tmp_path / "big", tmp_path / "small"
-    for i in range(200):
-        (big / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        (big / f"c{i % 2}" / f"{i:03d}").write_bytes(os.urandom(100))
-    make_class_tree(small, files=20, seed=1, sizes=(10, 100))
+def test_a_failed_upload_stops_the_pack_and_leaves_no_dataset(s3, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    make_class_tree(src, files=30, seed=4, sizes=(10, 100))
     bucket = s3.new_bucket()
-    url = f"s3://{bucket}/ds"
-    blockfs.pack(big, url, files_per_block=10, fsync=False)  # a complete dataset of 20 blocks
-    command = [sys.executable, "-m", "blockfs", "pack", str(big), url, "--files-per-block", "1", "--force",
-               "--workers", "1"]  # fmt: skip
+    real = RemoteStore.put_file
+
+    def failing(self, name, path):
+        if name == fmt.block_path("", 2):
+            raise RemoteError(errno.EIO, f"{self.where(name)}: PUT failed: the network is on fire")
+        return real(self, name, path)
+
+    monkeypatch.setattr(RemoteStore, "put_file", failing)
+    with pytest.raises(PackError, match=f"cannot pack to s3://{bucket}/ds: s3://{bucket}/ds/blocks/00000002.blk: PUT"):
+        blockfs.pack(src, f"s3://{bucket}/ds", files_per_block=3, staging=str(tmp_path / "staging"))
+    keys = s3.keys(bucket, "ds/")
+    assert "ds/.blockfs-packing" in keys and "ds/blockfs.json" not in keys and "ds/index.bfi" not in keys
+    assert os.listdir(tmp_path / "staging") == []
+    with pytest.raises(NotADatasetError, match="unfinished pack"):
+        blockfs.open_dataset(f"s3://{bucket}/ds")
+
+
+def _slow_tree(root, files: int) -> None:
+    """``files`` small files: one block each, so a pack takes many PUTs and can be caught halfway."""
+    for i in range(files):
+        (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{i % 2}" / f"{i:03d}.bin").write_bytes(os.urandom(64))
+
+
+def _kill_once(command: list[str], uploaded, what: str) -> None:
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: "ds/blocks/00000030.blk" in s3.keys(bucket, "ds/blocks/"), timeout=60,
-                   what="the second pack to upload its 31st block")  # fmt: skip
-    finally:
+        wait_until(lambda: uploaded() or proc.poll() is not None, what, timeout=60)
+        assert proc.poll() is None, f"the pack finished before it could be killed: {proc.stderr.read()!r}"
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+    finally:
+        proc.wait(30)
+        proc.stderr.close()
+
+
+def test_a_killed_pack_leaves_nothing_that_opens_and_a_rerun_replaces_it(s3, tmp_path):
+    big, small = tmp_path / "big", tmp_path / "small"
+    _slow_tree(big, 150)
+    make_class_tree(small, files=12, seed=1, sizes=(10, 100))
+    bucket = s3.new_bucket()
+    client = s3.client()
+    pack = [sys.executable, "-m", "blockfs", "pack", str(big), "--files-per-block", "1", "--workers", "1"]
+
+    # A pack into a new prefix, killed once its first block is up.
+    _kill_once([*pack, f"s3://{bucket}/fresh"], lambda: s3.keys(bucket, "fresh/blocks/"), "a first block")
+    assert "fresh/blockfs.json" not in s3.keys(bucket, "fresh/")
+    with pytest.raises(NotADatasetError, match="unfinished pack"):
+        blockfs.open_dataset(f"s3://{bucket}/fresh")
+
+    # A complete dataset, then a --force pack over it killed once a new block has replaced an old one.
+    url = f"s3://{bucket}/ds"
+    blockfs.pack(small, url, files_per_block=1, seed=7)
+
+    def first() -> str:
+        return client.head_object(Bucket=bucket, Key="ds/blocks/00000000.blk")["ETag"]
+
+    old = first()
+    assert len(s3.keys(bucket, "ds/blocks/")) == 12
+    _kill_once([*pack, url, "--force"], lambda: first() != old, "the first block to be replaced")
     assert "ds/blockfs.json" not in s3.keys(bucket, "ds/")
     with pytest.raises(NotADatasetError, match="unfinished pack"):
         blockfs.open_dataset(url)
-    blockfs.pack(small, url, files_per_block=10, fsync=False)  # the marker says ours: no --force needed
+
+    # The rerun needs no --force (the marker says the pack is ours), and leaves only its own blocks.
+    blockfs.pack(small, url, files_per_block=5)
     keys = s3.keys(bucket, "ds/")
-    assert [k for k in keys if k.startswith("ds/blocks/")] == ["ds/blocks/00000000.blk", "ds/blocks/00000001.blk"]
-    with blockfs.open_dataset(url) as ds, blockfs.open_dataset(blockfs.pack(small, tmp_path / "l").dest) as local:
-        assert snapshot(ds) == snapshot(local)
+    assert keys == ["ds/blockfs.json", "ds/blocks/00000000.blk", "ds/blocks/00000001.blk",
+                    "ds/blocks/00000002.blk", "ds/index.bfi"]  # fmt: skip
+    with blockfs.open_dataset(url) as ds:
+        files = {path: data for path, (data, _label) in files_and_labels(ds).items()}
+    assert files == local_files(small)
 
 
 def test_refusals_lose_nothing(s3, tmp_path):
     src = tmp_path / "src"
-    make_class_tree(src, files=10, seed=2, sizes=(10, 100))
+    make_class_tree(src, files=6, seed=2, sizes=(10, 100))
     bucket = s3.new_bucket()
-    s3.client().put_object(Bucket=bucket, Key="other/data.txt", Body=b"precious")
-    with pytest.raises(PackError, match="not empty and holds no blockfs dataset"):
-        blockfs.pack(src, f"s3://{bucket}/other", fsync=False)
+    client = s3.client()
+    client.put_object(Bucket=bucket, Key="other/data.txt", Body=b"precious")
+    for force in (False, True):
+        with pytest.raises(PackError, match="not empty and holds no blockfs dataset"):
+            blockfs.pack(src, f"s3://{bucket}/other", force=force)
     assert s3.keys(bucket, "other/") == ["other/data.txt"]
-    blockfs.pack(src, f"s3://{bucket}/ds", fsync=False)
-    with pytest.raises(PackError, match="--force"):
-        blockfs.pack(src, f"s3://{bucket}/ds", fsync=False)
-    blockfs.pack(src, f"s3://{bucket}/ds", fsync=False, force=True)
+
+    blockfs.pack(src, f"s3://{bucket}/ds")
+    before = {k: client.head_object(Bucket=bucket, Key=k)["ETag"] for k in s3.keys(bucket, "ds/")}
+    with pytest.raises(PackError, match="already holds a packed dataset: pass --force"):
+        blockfs.pack(src, f"s3://{bucket}/ds", seed=1)
+    assert {k: client.head_object(Bucket=bucket, Key=k)["ETag"] for k in s3.keys(bucket, "ds/")} == before
+    blockfs.pack(src, f"s3://{bucket}/ds", force=True, seed=1)
     with blockfs.open_dataset(f"s3://{bucket}/ds") as ds:
-        assert len(ds.file_ids) == 10
+        assert ds.metadata["pack"]["seed"] == 1 and len(ds.file_ids) == 6
+
+    upload_tree(s3, bucket, "raw/", src)
+    with pytest.raises(PackError, match="inside the source"):
+        blockfs.pack(f"s3://{bucket}/raw/", f"s3://{bucket}/raw/packed")
+    with pytest.raises(PackError, match="read-only"):
+        blockfs.pack(src, "https://example.invalid/ds")  # refused before any request
+    assert not any(k.startswith("raw/packed") for k in s3.keys(bucket))
 
 
-def test_pack_output_and_errors_carry_no_secret(s3, tmp_path):
+def test_no_secret_in_any_output_even_on_errors(s3, tmp_path):
     src = tmp_path / "src"
-    make_class_tree(src, files=5, seed=2, sizes=(10, 100))
+    make_class_tree(src, files=4, seed=2, sizes=(10, 100))
     bucket = s3.new_bucket()
-    done = run_cli("pack", str(src), f"s3://{bucket}/ds", "--no-fsync")
-    assert done.returncode == 0 and f"s3://{bucket}/ds" in done.stdout, done.stderr
-    secret = ("--storage-option", f"secret={SECRET}", "--storage-option", "key=AKIABLOCKFSTESTKEY01")
-    missing = run_cli("pack", str(src), "s3://no-such-bucket-blockfs/ds", "--no-fsync", *secret)
-    assert missing.returncode != 0 and "no-such-bucket-blockfs" in missing.stderr
-    given = run_cli("pack", str(src), f"s3://{bucket}/x", "--no-fsync", *secret)  # moto takes any key
-    assert given.returncode == 0, given.stderr
-    for out in (done, missing, given):
-        assert SECRET not in out.stdout + out.stderr
-    http = run_cli("pack", str(src), "http://127.0.0.1:9/ds")
-    assert http.returncode != 0 and "read-only" in http.stderr
-
-
-def test_a_failed_upload_stops_the_pack_and_commits_nothing(s3, tmp_path, monkeypatch):
-    import errno
-
-    from blockfs.storage.remote import RemoteError, RemoteStore
-
-    src = tmp_path / "src"
-    make_class_tree(src, files=60, seed=4, sizes=(10, 100))
-    bucket = s3.new_bucket()
-    real_put = RemoteStore.put_file
-
-    def put_file(self, name, path):
-        if name == "blocks/00000003.blk":
-            raise RemoteError(errno.EIO, f"{self.where(name)}: PUT failed: simulated")
-        return real_put(self, name, path)
-
-    monkeypatch.setattr(RemoteStore, "put_file", put_file)
-    (tmp_path / "stage").mkdir()
-    with pytest.raises(PackError, match="00000003.blk: PUT failed"):
-        blockfs.pack(src, f"s3://{bucket}/ds", files_per_block=5, fsync=False, workers=1, staging=str(tmp_path / "stage"))
-    keys = s3.keys(bucket, "ds/")
-    assert "ds/blockfs.json" not in keys and "ds/.blockfs-packing" in keys
-    assert os.listdir(tmp_path / "stage") == []  # the staging directory is gone
+    given = ("--storage-option", f"secret={SECRET}", "--storage-option", "key=AKIABLOCKFSTESTKEY01")
+    runs = {
+        "pack": run_cli("pack", str(src), f"s3://{bucket}/ds", *given),
+        "pack from": run_cli("pack", f"s3://{bucket}/ds/", str(tmp_path / "back"), *given),
+        "no bucket": run_cli("-v", "pack", str(src), "s3://no-such-bucket-blockfs/ds", *given),
+        "no source": run_cli("-v", "pack", "s3://no-such-bucket-blockfs/raw/", str(tmp_path / "p"), *given),
+        "http": run_cli("pack", str(src), "http://127.0.0.1:9/ds"),
+    }
+    assert runs["pack"].returncode == 0, runs["pack"].stderr
+    assert f"blocks at s3://{bucket}/ds in" in runs["pack"].stdout
+    assert runs["pack from"].returncode == 0, runs["pack from"].stderr  # a dataset's own objects, as files
+    for name in ("no bucket", "no source"):
+        assert runs[name].returncode == 2 and "s3://no-such-bucket-blockfs/" in runs[name].stderr, name
+    assert runs["http"].returncode == 2 and "read-only" in runs["http"].stderr
+    for name, run in runs.items():
+        assert SECRET not in run.stdout + run.stderr, name
+    assert json.loads(s3.client().get_object(Bucket=bucket, Key="ds/blockfs.json")["Body"].read())["n_files"] == 4

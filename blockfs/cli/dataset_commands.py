@@ -12,11 +12,11 @@ import sys
 import time
 
 from ..core.dataset import PackedDataset
-from ..storage.remote import parse_options
 from .locations import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..serve.plan import parse_size
+from ..storage.remote import parse_options
 from .output import human, progress_bar
 
 
@@ -36,9 +36,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
         skip_unreadable=args.skip_unreadable,
         skip_damaged=args.skip_damaged,
         fsync=not args.no_fsync,
-        storage_options=parse_options(args.storage_option),
         staging=args.staging,
     )
+    storage = parse_options(args.storage_option)
     src = args.src[0] if len(args.src) == 1 else args.src  # several: WebDataset shards
     bar = listed = None
 
@@ -59,7 +59,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     tty = sys.stderr.isatty()
     try:
-        result = pack(src, args.dest, options, progress=progress if tty else None, listing=listing if tty else None)
+        result = pack(src, args.dest, options, storage_options=storage, progress=progress if tty else None,
+                      listing=listing if tty else None)  # fmt: skip
     finally:
         for shown in (listed, bar):
             if shown is not None:

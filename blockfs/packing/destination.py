@@ -5,6 +5,11 @@ Crash safety lives here, in one place: the marker ``.blockfs-packing`` exists fr
 until ``blockfs.json`` is renamed into place, and ``blockfs.json`` is what makes a directory open as a
 dataset.  A killed pack therefore never leaves anything that opens as complete, and a rerun recognises
 the marker and starts over without ``--force``.
+
+The packer sees a destination through :class:`Destination`: a local directory
+(:class:`LocalDestination`, written in place) or a URL
+(:class:`~blockfs.packing.remote_destination.RemoteDestination`, written to a staging directory and
+uploaded block by block, with the same steps and the same argument for crash safety).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -19,6 +25,7 @@ from ..core import format as fmt
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..errors import PackError
+from ..storage.location import is_remote
 from .options import PackOptions
 
 
@@ -58,26 +65,71 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_index(
-    dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], n_blocks: int,
-    sizes: list[int] | None = None,
-) -> np.ndarray:
-    """Write the index, now that the file CRCs (``crcs``, in plan order) are known; return the block sizes.
+class Destination(ABC):
+    """Where a pack goes, as the packer sees it: the steps of :func:`blockfs.pack` that touch DEST.
+
+    ``directory`` is the local directory the block writers, the index and a source's side files are
+    written into; ``display`` names DEST in messages and in the result; ``fsync`` says whether files
+    written there must be flushed (False where they are a staging copy: the upload is what lasts).
+    """
+
+    directory: str
+    display: str
+    fsync: bool
+
+    @abstractmethod
+    def claim(self, source_location: str | None, force: bool) -> None:
+        """Refuse a DEST that would lose data, then mark it as a pack in progress.  ``source_location``:
+        the directory or URL the source reads from (DEST must not be inside it), or None."""
+
+    def block_written(self, block: int) -> None:
+        """Block ``block``'s file in ``directory`` is complete (called in the packer's thread)."""
+
+    def blocks_done(self) -> None:
+        """Every block is written: return once they are all where they last (an upload's error is raised here)."""
+
+    @abstractmethod
+    def block_sizes(self, n_blocks: int) -> np.ndarray:
+        """The size of every block file, for the index."""
+
+    @abstractmethod
+    def commit(self, metadata: dict) -> None:
+        """Make DEST a dataset: whatever is still to go there first, ``blockfs.json`` last."""
+
+    def close(self) -> None:
+        """Release what the pack used, after a commit or a failure."""
+
+
+class LocalDestination(Destination):
+    """A local directory, written in place and committed by renaming ``blockfs.json`` into place."""
+
+    def __init__(self, dest: str, fsync: bool) -> None:
+        self.directory = self.display = dest
+        self.fsync = fsync
+
+    def claim(self, source_location: str | None, force: bool) -> None:
+        inside = source_location if source_location is not None and not is_remote(source_location) else None
+        prepare_dest(inside, self.directory, force)
+
+    def block_sizes(self, n_blocks: int) -> np.ndarray:
+        return np.array([os.path.getsize(block_path(self.directory, b)) for b in range(n_blocks)], dtype=np.uint64)
+
+    def commit(self, metadata: dict) -> None:
+        commit(self.directory, metadata, self.fsync)
+
+
+def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], block_sizes: np.ndarray) -> None:
+    """Write the index, now that the file CRCs (``crcs``, in plan order) and the block sizes are known.
 
     ``plan_pos`` maps each entry of the index to its position in the plan (-1: not a file).  Called once
-    every block is on disk: an index never names a block that a crash could lose.  ``sizes``: the block
-    files' sizes when they are no longer in ``dest`` (uploaded from a staging directory).
+    every block is on disk: an index never names a block that a crash could lose.
     """
     is_file = plan_pos >= 0
     file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
     file_crcs[is_file] = np.asarray(crcs, dtype=np.uint32)[plan_pos[is_file]]
-    if sizes is None:
-        sizes = [os.path.getsize(block_path(dest, b)) for b in range(n_blocks)]
-    block_sizes = np.array(sizes, dtype=np.uint64)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
     index.write(tmp_index, file_crcs, block_sizes)
     os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
-    return block_sizes
 
 
 def dataset_metadata(
@@ -132,32 +184,6 @@ def commit(dest: str, metadata: dict, fsync: bool) -> None:
     os.unlink(os.path.join(dest, PACKING_MARKER))
     if fsync:
         _fsync_dir(dest)
-
-
-class LocalDestination:
-    """A pack into a local directory: written in place, committed by renaming ``blockfs.json`` into place
-    (the same steps as :class:`~blockfs.packing.remote_destination.RemoteDestination`, with nothing to upload)."""
-
-    def __init__(self, dest: str) -> None:
-        self.local = self.display = dest
-
-    def claim(self, src_dir: str | None, force: bool) -> None:
-        prepare_dest(src_dir, self.local, force)
-
-    def block_written(self, block: int) -> None:
-        pass
-
-    def blocks_done(self) -> None:
-        pass
-
-    def block_sizes(self, n_blocks: int) -> list[int] | None:
-        return None  # read from the block files
-
-    def commit(self, metadata: dict, fsync: bool) -> None:
-        commit(self.local, metadata, fsync)
-
-    def close(self) -> None:
-        pass
 
 
 def _file_crc(path: str) -> int:

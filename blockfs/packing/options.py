@@ -35,7 +35,6 @@ class PackOptions:
     skip_unreadable: bool = False
     skip_damaged: bool = False  # containers: pack around damaged records/members, listing them
     fsync: bool = True
-    storage_options: dict | None = None  # a URL SOURCE or DEST: the object store's options (--storage-option)
     staging: str | None = None  # a URL DEST: where blocks wait for their upload (default: the temp directory)
 
     def __post_init__(self) -> None:

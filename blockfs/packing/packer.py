@@ -4,10 +4,12 @@ the metadata, atomically.
 :func:`pack` is the sequence of steps and nothing else; each step is carried out by a module with one job,
 so each can be read, tested and changed alone:
 
-- :mod:`.sources` / :mod:`.containers`: what is packed (listing, and reading a file's bytes);
+- :mod:`.sources` / :mod:`.containers` / :mod:`.remote_source`: what is packed (listing, and reading a
+  file's bytes);
 - :mod:`.labels`: each file's class, decided before DEST is touched;
 - :mod:`.destination`: DEST's life — claimed with a marker, the index written once the blocks are on disk,
   ``blockfs.json`` renamed into place last as the commit (crash safety is argued there);
+  :mod:`.remote_destination` the same for a URL, through a staging directory, block by block;
 - :mod:`.plan`: which bytes go into which block, and the index columns that follow (pure);
 - :mod:`.parallel`: the workers (forked processes or threads) and progress;
 - :mod:`.writer`: one block file, its CRCs and its durability.
@@ -26,7 +28,7 @@ import numpy as np
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
 from ..storage.location import is_remote
 from .containers import open_source, spool_dir_for
-from .destination import LocalDestination, dataset_metadata, write_index
+from .destination import Destination, LocalDestination, dataset_metadata, write_index
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
 from .parallel import write_blocks
@@ -48,58 +50,63 @@ def pack(
     dest: str | os.PathLike,
     options: PackOptions | None = None,
     *,
+    storage_options: dict | None = None,
     progress: ProgressCallback | None = None,
     listing: Callable[[int], None] | None = None,
     **overrides: object,
 ) -> PackResult:
     """Pack a directory tree, a tar, a RecordIO file or WebDataset shards (picked by
-    :func:`~blockfs.packing.containers.open_source`), or any :class:`~blockfs.packing.sources.Source`, into ``dest``.
+    :func:`~blockfs.packing.containers.open_source`), the objects under a URL prefix (``s3://bucket/raw/``)
+    or any :class:`~blockfs.packing.sources.Source`, into ``dest``: a directory, or a URL (``s3://``,
+    ``gs://``, ``az://``) the blocks are uploaded to as they are written.
 
-    ``overrides`` are :class:`PackOptions` fields, for ``pack(src, dest, block_size=1 << 20)``.
+    ``storage_options`` reach a URL (``endpoint``, ``region``, keys; fsspec's spellings work), as for
+    :func:`~blockfs.open_dataset`.  ``overrides`` are :class:`PackOptions` fields, for
+    ``pack(src, dest, block_size=1 << 20)``.
     ``listing(n)``: entries found so far while the source is listed (every 10,000, and the total last);
     ``progress``: see :data:`ProgressCallback`, while the blocks are written.
     """
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
-    target = _destination(os.fspath(dest), options)
+    target = _destination(os.fspath(dest), options, storage_options)
     try:
-        source = _open(src, target.local, options)
+        source = _open(src, target.directory, options, storage_options)
         entries = _list_entries(source, listing)
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
-        target.claim(_source_dir(source), options.force)
+        target.claim(_source_location(source), options.force)
         plan = make_plan(entries, options)
         crcs, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
-        sizes = target.block_sizes(plan.n_blocks)
-        block_sizes = write_index(target.local, index, plan_pos, crcs, plan.n_blocks, sizes)
-        metadata = dataset_metadata(target.local, cols, block_sizes, classes, labels, options)
-        described = source.write_metadata(target.local, options.fsync)  # containers: side files (labels.json)
+        block_sizes = target.block_sizes(plan.n_blocks)
+        write_index(target.directory, index, plan_pos, crcs, block_sizes)
+        metadata = dataset_metadata(target.directory, cols, block_sizes, classes, labels, options)
+        described = source.write_metadata(target.directory, target.fsync)  # containers: side files (labels.json)
         if described is not None:
             metadata["source"] = described
-        target.commit(metadata, options.fsync)
+        target.commit(metadata)
     finally:
         target.close()
     return _report(source, target.display, metadata, unreadable, time.monotonic() - started)
 
 
-def _destination(dest: str, options: PackOptions) -> LocalDestination | RemoteDestination:
-    """Where the pack goes: a local directory, or a URL (written to a staging directory, uploaded)."""
+def _destination(dest: str, options: PackOptions, storage_options: dict | None) -> Destination:
+    """A local directory, written in place; or a URL, written to a staging directory and uploaded."""
     if is_remote(dest):
-        return RemoteDestination(dest, options.storage_options, options.staging)
-    return LocalDestination(dest)
+        return RemoteDestination(dest, storage_options, options.staging)
+    return LocalDestination(dest, options.fsync)
 
 
-def _open(src: object, dest: str, options: PackOptions) -> Source:
-    """``src`` itself if it is a :class:`Source`; else the directory, tar, RecordIO file or WebDataset
-    shards it names, chosen by the bytes."""
+def _open(src: object, dest: str, options: PackOptions, storage_options: dict | None) -> Source:
+    """``src`` itself if it is a :class:`Source`; the objects under it if it is a URL; else the directory,
+    tar, RecordIO file or WebDataset shards it names, chosen by the bytes."""
     if isinstance(src, Source):
         return src
     if isinstance(src, str) and is_remote(src):
-        return RemotePrefixSource(src, options.storage_options)
+        return RemotePrefixSource(src, storage_options)
     if isinstance(src, (str, bytes, os.PathLike, list, tuple)):
         return open_source(src, follow_symlinks=options.follow_symlinks, skip_damaged=options.skip_damaged,
                            spool_dir=spool_dir_for(dest), workers=options.workers)
     raise TypeError(
-        f"cannot pack a {type(src).__name__}: pass a path, a list of WebDataset shard paths, or a source "
+        f"cannot pack a {type(src).__name__}: pass a path, a URL, a list of WebDataset shard paths, or a source "
         "whose class subclasses blockfs.packing.sources.Source (implementing entries() and read_into())"
     )
 
@@ -131,22 +138,24 @@ def _choose_labels(source: Source, entries: list[SourceEntry], labels: str) -> t
     return labels, assign_labels(files, labels, entries)
 
 
-def _source_dir(source: Source) -> str | None:
-    """The directory a source reads from, which DEST must not be inside; None for a file."""
-    return os.fsdecode(source.root) if isinstance(source, DirectorySource) else None
+def _source_location(source: Source) -> str | None:
+    """The directory or URL prefix a source reads from, which DEST must not be inside; None for a file."""
+    if isinstance(source, DirectorySource):
+        return os.fsdecode(source.root)
+    if isinstance(source, RemotePrefixSource):
+        return source.url
+    return None
 
 
 def _write_blocks(
-    source: Source, target: LocalDestination | RemoteDestination, plan: BlockPlan, options: PackOptions,
-    progress: ProgressCallback | None,
+    source: Source, target: Destination, plan: BlockPlan, options: PackOptions, progress: ProgressCallback | None
 ) -> tuple[list[int], tuple[IndexColumns, np.ndarray, PreparedIndex], frozenset[bytes]]:
-    """Write every block and wait until they are on disk (uploaded, for a URL); return the file CRCs in plan
-    order, the index prepared for the entries kept, and the paths found unreadable (--skip-unreadable)."""
-    remote = isinstance(target, RemoteDestination)
-    fsync = options.fsync and not remote  # a staging copy is thrown away: the upload is what lasts
+    """Write every block and wait until they are where they last (on disk, or uploaded); return the file
+    CRCs in plan order, the index prepared for the entries kept, and the paths found unreadable (skipped
+    with --skip-unreadable)."""
     with (
         source.reading(plan.stored),
-        BlockWriter(source, target.local, fsync=fsync, skip_unreadable=options.skip_unreadable) as writer,
+        BlockWriter(source, target.directory, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
     ):
         workers = options.workers or os.cpu_count() or 1
         crcs, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,

@@ -1,30 +1,41 @@
-"""A pack whose DEST is a URL: blocks are written to a local staging directory and uploaded as each one is
-finished, then the index and side files, then ``blockfs.json`` — the commit — last.
+"""``RemoteDestination``: a pack into an object store (``blockfs pack SRC s3://bucket/prefix``).
 
-Crash safety, as for a local DEST (see :mod:`.destination`), with objects instead of renames:
+The packer writes into a local staging directory exactly as into a local DEST; each block is uploaded
+as soon as its writer has finished it and its staging copy deleted, so the local disk holds only the
+blocks being written and the few waiting for an upload slot, whatever the dataset's size.
 
-* Before anything is uploaded, a ``.blockfs-packing`` marker object is put and an existing
-  ``blockfs.json`` deleted, in that order: from then on the prefix does not open as a dataset (opening
-  says "an unfinished pack"), so old metadata never points at half-replaced blocks.
-* ``blockfs.json`` is put only after every block, the index and the side files are uploaded (a PUT is
-  atomic: an object is either the whole upload or absent), then the marker is deleted.  A killed pack
-  therefore leaves nothing that opens as complete, and a rerun replaces it without ``--force``.
-* After the commit, block objects an older, larger pack left beyond ``n_blocks`` are deleted (a pack may
-  list the prefix; a mount never does).
+The objects have the names of a local dataset's files under the URL's prefix (``blocks/00000000.blk``,
+``index.bfi``, ``blockfs.json``), and a pack keeps the rule of a local one: ``blockfs.json`` is the
+commit.  In order:
 
-Bounded: at most :data:`UPLOADS` uploads run at once (each a multipart upload of ``part_size`` parts) and
-at most twice that many finished blocks wait in staging, so local disk holds a few blocks whatever the
-dataset's size; a block's staging file is deleted once uploaded.
+1. **Claim.**  Refuse a prefix that holds other objects but no dataset, and (without ``--force``) one
+   that holds a complete dataset.  Then put the marker ``.blockfs-packing``, and only then delete the
+   old ``blockfs.json`` (and ``index.bfi``).  Marker first: killed between the two steps, the prefix
+   still holds the old dataset whole, and the marker lets a rerun through without ``--force``; the
+   other order would leave blocks and no metadata, which a rerun refuses as "not a dataset".
+2. **Blocks**, uploaded as they are written; a block object is replaced whole by its PUT (no store
+   shows half an object).  No ``blockfs.json`` exists from step 1 on, so nothing opens the prefix as a
+   dataset while old and new blocks are mixed.
+3. **Side files** a source wrote (RecordIO's ``labels.json``), then the **index**, then
+   **``blockfs.json``**: the commit, uploaded only once everything it names is in place.
+4. **Tidy**: delete the marker, then the block objects an older, larger pack left beyond the new last
+   block.  The index names only the new blocks, so a crash before this step leaves unused objects, not
+   a wrong dataset; the next pack to the prefix deletes them.
+
+A pack lists the prefix (to refuse a non-empty one, and in step 4); opening a dataset never does.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import numpy as np
 
 from ..core.format import (
     BLOCKS_DIR,
@@ -34,105 +45,145 @@ from ..core.format import (
     block_path,
 )
 from ..errors import PackError
+from ..storage.location import is_remote, redact, store_kind
 from ..storage.remote import RemoteError, RemoteStore
-from .destination import write_metadata_file
+from .destination import Destination, write_metadata_file
 
-UPLOADS = 4  # blocks uploaded at once
-_BLOCK_OBJECT = re.compile(r"^blocks/(\d{8})\.blk$")
+log = logging.getLogger(__name__)
+
+UPLOADS = 4  # blocks uploaded at once (each in parts of part_size: at most min(block, 16 parts) in memory)
+WAITING = 4  # finished blocks that may wait on the staging disk for an upload slot
+_BLOCK_OBJECT = re.compile(r"^" + re.escape(BLOCKS_DIR) + r"/(\d{8})\.blk$")
 
 
-def _object_name(block: int) -> str:
-    return block_path("", block)  # "blocks/00000000.blk", as in a local dataset
+class RemoteDestination(Destination):
+    """The URL a pack goes to; ``directory`` is the local staging directory the writers write into."""
 
+    fsync = False  # the staging copies are thrown away: a finished upload is what lasts
 
-class RemoteDestination:
-    """The URL a pack goes to; ``local`` is the staging directory the packer writes into."""
-
-    def __init__(self, url: str, options: dict | None = None, staging_parent: str | None = None) -> None:
+    def __init__(self, url: str, options: dict | None = None, staging: str | None = None) -> None:
+        if store_kind(url) == "http":
+            raise PackError(
+                f"cannot pack to {redact(url)}: an HTTP(S) URL is read-only; pack to s3://, gs:// or az://, "
+                "or to a local directory"
+            )
         self.remote = RemoteStore(url, options)
         self.display = self.remote.display
-        if self.remote.kind == "http":
-            self.remote.close()
-            raise PackError(f"{self.display}: an HTTP(S) URL is read-only; pack to s3://, gs:// or az://, or to a "
-                            "directory a web server serves")  # fmt: skip
-        self.staging = self.local = tempfile.mkdtemp(prefix="blockfs-pack-", dir=staging_parent)
+        if staging is not None:
+            os.makedirs(staging, exist_ok=True)
+        self.directory = tempfile.mkdtemp(prefix="blockfs-pack-", dir=staging)
         self._uploads = ThreadPoolExecutor(UPLOADS, thread_name_prefix="blockfs-upload")
-        self._waiting = threading.BoundedSemaphore(2 * UPLOADS)
-        self._futures: list[Future] = []
+        self._slots = threading.BoundedSemaphore(UPLOADS + WAITING)
+        self._lock = threading.Lock()
+        self._pending: set[Future] = set()
+        self._failure: BaseException | None = None
         self._sizes: dict[int, int] = {}
 
-    def claim(self, src_dir: str | None, force: bool) -> None:
-        """Refuse a prefix that would lose data; then mark it as a pack in progress (see the module notes)."""
+    def claim(self, source_location: str | None, force: bool) -> None:
+        if source_location is not None and is_remote(source_location) and _inside(self.remote.url, source_location):
+            raise PackError(
+                f"destination {self.display} is inside the source {redact(source_location)}: choose a prefix "
+                "outside it"
+            )
         try:
+            pages = self.remote.list("")
+            try:
+                anything = bool(next(pages, []))
+            finally:
+                pages.close()
             dataset = self.remote.exists(METADATA_NAME)
             ours = self.remote.exists(PACKING_MARKER)
-            if dataset and not ours and not force:
-                raise PackError(f"destination {self.display} already holds a packed dataset: pass --force to replace it")
-            if not dataset and not ours and any(page for page in self.remote.list("")):
-                raise PackError(
-                    f"destination {self.display} is not empty and holds no blockfs dataset: choose an empty or "
-                    "new prefix (--force only replaces an existing blockfs dataset)"
-                )
-            self.remote.put_bytes(PACKING_MARKER, b"")
+        except RemoteError as e:
+            raise PackError(
+                f"cannot pack to {self.display}: {e} (does the bucket exist, and may these credentials list it?)"
+            ) from None
+        if anything and not dataset and not ours:
+            raise PackError(
+                f"destination {self.display} is not empty and holds no blockfs dataset: choose an empty or new "
+                "prefix (--force only replaces an existing blockfs dataset)"
+            )
+        if dataset and not ours and not force:
+            raise PackError(f"destination {self.display} already holds a packed dataset: pass --force to replace it")
+        try:
+            self.remote.put_bytes(PACKING_MARKER, b"")  # first: see step 1 in the module's notes
             self.remote.delete(METADATA_NAME)
             self.remote.delete(INDEX_NAME)
         except RemoteError as e:
             raise PackError(f"cannot pack to {self.display}: {e}") from None
-        os.makedirs(os.path.join(self.staging, BLOCKS_DIR), exist_ok=True)
+        os.makedirs(os.path.join(self.directory, BLOCKS_DIR), exist_ok=True)
 
     def block_written(self, block: int) -> None:
-        """Upload a finished block in the background; waits while too many are waiting already.  An
-        upload that failed stops the pack here, at the next block, not after every block is written."""
-        self._raise_failed(done_only=True)
-        path = block_path(self.staging, block)
+        """Queue the block's upload; wait while every slot is taken (the staging disk stays small), and
+        stop the pack at once if an upload has failed."""
+        self._raise_failure()
+        path = block_path(self.directory, block)
         self._sizes[block] = os.path.getsize(path)
-        self._waiting.acquire()
-        future = self._uploads.submit(self._upload_block, block, path)
-        future.add_done_callback(lambda _f: self._waiting.release())
-        self._futures.append(future)
+        self._slots.acquire()
+        future = self._uploads.submit(self._upload, block_path("", block), path)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._uploaded)
 
-    def _upload_block(self, block: int, path: str) -> None:
-        self.remote.put_file(_object_name(block), path)
+    def _upload(self, name: str, path: str) -> None:
+        self.remote.put_file(name, path)
         os.unlink(path)
 
+    def _uploaded(self, future: Future) -> None:
+        with self._lock:
+            self._pending.discard(future)
+            if not future.cancelled() and future.exception() is not None and self._failure is None:
+                self._failure = future.exception()
+        self._slots.release()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise PackError(f"cannot pack to {self.display}: {self._failure}") from None
+
     def blocks_done(self) -> None:
-        """Wait for every block's upload; the first failure stops the pack."""
-        wait(self._futures)
-        self._raise_failed(done_only=False)
+        with self._lock:
+            pending = list(self._pending)
+        wait(pending)
+        self._raise_failure()
 
-    def _raise_failed(self, done_only: bool) -> None:
-        for future in self._futures:
-            if done_only and not future.done():
-                continue
-            error = future.exception()
-            if error is not None:
-                raise PackError(f"cannot upload to {self.display}: {error}") from None
+    def block_sizes(self, n_blocks: int) -> np.ndarray:
+        return np.array([self._sizes[b] for b in range(n_blocks)], dtype=np.uint64)
 
-    def block_sizes(self, n_blocks: int) -> list[int]:
-        return [self._sizes[b] for b in range(n_blocks)]
-
-    def commit(self, metadata: dict, fsync: bool) -> None:
-        """Upload the side files and the index, then ``blockfs.json`` (the commit); drop the marker and the
-        blocks an older pack left beyond the new ones."""
-        n_blocks = metadata["n_blocks"]
-        write_metadata_file(self.staging, metadata, fsync=False)  # staging is thrown away: the PUT is the commit
+    def commit(self, metadata: dict) -> None:
+        write_metadata_file(self.directory, metadata, fsync=False)
+        side_files = [
+            name for name in sorted(os.listdir(self.directory))
+            if name not in (INDEX_NAME, METADATA_NAME) and os.path.isfile(os.path.join(self.directory, name))
+        ]  # fmt: skip
         try:
-            for name in sorted(os.listdir(self.staging)):
-                path = os.path.join(self.staging, name)
-                if os.path.isfile(path) and name not in (INDEX_NAME, METADATA_NAME):
-                    self.remote.put_file(name, path)  # side files (RecordIO's labels.json)
-            self.remote.put_file(INDEX_NAME, os.path.join(self.staging, INDEX_NAME))
-            self.remote.put_file(METADATA_NAME, os.path.join(self.staging, METADATA_NAME))
-            self.remote.delete(PACKING_MARKER)
-            for page in self.remote.list(BLOCKS_DIR + "/"):
-                for obj in page:
-                    m = _BLOCK_OBJECT.match(obj.name)
-                    if m and int(m.group(1)) >= n_blocks:
-                        self.remote.delete(obj.name)
+            for name in [*side_files, INDEX_NAME, METADATA_NAME]:  # blockfs.json last: the commit
+                self.remote.put_file(name, os.path.join(self.directory, name))
         except RemoteError as e:
-            raise PackError(f"cannot finish the pack at {self.display}: {e}") from None
+            raise PackError(f"cannot pack to {self.display}: {e}") from None
+        try:
+            self.remote.delete(PACKING_MARKER)
+            self._delete_blocks_from(metadata["n_blocks"])
+        except RemoteError as e:  # the dataset is complete: what is left over is unused, not wrong
+            log.warning("packed %s, but could not tidy up after the pack (%s); the next pack there will", self.display, e)
+
+    def _delete_blocks_from(self, n_blocks: int) -> None:
+        """Delete the block objects numbered ``n_blocks`` and up (left by an older, larger pack)."""
+        stale = [
+            info.name for page in self.remote.list(BLOCKS_DIR + "/") for info in page
+            if (m := _BLOCK_OBJECT.match(info.name)) and int(m.group(1)) >= n_blocks
+        ]  # fmt: skip
+        list(self._uploads.map(self.remote.delete, stale))
 
     def close(self) -> None:
         self._uploads.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
         self.remote.close()
+
+
+def _inside(dest_url: str, src_url: str) -> bool:
+    """Whether the prefix ``dest_url`` is ``src_url`` or lies under it (same store and bucket)."""
+
+    def parts(url: str) -> tuple[str, str]:
+        return store_kind(url), redact(url).partition("://")[2].strip("/")
+
+    (dest_kind, dest), (src_kind, src) = parts(dest_url), parts(src_url)
+    return dest_kind == src_kind and (dest == src or dest.startswith(src + "/"))

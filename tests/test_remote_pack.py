@@ -23,6 +23,7 @@ import blockfs
 from blockfs.core import format as fmt
 from blockfs.core.unpack import unpack
 from blockfs.errors import NotADatasetError, PackError, SourceError
+from blockfs.packing.remote_destination import UPLOADS, WAITING
 from blockfs.packing.remote_source import _ReadAhead
 from blockfs.packing.sources import SourceEntry
 from blockfs.storage.remote import RemoteError, RemoteStore
@@ -200,6 +201,24 @@ def test_a_failed_upload_stops_the_pack_and_leaves_no_dataset(s3, tmp_path, monk
         blockfs.open_dataset(f"s3://{bucket}/ds")
 
 
+def test_the_staging_directory_holds_a_few_blocks_at_a_time(s3, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    make_class_tree(src, files=60, seed=5, sizes=(10, 100))
+    bucket = s3.new_bucket()
+    real, staged = RemoteStore.put_file, []
+
+    def counting(self, name, path):
+        blocks = os.path.join(os.path.dirname(path), "") if name.startswith("blocks/") else None
+        if blocks is not None:
+            staged.append(len(os.listdir(blocks)))
+        return real(self, name, path)
+
+    monkeypatch.setattr(RemoteStore, "put_file", counting)
+    blockfs.pack(src, f"s3://{bucket}/ds", files_per_block=1, workers=2, staging=str(tmp_path / "staging"))
+    # Waiting or uploading, plus two blocks per writer in flight (each may be a .tmp and its rename).
+    assert len(staged) == 60 and max(staged) <= UPLOADS + WAITING + 2 * 2 * 2
+
+
 def _slow_tree(root, files: int) -> None:
     """``files`` small files: one block each, so a pack takes many PUTs and can be caught halfway."""
     for i in range(files):
@@ -224,11 +243,14 @@ def test_a_killed_pack_leaves_nothing_that_opens_and_a_rerun_replaces_it(s3, tmp
     make_class_tree(small, files=12, seed=1, sizes=(10, 100))
     bucket = s3.new_bucket()
     client = s3.client()
-    pack = [sys.executable, "-m", "blockfs", "pack", str(big), "--files-per-block", "1", "--workers", "1"]
+    staging = tmp_path / "staging"  # a killed pack cannot remove its staging directory: keep it in tmp_path
+    pack = [sys.executable, "-m", "blockfs", "pack", str(big), "--files-per-block", "1", "--workers", "1",
+            "--staging", str(staging)]  # fmt: skip
 
     # A pack into a new prefix, killed once its first block is up.
     _kill_once([*pack, f"s3://{bucket}/fresh"], lambda: s3.keys(bucket, "fresh/blocks/"), "a first block")
     assert "fresh/blockfs.json" not in s3.keys(bucket, "fresh/")
+    assert len(os.listdir(staging)) == 1  # what a SIGKILL leaves: one staging directory, a few blocks at most
     with pytest.raises(NotADatasetError, match="unfinished pack"):
         blockfs.open_dataset(f"s3://{bucket}/fresh")
 

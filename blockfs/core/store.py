@@ -1,7 +1,9 @@
 """``BlockStore``: every read of a block file goes through here, verified, and only from blocks of this index.
 
-One place for block I/O, so every reader (the mount's cache, ``cat``, ``unpack``, ``verify``) gets the same
-checks and the same messages:
+One place for block reads, so every reader (the mount's cache, ``cat``, ``unpack``, ``verify``) gets the
+same checks and the same messages, wherever the bytes come from: the store reads through
+:class:`~blockfs.storage.blockfiles.BlockFiles` (local files, ranged GETs, or a local-disk tier in front of
+them) and trusts none of them.
 
 * **A block proves it belongs to this index** when its header is first read: its number, its file count,
   each file's size and label, and its data checksum must be the index's.  The format defines the data
@@ -16,8 +18,11 @@ checks and the same messages:
   a range of a huge file by its chunk CRCs (WIDE blocks) or by one streamed pass over the file first.
 * **Two kinds of failure, kept apart**: :class:`CorruptBlockError` says the block is damaged or foreign,
   which stays true until the file is replaced; :class:`BlockReadError` says this read failed (a missing
-  file, a short read, EMFILE, EIO): the store drops the block's descriptor, so the next read opens the file
-  afresh and tries again.
+  file, a short read, EMFILE, EIO, a remote request that failed after its retries): the store drops the
+  block's descriptor, so the next read opens the file afresh and tries again.
+* **A tier's copy is not the block**: a copy kept on a local disk that fails a check is deleted and the
+  block read again from where the dataset lives; only then is the block called damaged.  A block verified
+  whole is offered to such a tier; a file read of a block the tier wants fetches the block whole first.
 
 Headers are parsed once per block and kept (12 bytes per file).
 """
@@ -273,6 +278,8 @@ class BlockStore:
         """Bytes ``[offset, offset + size)`` of one file, verified before they are returned.
 
         A block that a tier wants a copy of is fetched whole into it first (then read from there)."""
+        if not self._files.keeps_copies:  # local files: the read path as it always was
+            return self._read_file(block, slot, crc, offset, size)
         if self._files.wants_copy(block):
             self.copy_into_tier(block)
         return self._from_a_good_copy(block, lambda: self._read_file(block, slot, crc, offset, size))

@@ -140,3 +140,21 @@ def test_5xx_and_throttling_are_retried_and_counted_but_404_is_not(tmp_path):
         with pytest.raises(RemoteError) as e:
             store.get("missing")
         assert e.value.errno == errno.ENOENT and store.counters.snapshot()["retries"] == 6
+
+
+@pytest.mark.parametrize(
+    "url, options, kind",
+    [
+        ("gs://bucket/prefix", {"anon": "true"}, "GCSStore"),
+        ("az://container/prefix", {"account_name": "acct", "anon": "true"}, "AzureStore"),
+        ("abfs://container/prefix", {"account_name": "acct", "anon": "true"}, "AzureStore"),
+        ("s3a://bucket/prefix", {"anon": True}, "S3Store"),
+    ],
+)
+def test_gcs_azure_and_fsspec_schemes_reach_the_right_client(url, options, kind):
+    """No emulator for GCS or Azure runs here: this checks the URL and options reach the right client
+    (no request is sent), so a typo in a scheme or an option name is caught."""
+    store = RemoteStore(url, options)
+    assert type(store._store).__name__ == kind and "prefix" in repr(store._store)
+    with pytest.raises(RemoteConfigError, match="no_such_option"):
+        RemoteStore(url, {**options, "no_such_option": "1"})

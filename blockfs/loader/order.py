@@ -141,8 +141,15 @@ def block_shuffled_order(
     num_workers: int = 1,
     blocks_in_flight: int = 6,
     drop_last: bool = False,
+    nodes: int = 1,
+    block_bytes: np.ndarray | None = None,
 ) -> np.ndarray:
     """The file ids that data-loader ``worker`` of ``rank`` reads in ``epoch``, in order (int64).
+
+    ``nodes > 1`` (``partition="node"``): the blocks are split among the nodes once
+    (:func:`partition_blocks`, balanced by samples and ``block_bytes``), ranks ``k * L .. k * L + L - 1``
+    (``L = world_size / nodes``) are node ``k``'s, and each epoch deals only node ``k``'s blocks, in the
+    epoch's permutation, to them.  Counts are equal across all ranks as below.
 
     Counts follow torch's ``DistributedSampler`` as far as whole blocks allow. A rank owns the samples of
     its blocks; think of them as its blocks in this epoch's permutation order, each block's files in their
@@ -167,34 +174,49 @@ def block_shuffled_order(
     """
     _check_sharding(rank, world_size, worker, num_workers)
     _check_at_least("blocks_in_flight", blocks_in_flight, 1)
+    _check_nodes(nodes, world_size)
+    node_of = partition_blocks(layout, nodes, seed=seed, block_bytes=block_bytes) if nodes > 1 else None
     rng = _epoch_rng(seed, epoch)
     permuted = rng.permutation(layout.n_blocks)
     sort_keys = rng.integers(0, 2**32, size=layout.n_files, dtype=np.uint32)
-    blocks, seg_block, seg_len = _rank_segments(layout, permuted, rank, world_size, drop_last)
+    blocks, seg_block, seg_len = _rank_segments(layout, permuted, rank, world_size, drop_last, node_of)
     files, seg_len = _worker_files(layout, blocks, seg_block, seg_len, worker, num_workers, sort_keys)
     merge_rng = _epoch_rng(seed, epoch, world_size, rank, num_workers, worker)
     return interleave(files, seg_len, blocks_in_flight, merge_rng)
 
 
 def _rank_segments(
-    layout: BlockLayout, permuted: np.ndarray, rank: int, world_size: int, drop_last: bool
+    layout: BlockLayout, permuted: np.ndarray, rank: int, world_size: int, drop_last: bool,
+    node_of: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``rank``'s blocks (in permutation order) and the runs it reads of them: (blocks, run's index into
-    blocks, run's length), cut at the count every rank yields."""
+    blocks, run's length), cut at the count every rank yields.  ``node_of``: each block's node, whose
+    ranks alone it is dealt to (``partition="node"``)."""
     sizes = layout.block_sizes[permuted]
-    non_empty = int(np.count_nonzero(sizes))
-    if 0 < non_empty < world_size:
-        raise ValueError(
-            f"world_size={world_size} but the layout has only {non_empty} non-empty blocks: "
-            "every rank needs a block of its own"
-        )
-    rank_of, _ = deal(sizes, world_size)
+    if node_of is None:
+        rank_of = _deal_to_ranks(sizes, world_size, f"world_size={world_size}", "the layout")
+    else:
+        nodes = int(node_of.max()) + 1 if node_of.size else 1
+        local = world_size // max(nodes, 1)
+        rank_of = np.zeros(sizes.size, dtype=np.int64)
+        for node in range(nodes):
+            here = node_of[permuted] == node
+            rank_of[here] = node * local + _deal_to_ranks(sizes[here], local, f"{local} ranks per node",
+                                                          f"node {node}'s part")  # fmt: skip
     loads = np.bincount(rank_of, weights=sizes, minlength=world_size).astype(np.int64)
     target = int(loads.min() if drop_last else loads.max())
     mine = (rank_of == rank) & (sizes > 0)
     blocks, sizes = permuted[mine], sizes[mine]
     seg_block, seg_len = cyclic_segments(sizes, target)
     return blocks, seg_block, seg_len
+
+
+def _deal_to_ranks(sizes: np.ndarray, ranks: int, who: str, what: str) -> np.ndarray:
+    """Each block's rank among ``ranks``, dealt in order to the rank with the fewest samples so far."""
+    non_empty = int(np.count_nonzero(sizes))
+    if 0 < non_empty < ranks:
+        raise ValueError(f"{who} but {what} has only {non_empty} non-empty blocks: every rank needs a block of its own")
+    return deal(sizes, ranks)[0]
 
 
 def _worker_files(
@@ -222,6 +244,38 @@ def _worker_files(
     own_starts = np.zeros(own.size, dtype=np.int64)
     np.cumsum(layout.block_sizes[blocks[own]][:-1], out=own_starts[1:])
     return shuffled[ranges(own_starts[local[seg_block]], seg_len)], seg_len
+
+
+def partition_blocks(
+    layout: BlockLayout, nodes: int, *, seed: int, block_bytes: np.ndarray | None = None
+) -> np.ndarray:
+    """The node each block belongs to under ``partition="node"``: fixed for a (seed, dataset, nodes), the
+    same every epoch, so each node's cache-once tiers fill with its part once.
+
+    Balanced by samples and, where ``block_bytes`` is given, by bytes as well: blocks are dealt largest
+    first (by their share of the samples plus their share of the bytes; ties in a seeded random order)
+    to the node with the least so far.  Empty blocks go to node 0.
+    """
+    _check_at_least("nodes", nodes, 1)
+    _check_at_least("seed", seed, 0)
+    sizes = layout.block_sizes.astype(np.float64)
+    weight = sizes / max(1.0, sizes.sum())
+    if block_bytes is not None:
+        block_bytes = np.asarray(block_bytes, dtype=np.float64)
+        if block_bytes.shape != sizes.shape:
+            raise ValueError(f"{block_bytes.size} block sizes in bytes given for {sizes.size} blocks")
+        weight = weight + block_bytes / max(1.0, block_bytes.sum())
+    node_of = np.zeros(layout.n_blocks, dtype=np.int64)
+    non_empty = np.flatnonzero(sizes > 0)
+    if nodes == 1 or non_empty.size == 0:
+        return node_of
+    if non_empty.size < nodes:
+        raise ValueError(f"nodes={nodes} but the layout has only {non_empty.size} non-empty blocks: every node "
+                         "needs a block of its own")  # fmt: skip
+    ties = np.random.default_rng(np.random.SeedSequence([seed], spawn_key=(0x9A27,))).permutation(non_empty.size)
+    dealt = non_empty[ties][np.argsort(-weight[non_empty][ties], kind="stable")]
+    node_of[dealt] = deal(weight[dealt], nodes)[0]
+    return node_of
 
 
 def global_shuffled_order(n_files: int, *, seed: int, epoch: int) -> np.ndarray:
@@ -364,6 +418,15 @@ def _check_sharding(rank: int, world_size: int, worker: int, num_workers: int) -
         raise ValueError(f"rank must be in [0, {world_size}) for world_size={world_size} (got {rank})")
     if not 0 <= worker < num_workers:
         raise ValueError(f"worker must be in [0, {num_workers}) for num_workers={num_workers} (got {worker})")
+
+
+def _check_nodes(nodes: int, world_size: int) -> None:
+    _check_at_least("nodes", nodes, 1)
+    if world_size % nodes:
+        raise ValueError(
+            f"world_size={world_size} is not a multiple of nodes={nodes}: every node must run the same number "
+            "of ranks (torchrun's LOCAL_WORLD_SIZE)"
+        )
 
 
 def _frozen_int64(values: np.ndarray, name: str) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..core.partition import partition_blocks as core_partition
 from .dealing import cyclic_segments, deal, interleave, ranges, shuffle_within_blocks
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "block_shuffled_order",
     "get_order",
     "global_shuffled_order",
+    "partition_blocks",
     "sequential_order",
     "shard_order",
 ]
@@ -249,33 +251,8 @@ def _worker_files(
 def partition_blocks(
     layout: BlockLayout, nodes: int, *, seed: int, block_bytes: np.ndarray | None = None
 ) -> np.ndarray:
-    """The node each block belongs to under ``partition="node"``: fixed for a (seed, dataset, nodes), the
-    same every epoch, so each node's cache-once tiers fill with its part once.
-
-    Balanced by samples and, where ``block_bytes`` is given, by bytes as well: blocks are dealt largest
-    first (by their share of the samples plus their share of the bytes; ties in a seeded random order)
-    to the node with the least so far.  Empty blocks go to node 0.
-    """
-    _check_at_least("nodes", nodes, 1)
-    _check_at_least("seed", seed, 0)
-    sizes = layout.block_sizes.astype(np.float64)
-    weight = sizes / max(1.0, sizes.sum())
-    if block_bytes is not None:
-        block_bytes = np.asarray(block_bytes, dtype=np.float64)
-        if block_bytes.shape != sizes.shape:
-            raise ValueError(f"{block_bytes.size} block sizes in bytes given for {sizes.size} blocks")
-        weight = weight + block_bytes / max(1.0, block_bytes.sum())
-    node_of = np.zeros(layout.n_blocks, dtype=np.int64)
-    non_empty = np.flatnonzero(sizes > 0)
-    if nodes == 1 or non_empty.size == 0:
-        return node_of
-    if non_empty.size < nodes:
-        raise ValueError(f"nodes={nodes} but the layout has only {non_empty.size} non-empty blocks: every node "
-                         "needs a block of its own")  # fmt: skip
-    ties = np.random.default_rng(np.random.SeedSequence([seed], spawn_key=(0x9A27,))).permutation(non_empty.size)
-    dealt = non_empty[ties][np.argsort(-weight[non_empty][ties], kind="stable")]
-    node_of[dealt] = deal(weight[dealt], nodes)[0]
-    return node_of
+    """The node each block belongs to under ``partition="node"`` (see :mod:`blockfs.core.partition`)."""
+    return core_partition(layout.block_sizes, nodes, seed=seed, block_bytes=block_bytes)
 
 
 def global_shuffled_order(n_files: int, *, seed: int, epoch: int) -> np.ndarray:

@@ -661,3 +661,60 @@ def test_the_training_example_through_a_real_mount(bl, learnable, tmp_path, fuse
     mount, fake = (json.loads((tmp_path / name).read_text()) for name in ("mount.json", "fake.json"))
     assert mount["losses"] == fake["losses"]  # the same bytes, labels and order through either
     assert mount["final_accuracy"] > 0.4
+
+
+# --- partition="node" -------------------------------------------------------------------------------------
+def node_epoch(bl, tiny, rank, epoch, **kw):
+    loader = bl.BlockLoader(tiny / "mnt", 8, rank=rank, world_size=4, partition="node", nodes=2, device="cpu", **kw)
+    loader.set_epoch(epoch)
+    ids = [i for _, _, b in loader for i in b.tolist()]
+    loader.close()
+    return ids
+
+
+def test_node_partition_reads_each_nodes_part_every_epoch_and_every_sample_once(bl, tiny):
+    parts = []
+    for epoch in (0, 1):
+        per_rank = [node_epoch(bl, tiny, r, epoch) for r in range(4)]
+        assert len({len(ids) for ids in per_rank}) == 1  # every rank the same number of samples
+        all_ids = [i for ids in per_rank for i in ids]
+        assert len(set(all_ids)) == 480  # every sample, the short ranks padded with their own (DistributedSampler)
+        parts.append([set(per_rank[0] + per_rank[1]), set(per_rank[2] + per_rank[3])])
+    assert parts[0] == parts[1] and not parts[0][0] & parts[0][1]  # each node's part is fixed and its own
+
+
+def test_node_partition_takes_its_nodes_from_torchrun_and_checks_them(bl, tiny, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    loader = bl.BlockLoader(tiny / "mnt", 8, rank=3, world_size=4, partition="node", device="cpu")
+    assert loader.nodes == 2
+    loader.close()
+    monkeypatch.setenv("GROUP_RANK", "0")
+    with pytest.raises(ValueError, match="belongs to node 1.*GROUP_RANK/NODE_RANK says 0"):
+        bl.BlockLoader(tiny / "mnt", 8, rank=3, world_size=4, partition="node", device="cpu")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.delenv("GROUP_RANK")
+    with pytest.raises(ValueError, match="needs the number of nodes"):
+        bl.BlockLoader(tiny / "mnt", 8, rank=0, world_size=4, partition="node", device="cpu")
+    with pytest.raises(ValueError, match="world_size=3 is not a multiple of nodes=2"):
+        bl.BlockLoader(tiny / "mnt", 8, rank=0, world_size=3, partition="node", nodes=2, device="cpu")
+    with pytest.raises(ValueError, match="partition must be 'global' or 'node'"):
+        bl.BlockLoader(tiny / "mnt", 8, partition="nodes", device="cpu")
+
+
+def test_node_partition_resumes_exactly(bl, tiny):
+    kw = dict(rank=1, world_size=4, partition="node", nodes=2, device="cpu")
+    full = bl.BlockLoader(tiny / "mnt", 8, **kw)
+    full.set_epoch(1)
+    expected = [b.tolist() for _, _, b in full]
+    first = bl.BlockLoader(tiny / "mnt", 8, **kw)
+    first.set_epoch(1)
+    it = iter(first)
+    done = [next(it)[2].tolist() for _ in range(3)]
+    state = first.state_dict()
+    resumed = bl.BlockLoader(tiny / "mnt", 8, **kw)
+    resumed.load_state_dict(state)
+    assert done + [b.tolist() for _, _, b in resumed] == expected
+    with pytest.raises(ValueError, match="partition"):
+        bl.BlockLoader(tiny / "mnt", 8, rank=1, world_size=4, device="cpu").load_state_dict(state)
+    for loader in (full, first, resumed):
+        loader.close()

@@ -40,7 +40,7 @@ from .batches import (
 from .epochplan import EpochPlan, merge_worker_orders, plan_epoch
 from .importance import ImportanceConfig, LossTracker, select_important, subset_layout
 from .mountview import BlockfsMount
-from .order import block_shuffled_order
+from .order import block_shuffled_order, partition_blocks
 
 __all__ = [
     "BlockLoader",
@@ -77,6 +77,49 @@ def _sharding(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return int(rank), world_size
 
 
+PARTITIONS = ("global", "node")
+
+
+def _nodes(partition: str, nodes: int | None, rank: int, world_size: int) -> int:
+    """How many nodes the blocks are split among: 1 for ``partition="global"``; for ``"node"`` the keyword,
+    else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, checked against ``GROUP_RANK``/``NODE_RANK``."""
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be 'global' or 'node' (got {partition!r})")
+    if partition == "global":
+        if nodes not in (None, 1):
+            raise ValueError(f"nodes={nodes!r} only applies with partition='node'")
+        return 1
+    if nodes is None:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local is None:
+            raise ValueError("partition='node' needs the number of nodes: pass nodes=N, or run under torchrun "
+                             "(which sets LOCAL_WORLD_SIZE)")  # fmt: skip
+        local_size = _check_int("LOCAL_WORLD_SIZE", int(local), 1)
+        if world_size % local_size:
+            raise ValueError(f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_size}: "
+                             "partition='node' needs the same number of ranks on every node")  # fmt: skip
+        nodes = world_size // local_size
+    nodes = _check_int("nodes", nodes, 1)
+    if world_size % nodes:
+        raise ValueError(f"world_size={world_size} is not a multiple of nodes={nodes}: partition='node' needs "
+                         "the same number of ranks on every node")  # fmt: skip
+    group = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK"))
+    per_node = world_size // nodes
+    if group is not None and group.isdigit() and int(group) != rank // per_node:
+        raise ValueError(
+            f"rank {rank} of {world_size} on {nodes} nodes belongs to node {rank // per_node} (ranks are numbered "
+            f"node by node, {per_node} per node, as torchrun does), but GROUP_RANK/NODE_RANK says {group}"
+        )
+    return nodes
+
+
+def _node_of_block(mount: BlockfsMount, nodes: int, seed: int) -> np.ndarray | None:
+    """Each block's node, from the whole dataset (so the importance option's subsets keep the same split)."""
+    if nodes == 1:
+        return None
+    return partition_blocks(mount.layout, nodes, seed=seed, block_bytes=mount.block_bytes)
+
+
 # --- the loaders ----------------------------------------------------------------------------------------
 class BlockShuffleDataset(IterableDataset):
     """Samples ``(decode(bytes), label, id)`` in block-shuffled order, for your own ``DataLoader``.
@@ -98,11 +141,15 @@ class BlockShuffleDataset(IterableDataset):
         world_size: int | None = None,
         blocks_in_flight: int = 6,
         drop_last: bool = False,
+        partition: str = "global",
+        nodes: int | None = None,
     ) -> None:
         self.mount = BlockfsMount(root)
         self.decode = decode
         self.seed = _check_int("seed", seed, 0)
         self.rank, self.world_size = _sharding(rank, world_size)
+        self.partition, self.nodes = partition, _nodes(partition, nodes, self.rank, self.world_size)
+        self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.blocks_in_flight = _check_int("blocks_in_flight", blocks_in_flight, 1)
         self.drop_last = bool(drop_last)
         self.epoch = 0
@@ -115,7 +162,7 @@ class BlockShuffleDataset(IterableDataset):
         return block_shuffled_order(
             self.mount.layout, seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.world_size,
             worker=worker, num_workers=num_workers, blocks_in_flight=self.blocks_in_flight,
-            drop_last=self.drop_last,
+            drop_last=self.drop_last, nodes=self.nodes, node_of_block=self.node_of_block,
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -164,6 +211,8 @@ class BlockLoader:
         collate: Callable[[list], Any] = collate_samples,
         prefetch_factor: int = 2,
         multiprocessing_context: str | None = None,
+        partition: str = "global",
+        nodes: int | None = None,
     ) -> None:
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.seed = _check_int("seed", seed, 0)
@@ -171,12 +220,14 @@ class BlockLoader:
         self.blocks_in_flight = _check_int("blocks_in_flight", blocks_in_flight, 1)
         self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
         self.rank, self.world_size = _sharding(rank, world_size)
+        self.partition, self.nodes = partition, _nodes(partition, nodes, self.rank, self.world_size)
         if reuse and self.batch_size < 2:
             raise ValueError(f"reuse needs batch_size of at least 2 (got {batch_size}): half of a batch is reused")
         if importance is not None and not isinstance(importance, ImportanceConfig):
             raise TypeError(f"importance must be an ImportanceConfig or None (got {type(importance).__name__})")
         self.drop_last, self.reuse, self.importance = bool(drop_last), bool(reuse), importance
         self.mount = BlockfsMount(root)
+        self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.device = resolve_device(device)
         self.decode = decode
         self._reader = BatchReader(self.mount, decode, collate)
@@ -240,7 +291,8 @@ class BlockLoader:
         return plan_epoch(
             layout, batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, rank=self.rank,
             world_size=self.world_size, num_workers=self.num_workers, blocks_in_flight=self.blocks_in_flight,
-            drop_last=self.drop_last, reuse=self.reuse, selected=selected,
+            drop_last=self.drop_last, reuse=self.reuse, selected=selected, nodes=self.nodes,
+            node_of_block=self.node_of_block,
         )  # fmt: skip
 
     def _select(self) -> np.ndarray | None:
@@ -353,7 +405,7 @@ class BlockLoader:
         return {
             "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
             "batch_size": self.batch_size, "blocks_in_flight": self.blocks_in_flight, "drop_last": self.drop_last,
-            "reuse": self.reuse, "n_entries": self.mount.n_entries,
+            "reuse": self.reuse, "n_entries": self.mount.n_entries, "partition": self.partition, "nodes": self.nodes,
             "importance": dataclasses.asdict(self.importance) if self.importance else None,
         }  # fmt: skip
 
@@ -374,7 +426,7 @@ class BlockLoader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r}; this blockfs reads {STATE_VERSION}")
         for key, value in self._config().items():
-            saved = state["config"].get(key)
+            saved = state["config"].get(key, {"partition": "global", "nodes": 1}.get(key))  # older states
             if saved != value:
                 raise ValueError(
                     f"cannot resume: the state was saved with {key}={saved!r}, this loader has {key}={value!r}; "

@@ -59,6 +59,8 @@ def plan_epoch(
     drop_last: bool,
     reuse: bool,
     selected: np.ndarray | None = None,
+    nodes: int = 1,
+    node_of_block: np.ndarray | None = None,
 ) -> EpochPlan:
     """The batches of ``epoch`` for ``rank`` over ``layout`` (``selected``: the ids it was cut down to)."""
     workers = max(1, num_workers)
@@ -66,6 +68,7 @@ def plan_epoch(
         block_shuffled_order(
             layout, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
             worker=w, num_workers=workers, blocks_in_flight=blocks_in_flight, drop_last=drop_last,
+            nodes=nodes, node_of_block=node_of_block,
         )
         for w in range(workers)
     ]  # fmt: skip

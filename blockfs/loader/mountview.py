@@ -83,6 +83,7 @@ class BlockfsMount:
         self.block_of: np.ndarray = a["block"].astype(np.int64)
         self.slot_of: np.ndarray = a["slot"].astype(np.int64)
         self._block_counts: np.ndarray = a["block_counts"].astype(np.int64)
+        self.block_bytes: np.ndarray = a["block_sizes"].astype(np.int64)  # balances partition="node" by bytes
         self.layout = BlockLayout(a["block_offsets"], a["block_files"])
         blocks_dir = os.path.join(control, BLOCKS_DIR)
         self._blocks_dir = os.fsencode(blocks_dir) if os.path.isdir(blocks_dir) else None

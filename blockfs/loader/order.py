@@ -144,14 +144,14 @@ def block_shuffled_order(
     blocks_in_flight: int = 6,
     drop_last: bool = False,
     nodes: int = 1,
-    block_bytes: np.ndarray | None = None,
+    node_of_block: np.ndarray | None = None,
 ) -> np.ndarray:
     """The file ids that data-loader ``worker`` of ``rank`` reads in ``epoch``, in order (int64).
 
-    ``nodes > 1`` (``partition="node"``): the blocks are split among the nodes once
-    (:func:`partition_blocks`, balanced by samples and ``block_bytes``), ranks ``k * L .. k * L + L - 1``
-    (``L = world_size / nodes``) are node ``k``'s, and each epoch deals only node ``k``'s blocks, in the
-    epoch's permutation, to them.  Counts are equal across all ranks as below.
+    ``nodes > 1`` (``partition="node"``): the blocks are split among the nodes once (``node_of_block``,
+    by default :func:`partition_blocks` of this layout), ranks ``k * L .. k * L + L - 1`` (``L = world_size
+    / nodes``) are node ``k``'s, and each epoch deals only node ``k``'s blocks, in the epoch's permutation,
+    to them.  Counts are equal across all ranks as below.
 
     Counts follow torch's ``DistributedSampler`` as far as whole blocks allow. A rank owns the samples of
     its blocks; think of them as its blocks in this epoch's permutation order, each block's files in their
@@ -177,7 +177,9 @@ def block_shuffled_order(
     _check_sharding(rank, world_size, worker, num_workers)
     _check_at_least("blocks_in_flight", blocks_in_flight, 1)
     _check_nodes(nodes, world_size)
-    node_of = partition_blocks(layout, nodes, seed=seed, block_bytes=block_bytes) if nodes > 1 else None
+    node_of = None
+    if nodes > 1:
+        node_of = partition_blocks(layout, nodes, seed=seed) if node_of_block is None else np.asarray(node_of_block)
     rng = _epoch_rng(seed, epoch)
     permuted = rng.permutation(layout.n_blocks)
     sort_keys = rng.integers(0, 2**32, size=layout.n_files, dtype=np.uint32)

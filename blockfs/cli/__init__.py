@@ -36,6 +36,11 @@ def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retain-threshold", metavar="SIZE|auto", default=None,
                    help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)")
     p.add_argument("--no-retain", action="store_true", help="no retained files: the whole budget caches blocks")
+    nodes = p.add_argument_group("multi-node training with BlockLoader(partition='node')")
+    nodes.add_argument("--nodes", type=int, default=1, help="the nodes the dataset is split among (default 1)")
+    nodes.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to NODES-1 (torchrun's "
+                       "GROUP_RANK); the mount loads ahead only this node's part")
+    nodes.add_argument("--partition-seed", type=int, default=0, help="the loaders' seed (the split depends on it)")
 
 
 DESCRIPTION = """\

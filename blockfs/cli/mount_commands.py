@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from ..storage.location import is_remote
 from .locations import dataset_location, open_from_args, storage_options
 from ..serve.plan import parse_size
@@ -66,21 +68,43 @@ def _memory_plan(args: argparse.Namespace, size: int, ds):
     return plan, ds.is_remote, disk
 
 
-def _describe(plan, remote: bool, disk: dict | None) -> str:
+def _describe(plan, remote: bool, disk: dict | None, nodes: str = "") -> str:
     from ..serve.plan import describe_disk_tier
 
-    return plan.describe() + ("\n" + describe_disk_tier(disk) if remote else "")
+    return plan.describe() + ("\n" + describe_disk_tier(disk) if remote else "") + nodes
+
+
+def _node_lines(args: argparse.Namespace, size: int, ds) -> str:
+    """With --nodes N: each node's part, and the hit rate a node's budget gives on its own part."""
+    if args.nodes <= 1:
+        return ""
+    from ..serve.server import node_part
+
+    from ..core.index import KIND_FILE
+
+    a = ds.index.arrays
+    files = a["kind"] == KIND_FILE
+    file_bytes = np.bincount(a["block"][files].astype(np.int64), weights=a["size"][files], minlength=ds.n_blocks)
+    parts = [file_bytes[node_part(ds, args.nodes, k, args.partition_seed)].sum() for k in range(args.nodes)]
+    rates = [min(1.0, size / p) if p else 1.0 for p in parts]
+    return (
+        f"\nnodes:            {args.nodes} (partition='node', seed {args.partition_seed}): each node's part "
+        f"{human(min(parts))} to {human(max(parts))}; this budget keeps {min(rates):.1%} to {max(rates):.1%} of a part"
+        f"\nexpected hits per epoch on a node (from the 2nd): {rates[args.node_rank]:.1%} of node "
+        f"{args.node_rank}'s bytes (partition='global': {min(1.0, size / max(1, sum(parts))):.1%})"
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     size, why = _budget(args)
     with open_from_args(args) as ds:
         plan, remote, disk = _memory_plan(args, size, ds)
+        nodes = _node_lines(args, size, ds)
     if args.json:
         print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk}, indent=2))
     else:
         print(f"budget from:      {why}")
-        print(_describe(plan, remote, disk))
+        print(_describe(plan, remote, disk, nodes))
     return 0
 
 
@@ -111,7 +135,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
             print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
             if args.policy != "none":
-                print(_describe(*_memory_plan(args, size, ds)), flush=True)
+                print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
         if args.foreground:
             return _serve_here(args, size)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
@@ -152,6 +176,9 @@ def _mount_options(args: argparse.Namespace, size: int):
         retain_threshold=_threshold(args.retain_threshold),
         preload=args.preload,
         storage=storage_options(args),
+        nodes=args.nodes,
+        node_rank=args.node_rank,
+        partition_seed=args.partition_seed,
     )
 
 

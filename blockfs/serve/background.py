@@ -58,15 +58,21 @@ class BackgroundLoads:
         self._lock = threading.Lock()
         self._claim_order = threading.Lock()  # announced blocks are claimed in the announced order
         self._generation = 0  # of the latest announcement
+        self._part: frozenset[int] | None = None  # the blocks prefill and read-ahead may load (None: all)
 
     def start_prefill(self) -> None:
         if not self._cache.closed:
             self._pool.submit(self.prefill)
 
+    def keep_to(self, blocks: list[int]) -> None:
+        """Prefill and read-ahead load only ``blocks`` (this node's part under ``partition="node"``): a
+        cache-once budget spent on another node's blocks would never serve this node."""
+        self._part = frozenset(blocks)
+
     def prefill(self, on_block: Callable[[int], None] | None = None) -> None:
         """Load blocks in order while they fit without evicting (``on_block(bytes)`` after each).  A block
         too big for the room left is passed over: a smaller one further on may still fit."""
-        for block in range(self._n_blocks):
+        for block in range(self._n_blocks) if self._part is None else sorted(self._part):
             if self._cache.closed or self._cache.full:
                 return
             if self._cache.wanted(block):
@@ -79,7 +85,7 @@ class BackgroundLoads:
         if self._cache.closed:
             return
         for ahead in range(block + 1, min(block + 1 + self._readahead, self._n_blocks)):
-            if self._cache.wanted(ahead):
+            if self._cache.wanted(ahead) and (self._part is None or ahead in self._part):
                 self._pool.submit(self._cache.load_ahead, ahead, "readahead_loads", fill_only=False)
 
     def prefetch(self, blocks: list[int]) -> None:

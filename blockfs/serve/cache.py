@@ -341,6 +341,10 @@ class BlockCache:
             cached.fd = None
 
     # --- loading ahead ----------------------------------------------------------------------------
+    def keep_to(self, blocks: list[int]) -> None:
+        """Load ahead only ``blocks``, this node's part (see :meth:`BackgroundLoads.keep_to`)."""
+        self._background.keep_to(blocks)
+
     def start_prefill(self) -> None:
         """Load blocks in the background, in order, while they fit without evicting anything.
 

@@ -23,6 +23,7 @@ import numpy as np
 from .. import protocol
 from ..core.dataset import PackedDataset
 from ..core.location import StorageOptions
+from ..core.partition import partition_blocks
 from ..storage.location import is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
@@ -64,12 +65,19 @@ class MountOptions:
     retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
     preload: bool = False  # read what the plan keeps before serving
     storage: StorageOptions | None = None  # a remote dataset's options and its disk tier
+    # partition="node": this mount serves node ``node_rank`` of ``nodes``, whose loaders read only the part
+    # core.partition gives it for ``partition_seed`` (the loaders' seed): prefill and read-ahead keep to it.
+    nodes: int = 1
+    node_rank: int = 0
+    partition_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.open_mode not in OPEN_MODES:
             raise ValueError(f"open_mode {self.open_mode!r} is not one of {', '.join(OPEN_MODES)}")
         if self.cache_bytes < 0:
             raise ValueError(f"cache size must be >= 0 bytes, not {self.cache_bytes}")
+        if self.nodes < 1 or not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"node rank {self.node_rank} is not one of {self.nodes} nodes (0 to {self.nodes - 1})")
 
     def open_mode_for(self, libfuse_major: int) -> str:
         """The open mode to use with this libfuse: ``auto`` is enosys with libfuse 3, keep_cache with 2
@@ -142,6 +150,13 @@ def preload(
     log.info("preloaded %d bytes in %.1f s", done[0], time.monotonic() - started)
 
 
+def node_part(ds: PackedDataset, nodes: int, node_rank: int, seed: int) -> list[int]:
+    """The blocks of node ``node_rank`` under ``partition="node"`` (the loaders' split: same inputs)."""
+    a = ds.index.arrays
+    node_of = partition_blocks(np.diff(a["block_offsets"]), nodes, seed=seed, block_bytes=a["block_sizes"])
+    return np.flatnonzero(node_of == node_rank).tolist()
+
+
 def _absolute(dest: str | os.PathLike) -> str:
     """A URL as given, a path made absolute."""
     return dest if is_remote(dest) else os.path.abspath(os.fspath(dest))
@@ -174,6 +189,8 @@ def assembled(
             readahead=options.readahead, lock_memory=options.lock_memory, n_files=len(sizes), share=options.share,
         )  # fmt: skip
         stack.callback(cache.close)
+        if options.nodes > 1:
+            cache.keep_to(node_part(ds, options.nodes, options.node_rank, options.partition_seed))
         retainer = None
         if retain and plan.retained_files:
             mask = plan.retained

@@ -44,7 +44,8 @@ def train_rank(rank: int, args: argparse.Namespace, init_file: str, out_dir: str
         torch.set_num_threads(1)
         importance = ImportanceConfig(args.importance, args.warmup) if args.importance else None
         loader = BlockLoader(args.root, args.batch_size, byte_histogram, "cpu", seed=args.seed,
-                             num_workers=args.workers, importance=importance)  # fmt: skip
+                             num_workers=args.workers, importance=importance, partition=args.partition,
+                             nodes=args.nodes if args.partition == "node" else None)  # fmt: skip
         classes = len(loader.classes or []) or int(loader.mount.labels.max()) + 1
         model = DistributedDataParallel(nn.Linear(BINS + 1, classes))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="loader worker processes per rank")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--partition", choices=("global", "node"), default="global",
+                        help="node: each simulated node's ranks read a fixed part of the blocks")
+    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes for --partition node")
     parser.add_argument("--importance", type=float, help="after --warmup epochs, train on this fraction")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", help="write each rank's steps, ids and final parameters to this JSON file")

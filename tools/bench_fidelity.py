@@ -80,12 +80,14 @@ def _configs() -> dict[str, Config]:
         Config("reuse", "blockfs loader, reuse=True, shuffled pack", "shuffled", {"reuse": True}),
         Config("importance", "blockfs loader, importance=ImportanceConfig(), shuffled pack", "shuffled",
                {"importance": ImportanceConfig()}),
+        Config("ranks-global", "2 ranks (DDP simulated: one step per pair of half batches), partition='global'",
+               "shuffled", {"ranks": 2}),
+        Config("ranks-node", "2 ranks on 2 nodes (DDP simulated), partition='node'", "shuffled",
+               {"ranks": 2, "partition": "node", "nodes": 2}),
     )}  # fmt: skip
 
 
-NOT_RUN = {
-    "partition-node": "partition='node' with 2 simulated nodes: not run, BlockLoader has no partition option yet",
-}
+NOT_RUN: dict[str, str] = {}
 
 
 # --- data --------------------------------------------------------------------------------------------
@@ -175,6 +177,43 @@ class BlockFeed:
         self.loader.close()
 
 
+class RanksFeed:
+    """Data-parallel training simulated in one process: ``ranks`` blockfs loaders (one per rank, half the
+    batch each) and one optimizer step per set of their batches -- the gradient DDP averages, since every
+    rank's batch has the same size."""
+
+    def __init__(self, mnt: str, args: argparse.Namespace, seed: int, options: dict) -> None:
+        from blockfs.loader import BlockLoader
+        from train_block_loader import decode_image
+
+        options = dict(options)
+        ranks = options.pop("ranks")
+        decode = functools.partial(decode_image, size=args.image_size)
+        self.loaders = [
+            BlockLoader(mnt, args.batch_size // ranks, decode, device="cpu", seed=seed, rank=r, world_size=ranks,
+                        **options)  # fmt: skip
+            for r in range(ranks)
+        ]
+        self.importance = None
+
+    def epoch(self, epoch: int) -> tuple[int, Iterator]:
+        import torch
+
+        for loader in self.loaders:
+            loader.set_epoch(epoch)
+        steps = min(len(loader) for loader in self.loaders)
+
+        def batches() -> Iterator:
+            for parts in zip(*self.loaders):
+                yield tuple(torch.cat([part[i] for part in parts]) for i in range(3))
+
+        return steps, batches()
+
+    def close(self) -> None:
+        for loader in self.loaders:
+            loader.close()
+
+
 def learning_rate(progress: float, peak: float, warmup: float = 0.15) -> float:
     """Linear warm-up to ``peak`` over the first ``warmup`` of training, then a cosine down to zero."""
     if progress < warmup:
@@ -223,6 +262,8 @@ def run_config(config: Config, mnt: str | None, args: argparse.Namespace, test: 
     for seed in args.seeds:
         if mnt is None:
             feed = RawFeed(args.workdir / "train", args, seed)
+        elif "ranks" in config.options:
+            feed = RanksFeed(mnt, args, seed, config.options)
         else:
             feed = BlockFeed(mnt, args, seed, config.options)
         try:

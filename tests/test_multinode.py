@@ -74,3 +74,15 @@ def test_each_node_caches_its_own_part(s3, tmp_path, torch_module, partition):
         # less while the caches still fill
         per_epoch = [later[0][e] + later[1][e] for e in range(EPOCHS - 1)]
         assert sum(per_epoch) / len(per_epoch) >= 0.1 * dataset, (later, dataset)  # measured 0.30-0.34
+
+
+def test_plan_shows_each_nodes_part_and_refuses_a_bad_node_rank(tmp_path):
+    src = tmp_path / "src"
+    make_class_tree(src, files=120, seed=6, sizes=(2000, 6000))
+    blockfs.pack(src, tmp_path / "packed", files_per_block=10, fsync=False)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "blockfs", *a], capture_output=True, text=True)  # noqa: E731
+    done = run("plan", str(tmp_path / "packed"), "--cache-size", "200KiB", "--nodes", "4", "--node-rank", "3")
+    assert done.returncode == 0, done.stderr
+    assert "nodes:            4 (partition='node'" in done.stdout and "of node 3's bytes" in done.stdout, done.stdout
+    bad = run("plan", str(tmp_path / "packed"), "--nodes", "2", "--node-rank", "2")
+    assert bad.returncode == 2 and "--node-rank 2 is not one of --nodes 2" in bad.stderr

@@ -74,8 +74,14 @@ def _describe(plan, remote: bool, disk: dict | None, nodes: str = "") -> str:
     return plan.describe() + ("\n" + describe_disk_tier(disk) if remote else "") + nodes
 
 
+def _check_nodes(args: argparse.Namespace) -> None:
+    if args.nodes < 1 or not 0 <= args.node_rank < args.nodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not one of --nodes {args.nodes} (0 to {args.nodes - 1})")
+
+
 def _node_lines(args: argparse.Namespace, size: int, ds) -> str:
     """With --nodes N: each node's part, and the hit rate a node's budget gives on its own part."""
+    _check_nodes(args)
     if args.nodes <= 1:
         return ""
     from ..serve.server import node_part
@@ -125,6 +131,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
     args.dest, args.mountpoint = dataset_location(args.dest), os.path.abspath(args.mountpoint)
     mnt.check_mountpoint(args.mountpoint)
+    _check_nodes(args)
     size, why = _budget(args)
     # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory
     # handed to the serving process (which removes it).

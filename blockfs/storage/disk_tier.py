@@ -132,12 +132,6 @@ class DiskTier:
             self._counts["bytes_written"] += size
         return True
 
-    def put_file(self, name: str, data: bytes) -> str:
-        """Keep a small file (the index, the metadata) the same way; its path."""
-        path = os.path.join(self.root, name)
-        write_atomically(path, (data,))
-        return path
-
     def remove(self, block: int) -> None:
         """Delete a copy that failed a check (the budget it held is freed)."""
         path = self.path(block)

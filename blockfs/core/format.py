@@ -61,6 +61,15 @@ BLOCKS_DIR = "blocks"
 PACKING_MARKER = ".blockfs-packing"
 
 
+def file_crc(path: str | os.PathLike) -> int:
+    """The CRC-32 of a whole file (the index's, as ``blockfs.json`` records it), read in 16 MiB pieces."""
+    crc = 0
+    with open(path, "rb") as f:
+        while piece := f.read(16 << 20):
+            crc = crc32(piece, crc)
+    return crc
+
+
 def block_path(dest: str | os.PathLike, block: int) -> str:
     return os.path.join(os.fspath(dest), BLOCKS_DIR, f"{block:08d}.blk")
 

@@ -31,7 +31,7 @@ from .format import (
     METADATA_NAME,
     PACKING_MARKER,
     block_path,
-    crc32,
+    file_crc,
 )
 
 
@@ -140,12 +140,9 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
 
 
 def _file_crc(path: str) -> int | None:
+    """The file's CRC-32, or None when there is no such file to reuse."""
     try:
-        with open(path, "rb") as f:
-            check = 0
-            while piece := f.read(16 << 20):
-                check = crc32(piece, check)
-            return check
+        return file_crc(path)
     except OSError:
         return None
 

@@ -149,7 +149,7 @@ def dataset_metadata(
         "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
         "block_bytes": int(block_sizes.sum()),
         "classes": classes,
-        "index": {"file": INDEX_NAME, "crc32": _file_crc(os.path.join(dest, INDEX_NAME))},
+        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(os.path.join(dest, INDEX_NAME))},
         "pack": {
             "block_size": options.block_size,
             "files_per_block": options.files_per_block,
@@ -184,11 +184,3 @@ def commit(dest: str, metadata: dict, fsync: bool) -> None:
     os.unlink(os.path.join(dest, PACKING_MARKER))
     if fsync:
         _fsync_dir(dest)
-
-
-def _file_crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while piece := f.read(16 << 20):
-            crc = fmt.crc32(piece, crc)
-    return crc

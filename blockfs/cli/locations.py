@@ -10,7 +10,6 @@ import shutil
 from ..core.dataset import PackedDataset
 from ..core.location import StorageOptions
 from ..serve.plan import parse_size
-from ..storage.location import is_remote
 from ..storage.remote import parse_options
 
 DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space under --disk-cache
@@ -43,11 +42,6 @@ def storage_options(args: argparse.Namespace) -> StorageOptions:
     fetched = getattr(args, "fetched_dir", None)  # a background mount's: what the starting command fetched
     return StorageOptions(parse_options(getattr(args, "storage_option", None)), disk, size, fetched,
                           remove_fetched=fetched is not None)  # fmt: skip
-
-
-def dataset_location(text: str) -> str:
-    """A URL as given; a path made absolute (libfuse 3 changes the working directory once mounted)."""
-    return text if is_remote(text) else os.path.abspath(text)
 
 
 def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None) -> PackedDataset:

@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from ..storage.location import is_remote
-from .locations import dataset_location, open_from_args, storage_options
+from ..storage.location import absolute, is_remote
+from .locations import open_from_args, storage_options
 from ..serve.plan import parse_size
 from .output import human, progress_bar
 
@@ -129,7 +129,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from ..serve import process as mnt
 
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
-    args.dest, args.mountpoint = dataset_location(args.dest), os.path.abspath(args.mountpoint)
+    args.dest, args.mountpoint = absolute(args.dest), os.path.abspath(args.mountpoint)
     mnt.check_mountpoint(args.mountpoint)
     _check_nodes(args)
     size, why = _budget(args)

@@ -24,7 +24,7 @@ from .. import protocol
 from ..core.dataset import PackedDataset
 from ..core.location import StorageOptions
 from ..core.partition import partition_blocks
-from ..storage.location import is_remote, redact
+from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
 from .cache import READAHEAD_BLOCKS, BlockCache
@@ -157,11 +157,6 @@ def node_part(ds: PackedDataset, nodes: int, node_rank: int, seed: int) -> list[
     return np.flatnonzero(node_of == node_rank).tolist()
 
 
-def _absolute(dest: str | os.PathLike) -> str:
-    """A URL as given, a path made absolute."""
-    return dest if is_remote(dest) else os.path.abspath(os.fspath(dest))
-
-
 @contextlib.contextmanager
 def assembled(
     dest: str | os.PathLike,
@@ -172,7 +167,7 @@ def assembled(
     """Every layer of a mount of ``dest`` at ``mountpoint`` (not mounted): the adapter, with its control
     directory's sockets listening; everything is closed on the way out."""
     from .fs import BlockFS
-    dest, mountpoint = _absolute(dest), os.path.abspath(os.fspath(mountpoint))
+    dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
         ds = PackedDataset(dest, storage=options.storage)
         stack.callback(ds.close)
@@ -223,7 +218,7 @@ def serve(
     from .fs import run
 
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
-    dest, mountpoint = _absolute(dest), os.path.abspath(os.fspath(mountpoint))
+    dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with assembled(dest, mountpoint, options, on_progress) as fs:
         run(fs, mountpoint, fuse_kwargs(options, dest))
     log.info("unmounted %s", mountpoint)

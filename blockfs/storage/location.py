@@ -27,6 +27,11 @@ def is_remote(location: str | os.PathLike) -> bool:
     return bool(sep) and scheme.lower() in SCHEMES
 
 
+def absolute(location: str | os.PathLike) -> str:
+    """A URL as given; a path made absolute (libfuse 3 changes the working directory once mounted)."""
+    return location if is_remote(location) else os.path.abspath(os.fspath(location))
+
+
 def store_kind(url: str) -> str:
     """``"s3"``, ``"gcs"``, ``"azure"`` or ``"http"``."""
     return SCHEMES[url.partition("://")[0].lower()]

@@ -87,8 +87,6 @@ def _configs() -> dict[str, Config]:
     )}  # fmt: skip
 
 
-NOT_RUN: dict[str, str] = {}
-
 
 # --- data --------------------------------------------------------------------------------------------
 def prepare(workdir: Path, args: argparse.Namespace) -> dict:
@@ -378,16 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"{args.files} train / {args.test_files} test images, {args.classes} classes, "
              f"{args.image_size}px, {args.files_per_block} files per block ({data['blocks']['shuffled']} blocks), "
              f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}")  # fmt: skip
-    text = table(summary, NOT_RUN) + "\n\nBatch class entropy x a global shuffle's, by interleave (epoch plans only):\n\n"
+    text = table(summary) + "\n\nBatch class entropy x a global shuffle's, by interleave (epoch plans only):\n\n"
     text += sweep_table(sweep)
     print(f"\n{title}\n\n{text}")
     check = verdict(summary)
     if check:
         print(f"\n{check}")
-    for why in NOT_RUN.values():
-        print(why)
     report = {"title": title, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "dataset": data, "verdict": check, "not_run": NOT_RUN, "summary": summary, "entropy_sweep": sweep,
+              "dataset": data, "verdict": check, "summary": summary, "entropy_sweep": sweep,
               "total_s": time.perf_counter() - started,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "platform": platform.platform()}}  # fmt: skip

@@ -73,7 +73,7 @@ def verdict(summary: dict[str, dict]) -> str | None:
             f"{ref['final_accuracy_std']:.4f}: {within} one standard deviation")  # fmt: skip
 
 
-def table(summary: dict[str, dict], not_run: dict[str, str]) -> str:
+def table(summary: dict[str, dict]) -> str:
     ref = summary.get("global")
     rows = [["configuration", "final accuracy (mean ± std)", "vs global", "batch class entropy (bits)",
              "vs global", "steps", "train s / run"]]  # fmt: skip
@@ -87,8 +87,6 @@ def table(summary: dict[str, dict], not_run: dict[str, str]) -> str:
             str(s["steps"]),
             f"{s['train_s']:.1f}",
         ])  # fmt: skip
-    for name, why in not_run.items():
-        rows.append([f"`{name}`: {why}", "", "", "", "", "", ""])
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
     return "\n".join(lines)

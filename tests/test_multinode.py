@@ -71,7 +71,7 @@ def test_each_node_caches_its_own_part(s3, tmp_path, torch_module, partition):
     if partition == "node":  # each node's part fits its budget: nothing more to fetch
         assert max(map(max, later)) <= 0.05 * dataset, (later, dataset)
     else:  # every node reads half of all blocks, of which its budget holds ~60 %: ~0.4 of the dataset in all,
-        # less while the caches still fill
+        # give or take what 60 blocks dealt at random vary by
         per_epoch = [later[0][e] + later[1][e] for e in range(EPOCHS - 1)]
         assert sum(per_epoch) / len(per_epoch) >= 0.1 * dataset, (later, dataset)
 

@@ -198,6 +198,47 @@ def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(ur
             cache.close()
 
 
+def _cache_blocks(ds, budget: int, blocks: list[int]):
+    """A memory cache of ``budget`` bytes over ``ds`` that has read one file of each of ``blocks``."""
+    from blockfs.serve.cache import BlockCache
+
+    cache = BlockCache(ds.store, budget, "cache-once", readahead=0, lock_memory=False, n_files=FILES, share=False)
+    a = ds.index.arrays
+    for b in blocks:
+        entry = int(a["block_files"][int(a["block_offsets"][b])])
+        cache.read_file(b, int(a["slot"][entry]), int(a["crc"][entry]))
+    return cache
+
+
+def test_a_disk_tier_smaller_than_the_dataset_keeps_only_blocks_memory_does_not_hold(url, local_pack, tmp_path):
+    biggest = max(os.path.getsize(p) for p in (local_pack[0] / "blocks").iterdir())
+    with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=5 * biggest // 2) as ds:
+        assert not ds.store.files.copies_memory_blocks  # room for two of the six blocks
+        memory = 2 * biggest
+        cache = _cache_blocks(ds, memory, [0, 1, 2, 3])
+        try:
+            held = [b for b in range(4) if b in cache._blocks]
+            assert held == [0, 1]  # memory took the first two, cache-once
+            # The tier holds what memory does not: together they hold more than either alone.
+            assert not ds.disk_tier.has(0) and not ds.disk_tier.has(1)
+            assert ds.disk_tier.has(2) and ds.disk_tier.has(3)
+        finally:
+            cache.close()
+
+
+def test_a_disk_tier_that_holds_the_dataset_copies_memory_blocks_too_so_a_reopen_reads_nothing_remote(url, local_pack,
+                                                                                                   tmp_path):  # fmt: skip
+    cache_dir = tmp_path / "d"
+    with blockfs.open_dataset(url, disk_cache=cache_dir, disk_cache_size=1 << 30) as ds:
+        assert ds.store.files.copies_memory_blocks
+        cache = _cache_blocks(ds, 1 << 30, list(range(ds.n_blocks)))
+        cache.close()
+        assert all(ds.disk_tier.has(b) for b in range(ds.n_blocks))
+    with blockfs.open_dataset(url, disk_cache=cache_dir, disk_cache_size=1 << 30) as ds:
+        read_all(ds, local_pack[1])
+        assert ds.store.files.stats()["disk_tier"]["remote_reads"] == 0
+
+
 @pytest.fixture(scope="module")
 def big_blocks(tmp_path_factory):
     """Blocks well over a ranged read's head (64 KiB), so a server ignoring Range cannot pass unseen."""

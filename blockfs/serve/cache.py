@@ -328,7 +328,7 @@ class BlockCache:
             return _CachedBlock(b"", None, head, False)
         buf, memfd = self._memory.allocate(block, head.data_size)
         try:
-            self._store.read_data_into(block, head, buf)
+            self._store.read_data_into(block, head, buf, to_tier=self._store.files.copies_memory_blocks)
         except BaseException:
             self._memory.release(memfd)  # the map goes with the last reference (a traceback may hold one)
             raise

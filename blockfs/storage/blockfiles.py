@@ -33,6 +33,7 @@ class BlockFiles:
 
     names: list[str]
     keeps_copies = False  # a tier that keeps copies of verified blocks (the disk tier)
+    copies_memory_blocks = True  # whether blocks held in memory are copied to that tier too
 
     def size(self, block: int) -> int:
         """The block file's size in bytes."""
@@ -145,6 +146,9 @@ def _phrased(what: str, e: OSError) -> OSError:
     return OSError(e.errno, f"{what}: {e.strerror or e}")
 
 
+WILLNEED_FROM = 1 << 20  # reads this big tell the kernel their whole range first
+
+
 class LocalBlockFiles(BlockFiles):
     """Block files in a local directory (``paths[b]`` is block ``b``'s file)."""
 
@@ -188,6 +192,12 @@ class LocalBlockFiles(BlockFiles):
         d = self._acquire(block)
         try:
             done, size = 0, len(view)
+            if size >= WILLNEED_FROM:
+                # Ask for the whole range up front.  After the small header reads at the file's start, the
+                # kernel's readahead treats the block read as random and issues ~120 KiB requests: 534 of
+                # them for a 64 MiB block, which an IOPS-bound disk (150 IOPS) serves at 17 MiB/s.  Told
+                # the range, it issues ~2 MiB requests (44 per block, 140 MiB/s there).
+                os.posix_fadvise(d.fd, offset, size, os.POSIX_FADV_WILLNEED)
             while done < size:
                 try:
                     n = os.preadv(d.fd, [view[done:]], offset + done)

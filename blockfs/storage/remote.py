@@ -158,6 +158,10 @@ def split_options(options: Mapping[str, object] | None) -> tuple[RemoteSettings,
     return RemoteSettings(**ours), client
 
 
+# Options of the HTTP client rather than of the store; obstore takes them apart from the store's config.
+CLIENT_OPTIONS = frozenset({"allow_http", "allow_invalid_certificates", "proxy_url", "user_agent"})
+
+
 class RemoteStore:
     """Objects under one URL prefix: GET (whole, ranged, in parallel parts), PUT, DELETE and LIST."""
 
@@ -189,6 +193,8 @@ class RemoteStore:
         endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
         if (endpoint or self.url).startswith("http://"):
             client_options["allow_http"] = "true"
+        for key in CLIENT_OPTIONS & config.keys():  # the HTTP client's, not the store's
+            client_options[key] = config.pop(key)
         kwargs: dict[str, object] = {"client_options": client_options, "retry_config": {"max_retries": 0}}
         if self.kind != "http":
             kwargs["config"] = config
@@ -201,6 +207,13 @@ class RemoteStore:
             return from_url(self.url, **kwargs)
         except BaseError as e:
             raise RemoteConfigError(f"{self.display}: {self._scrub(_first_line(e))}") from None
+        except BaseException as e:  # obstore panics (a BaseException) on a key it does not know
+            if type(e).__name__ != "PanicException":
+                raise
+            raise RemoteConfigError(
+                f"{self.display}: a storage option was not understood ({self._scrub(_first_line(e))}); "
+                f"given: {', '.join(sorted(config)) or 'none'}"
+            ) from None
 
     def _profile_credentials(self, config: dict[str, str]):
         """AWS profiles (``~/.aws``, ``AWS_PROFILE``), which obstore does not read, through boto3's chain

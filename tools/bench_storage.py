@@ -1,0 +1,609 @@
+"""Benchmark blockfs against the tools users would pick instead, on slow and remote storage, in one run.
+
+    python tools/bench_storage.py --json results/bench_storage.json [--png results/bench_storage.png]
+        [--storages local,cloud-volume,hard-disk,object-2ms,object-10ms] [--datasets inet,tiny]
+        [--files 6000] [--tiny-files 30000] [--seconds 20] [--work DIR]
+
+Root only: the storages are emulated (:mod:`storage_emulation`) and each is set up and torn down here.
+
+* **Disks** — the local disk as it is, a *cloud volume* (3,000 read IOPS, 125 MiB/s: AWS gp3's baseline) and a
+  *hard disk* (150 IOPS, 150 MiB/s): a blkio cgroup throttles reads; every server and reader runs inside
+  it; each system's files are evicted from the page cache before its first epoch.
+* **Object store** at 2 ms and 10 ms round trip behind a 1 Gbit/s link: hadro (a read-only S3 server over a
+  folder) inside a network namespace, behind :mod:`delay_proxy`, with ``tbf`` on the namespace's link.
+
+Systems, where they apply: the raw directory (``open().read()`` per file) and a torch ``DataLoader`` over it;
+ratarmount over a tar; squashfuse_ll over a squashfs image; a no-work FUSE server (``tools/null_fs.py``, the
+ceiling of any Python FUSE server here); s3fs-fuse and rclone mounting the raw objects; per-file GETs in a
+``DataLoader``; MosaicML Streaming (MDS shards) and WebDataset (tar shards over HTTP) from the store; the
+blockfs mount (epoch 1, epoch 2, a remount) and the blockfs loader.  Readers: one thread and four threads
+splitting the same shuffled list (:mod:`storage_reader`); loaders use four workers.  Slow systems are cut
+after ``--seconds`` and rated over what they read.
+
+Per system and epoch: files/s, MB/s, the bytes and requests that reached the storage (the cgroup's
+counters; the proxy's for the store) and the serving daemon's CPU seconds per file.  Prints a table, and
+writes JSON (``--json``) and a plot (``--png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+from storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
+
+MiB = 1 << 20
+DISKS = {  # name: (read IOPS, read bytes/s); None: not throttled
+    "local": (None, None),
+    "cloud-volume": (3000, 125 * MiB),
+    "hard-disk": (150, 150 * MiB),
+}
+OBJECT_STORES = {"object-2ms": 2.0, "object-10ms": 10.0}  # name: round trip in ms
+LINK_MBIT = 1000
+DATASETS = {"inet": "imagenet", "tiny": "tiny"}  # name: tools/make_dataset.py mode
+# 64 MiB blocks (the default) for the ~110 KiB files; 16 MiB for the ~4 KiB ones, whose 120 MB would
+# otherwise be two blocks, too coarse for tiers of half the dataset.  MDS and WebDataset shards match.
+BLOCK_BYTES = {"inet": 64 * MiB, "tiny": 16 * MiB}
+BUCKET = "bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- processes -------------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its reaped children, or 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def unmount(mnt: Path) -> None:
+    for tool in ("fusermount3", "fusermount"):
+        if subprocess.run([tool, "-u", str(mnt)], capture_output=True, check=False).returncode == 0:
+            return
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def fuse_mount(command: list[str], mnt: Path, enter, env: dict | None = None, timeout: float = 120) -> Iterator[int]:
+    """Run a foreground FUSE server (environment ``env``, default ours) until ``mnt`` is mounted; yield its
+    pid; unmount and stop it."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    logfile = open(mnt.parent / f"{mnt.name}.log", "w")
+    proc = subprocess.Popen(command, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=enter, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited ({proc.returncode}): see {logfile.name}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not mount within {timeout:.0f} s: see {logfile.name}")
+            time.sleep(0.02)
+        yield proc.pid
+    finally:
+        unmount(mnt)
+        stop(proc)
+        logfile.close()
+
+
+@contextlib.contextmanager
+def server(command: list[str], host: str, port: int, timeout: float = 30) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command} did not start answering on {host}:{port}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        stop(proc)
+
+
+# --- datasets --------------------------------------------------------------------------------------------
+def make_dataset(work: Path, name: str, files: int) -> dict:
+    """The tree and every format built from it (tar, squashfs, blockfs, MDS, WebDataset shards), once."""
+    tree = work / name
+    if not (tree / ".done").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        subprocess.run([sys.executable, str(TOOLS / "make_dataset.py"), str(tree), "--mode", DATASETS[name],
+                        "--files", str(files), "--classes", "50"], check=True, capture_output=True)  # fmt: skip
+        (tree / ".done").touch()
+    names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.name != ".done")
+    formats = work / f"{name}.formats"
+    if not (formats / ".done").exists():
+        shutil.rmtree(formats, ignore_errors=True)
+        formats.mkdir()
+        log(f"{name}: packing blockfs, tar, squashfs, MDS and WebDataset copies")
+        subprocess.run(["blockfs", "pack", str(tree), str(formats / "data.blockfs"), "--block-size", str(BLOCK_BYTES[name])],
+                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(["tar", "cf", str(formats / "data.tar"), "-C", str(tree), *names], check=True)
+        subprocess.run(["mksquashfs", str(tree), str(formats / "data.sqfs"), "-noappend", "-quiet", "-no-progress"],
+                       check=True, capture_output=True)  # fmt: skip
+        write_shards(tree, names, formats, BLOCK_BYTES[name])
+        (formats / ".done").touch()
+    shuffled = names[:]
+    random.Random(7).shuffle(shuffled)
+    order = work / f"{name}.order"
+    order.write_text("\n".join(shuffled) + "\n")
+    nbytes = sum((tree / n).stat().st_size for n in names)
+    return {"name": name, "tree": tree, "names": names, "order": order, "bytes": nbytes, "formats": formats}
+
+
+def write_shards(tree: Path, names: list[str], out: Path, shard_bytes: int) -> None:
+    """MDS shards (MosaicML Streaming) and WebDataset tar shards of the same files, as big as the blocks."""
+    from storage_loaders import _import_streaming
+
+    streaming = _import_streaming()
+    with streaming.MDSWriter(out=str(out / "mds"), columns={"data": "bytes"}, size_limit=shard_bytes) as writer:
+        for n in names:
+            writer.write({"data": (tree / n).read_bytes()})
+    (out / "wds").mkdir()
+    shard, size, tar = 0, 0, None
+    for i, n in enumerate(names):
+        if tar is None or size >= shard_bytes:
+            if tar is not None:
+                tar.close()
+            tar, size, shard = tarfile.open(out / "wds" / f"shard-{shard:05d}.tar", "w"), 0, shard + 1
+        key = f"{i:08d}"
+        info = tarfile.TarInfo(f"{key}.bin")
+        data = (tree / n).read_bytes()
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        size += len(data)
+    tar.close()
+
+
+# --- measuring ---------------------------------------------------------------------------------------------
+class Counters:
+    """Bytes and requests that reached the storage, read before and after a pass."""
+
+    def __init__(self, read) -> None:
+        self.read = read
+
+    @contextlib.contextmanager
+    def delta(self, into: dict) -> Iterator[None]:
+        before = self.read()
+        yield
+        after = self.read()
+        into["storage_bytes"] = after["bytes"] - before["bytes"]
+        into["storage_requests"] = after["requests"] - before["requests"]
+
+
+def _consumer(cmd: list[str], enter, env: dict | None, wait_mount: Path | None) -> subprocess.Popen:
+    """Start a reader or loader; with ``wait_mount``, return once it is ready and polling for that mount."""
+    if wait_mount is not None:
+        cmd = [*cmd, "--wait-mount"] if cmd[1].endswith("storage_reader.py") else [*cmd, "--wait-mount", str(wait_mount)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=enter,
+                            env={**os.environ, **(env or {})})  # fmt: skip
+    if wait_mount is not None and proc.stdout.readline().strip() != "ready":
+        proc.wait()
+        raise RuntimeError(f"{cmd[1]} did not start: {proc.stderr.read().strip()[-800:]}")
+    return proc
+
+
+def _finish(proc: subprocess.Popen, what: str):
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {err.strip()[-800:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def reader_command(root: Path, ds: dict, threads: int, seconds: float | None) -> list[str]:
+    cmd = [sys.executable, str(TOOLS / "storage_reader.py"), str(root), str(ds["order"]), "--threads", str(threads)]
+    return [*cmd, "--seconds", str(seconds)] if seconds else cmd
+
+
+def loader_command(args: list[str], seconds: float | None, epochs: int = 1) -> list[str]:
+    cmd = [sys.executable, str(TOOLS / "storage_loaders.py"), *args, "--epochs", str(epochs)]
+    return [*cmd, "--seconds", str(seconds)] if seconds else cmd
+
+
+def read_pass(root: Path, ds: dict, threads: int, seconds: float | None, enter) -> dict:
+    return _finish(_consumer(reader_command(root, ds, threads, seconds), enter, None, None), "reader")
+
+
+def loader_pass(args: list[str], enter, seconds: float | None, epochs: int = 1, env: dict | None = None) -> list[dict]:
+    return _finish(_consumer(loader_command(args, seconds, epochs), enter, env, None), f"loader {args[0]}")
+
+
+def record(results: list, storage: str, ds: dict, system: str, readers: int, epoch: str, out: dict,
+           daemon_cpu: float | None = None) -> dict:  # fmt: skip
+    seconds = max(out["seconds"], 1e-9)
+    row = {"storage": storage, "dataset": ds["name"], "system": system, "readers": readers, "epoch": epoch,
+           "files": out["files"], "bytes": out["bytes"], "seconds": round(seconds, 3),
+           "files_per_s": out["files"] / seconds, "mb_per_s": out["bytes"] / seconds / 1e6,
+           "complete": out["files"] >= len(ds["names"]),
+           "storage_bytes": out.get("storage_bytes"), "storage_requests": out.get("storage_requests"),
+           "daemon_cpu_s_per_file": None if daemon_cpu is None or not out["files"] else daemon_cpu / out["files"]}  # fmt: skip
+    if out.get("storage_done_s") is not None:
+        row["storage_done_s"] = round(out["storage_done_s"], 3)
+    if out.get("errors"):
+        row["errors"] = out["errors"]
+        row["first_error"] = out.get("first_error")
+    results.append(row)
+    log(f"{storage:12s} {ds['name']:5s} {system:22s} r{readers} ep{epoch:8s} {row['files_per_s']:9,.0f} files/s "
+        f"{row['mb_per_s']:7.1f} MB/s  storage {(row['storage_bytes'] or 0) / MiB:7.1f} MiB "
+        f"{row['storage_requests'] or 0:6d} req")  # fmt: skip
+    return row
+
+
+def timed(pid: int | None, counters: Counters, run) -> tuple[dict, float | None]:
+    """``run()``'s result with the storage counters and the daemon's CPU seconds over it."""
+    cpu0 = cpu_seconds(pid) if pid else None
+    out: dict = {}
+    with counters.delta(out):
+        out.update(run())
+    return out, (cpu_seconds(pid) - cpu0) if pid else None
+
+
+@contextlib.contextmanager
+def sampled(counters: Counters, every: float = 0.02) -> Iterator[list]:
+    """(seconds from now, storage bytes) every ``every`` seconds while the body runs."""
+    samples: list = []
+    done = threading.Event()
+    started = time.monotonic()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.monotonic() - started, counters.read()["bytes"]))
+            done.wait(every)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
+def storage_done(samples: list, final_bytes: int) -> float | None:
+    """When the storage had delivered 99% of what the pass read from it: the pass's time after that was
+    spent serving, not waiting for the storage."""
+    if not samples or final_bytes <= samples[0][1]:
+        return None
+    target = samples[0][1] + 0.99 * (final_bytes - samples[0][1])
+    return next((t for t, b in samples if b >= target), samples[-1][0])
+
+
+def mount_passes(results: list, storage: str, ds: dict, system: str, command: list[str], mnt: Path,
+                 counters: Counters, enter, *, readers: int, epochs=("1",), seconds: float | None = None,
+                 loader: bool = False, env: dict | None = None, evict_between: bool = False) -> None:  # fmt: skip
+    """Mount with ``command``, run the epochs, unmount.  The first epoch's reader is started before the
+    server and begins the moment the mount appears, and its storage counters start before the mount, so
+    what a server reads from its start (an index, a prefill) is counted in both bytes and time.
+    ``evict_between`` drops the kernel's page cache of the mount's files before each later epoch (a small
+    dataset would otherwise be served from it, outside any budget)."""
+    def consumer(wait: bool) -> subprocess.Popen:
+        cmd = (loader_command(["blockfs", str(mnt), "--workers", str(readers)], seconds) if loader
+               else reader_command(mnt, ds, readers, seconds))  # fmt: skip
+        return _consumer(cmd, enter, None, mnt if wait else None)
+
+    start = counters.read()
+    first = consumer(wait=True)
+    try:
+        with fuse_mount(command, mnt, enter, env=env) as pid:
+            for epoch in epochs:
+                cpu0 = 0.0 if epoch == epochs[0] else cpu_seconds(pid)  # epoch 1: with the server's start
+                if epoch == epochs[0]:
+                    before, proc = start, first
+                else:
+                    if evict_between:
+                        evict([mnt])
+                    before, proc = counters.read(), consumer(wait=False)
+                with sampled(counters) as samples:
+                    out = _finish(proc, system)
+                out = out[0] if isinstance(out, list) else out
+                after = counters.read()
+                out["storage_done_s"] = storage_done(samples, after["bytes"])
+                out["storage_bytes"] = after["bytes"] - before["bytes"]
+                out["storage_requests"] = after["requests"] - before["requests"]
+                record(results, storage, ds, system, readers, epoch, out, cpu_seconds(pid) - cpu0)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+# --- disks -------------------------------------------------------------------------------------------------
+def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse.Namespace) -> None:
+    iops, bps = DISKS[storage]
+    fmt, mnt = ds["formats"], work / "mnt"
+    with ThrottledDisk(f"bfs-{storage}", str(ds["tree"]), read_iops=iops, read_bps=bps) as disk:
+        counters, enter = Counters(disk.counters), disk.enter
+
+        def on(system: str, command: list[str], evicted: Path, **kw) -> None:
+            for threads in kw.pop("readers", (1, 4)):
+                evict([evicted])
+                mount_passes(results, storage, ds, system, command, mnt, counters, enter, readers=threads, **kw)
+
+        for threads in (1, 4):
+            evict([ds["tree"]])
+            out, _ = timed(None, counters, lambda: read_pass(ds["tree"], ds, threads, args.seconds, enter))
+            record(results, storage, ds, "raw", threads, "1", out)
+        evict([ds["tree"]])
+        out, _ = timed(None, counters, lambda: loader_pass(["files", str(ds["tree"]), str(ds["order"]), "--workers", "4"],
+                                                          enter, args.seconds)[0])  # fmt: skip
+        record(results, storage, ds, "raw DataLoader", 4, "1", out)
+        # A no-work FUSE server reads nothing from the disk: its rate is the FUSE ceiling in this run.
+        on("null FUSE (ceiling)", [sys.executable, str(TOOLS / "null_fs.py"), str(ds["tree"]), str(mnt)], ds["tree"])
+
+        if shutil.which("ratarmount") and not args.no_peers:
+            tar = fmt / "data.tar"
+            with fuse_mount(["ratarmount", "-f", str(tar), str(mnt)], mnt, enter, timeout=600):
+                pass  # the first mount writes ratarmount's index next to the tar: not timed
+            on("ratarmount", ["ratarmount", "-f", str(tar), str(mnt)], tar, seconds=args.seconds)
+        if shutil.which("squashfuse_ll") and not args.no_peers:
+            image = fmt / "data.sqfs"
+            on("squashfuse_ll", ["squashfuse_ll", "-f", str(image), str(mnt)], image, seconds=args.seconds)
+
+        packed = fmt / "data.blockfs"
+        mount_cmd = ["blockfs", "mount", str(packed), str(mnt), "--foreground"]
+        on("blockfs mount", mount_cmd, packed, epochs=("1", "2"))
+        on("blockfs mount", mount_cmd, packed, epochs=("remount",))
+        on("blockfs loader", mount_cmd, packed, readers=(4,), loader=True)
+
+
+# --- object stores -----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, Counters]]:
+    """hadro over ``work/store`` inside a namespace, behind a delay proxy and a capped link; yields the
+    endpoint and the proxy's counters."""
+    with NetworkLink(rate_mbit=LINK_MBIT) as link:
+        hadro = [*link.command("hadro", str(work / "store"), "--host", "127.0.0.1", "--port", "9001",
+                               "--log-level", "error")]  # fmt: skip
+        proxy = [*link.command(sys.executable, str(TOOLS / "delay_proxy.py"), f"{link.address}:9000",
+                               "127.0.0.1:9001", "--rtt-ms", str(rtt_ms), "--stats", str(stats))]  # fmt: skip
+        hadro_proc = subprocess.Popen(hadro, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with server(proxy, link.address, 9000) as proxy_proc:
+                def read() -> dict:
+                    stamp = stats.stat().st_mtime_ns if stats.exists() else 0
+                    proxy_proc.send_signal(signal.SIGUSR1)
+                    deadline = time.monotonic() + 10
+                    while not stats.exists() or stats.stat().st_mtime_ns == stamp:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the delay proxy wrote no counters")
+                        time.sleep(0.01)
+                    values = json.loads(stats.read_text())
+                    return {"bytes": values["bytes_down"], "requests": values["requests"]}
+
+                endpoint = f"http://{link.address}:9000"
+                deadline = time.monotonic() + 30
+                while subprocess.run(["curl", "-sf", "-o", "/dev/null", f"{endpoint}/{BUCKET}?list-type=2&max-keys=1"], check=False).returncode:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("hadro did not answer through the proxy")
+                    time.sleep(0.1)
+                yield endpoint, Counters(read)
+        finally:
+            stop(hadro_proc)
+
+
+def stage_bucket(work: Path, ds: dict) -> None:
+    """The bucket hadro serves: the raw files, the packed dataset, MDS and WebDataset shards (hard links)."""
+    root = work / "store" / BUCKET / ds["name"]
+    if (root / ".done").exists():
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    for sub, src in (("raw", ds["tree"]), ("blockfs", ds["formats"] / "data.blockfs"),
+                     ("mds", ds["formats"] / "mds"), ("wds", ds["formats"] / "wds")):  # fmt: skip
+        shutil.copytree(src, root / sub, copy_function=os.link, ignore=shutil.ignore_patterns(".done"))
+    (root / ".done").touch()
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_REGION": "us-east-1"}
+
+
+def bench_object(storage: str, ds: dict, work: Path, results: list, args: argparse.Namespace) -> None:
+    stage_bucket(work, ds)
+    name, mnt = ds["name"], work / "mnt"
+    seconds = args.seconds
+    with object_store(work, OBJECT_STORES[storage], work / "proxy-stats.json") as (endpoint, counters):
+        env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
+        os.environ.update(env)
+        url = f"s3://{BUCKET}/{name}/blockfs"
+        opts = ["--storage-option", f"endpoint={endpoint}", "--storage-option", "allow_http=true"]
+        mount_cmd = ["blockfs", "mount", url, str(mnt), "--foreground", *opts]
+
+        def on(system: str, command: list[str], **kw) -> None:
+            mount_passes(results, storage, ds, system, command, mnt, counters, None, **kw)
+
+        for threads in (1, 4):
+            on("blockfs mount", mount_cmd, readers=threads, epochs=("1", "2"))
+        # Memory + disk tiers holding the dataset: a remount reads the disk tier, not the store.
+        tier = work / "disk-tier"
+        shutil.rmtree(tier, ignore_errors=True)
+        tiered = [*mount_cmd, "--disk-cache", str(tier), "--disk-cache-size", str(2 * ds["bytes"])]
+        on("blockfs mount+disk", tiered, readers=4)
+        on("blockfs mount+disk", tiered, readers=4, epochs=("remount",))
+        # Tiers holding half the dataset (a quarter in memory, a quarter on disk): cache-once.  The ~110 KiB
+        # files only: the ~4 KiB ones would send the other half as 15,000 single-file GETs an epoch.
+        shutil.rmtree(tier, ignore_errors=True)
+        if name == "inet":
+            quarter = str(ds["bytes"] // 4)
+            half = [*mount_cmd, "--cache-size", quarter, "--disk-cache", str(tier), "--disk-cache-size", quarter]
+            on("blockfs tiers=half", half, readers=4, epochs=("1", "2", "3"), evict_between=True)
+            shutil.rmtree(tier, ignore_errors=True)
+        on("blockfs loader", mount_cmd, readers=4, loader=True)
+
+        # Per-file GETs, as a custom Dataset would do them.
+        order = work / f"{name}.keys"
+        order.write_text("".join(f"{name}/raw/{n}\n" for n in ds["order"].read_text().split()))
+        out, _ = timed(None, counters, lambda: loader_pass(["gets", endpoint, BUCKET, str(order), "--workers", "4"], None,
+                                                          seconds, env=env)[0])  # fmt: skip
+        record(results, storage, ds, "GET per file", 4, "1", out)
+
+        if not args.no_peers:
+            peers_on_objects(storage, ds, work, endpoint, counters, env, results, seconds)
+
+
+def peers_on_objects(storage: str, ds: dict, work: Path, endpoint: str, counters: Counters, env: dict,
+                     results: list, seconds: float) -> None:  # fmt: skip
+    name, mnt = ds["name"], work / "mnt"
+    if shutil.which("s3fs"):
+        creds = work / "s3fs.passwd"
+        creds.write_text(f"{S3_ENV['AWS_ACCESS_KEY_ID']}:{S3_ENV['AWS_SECRET_ACCESS_KEY']}\n")
+        creds.chmod(0o600)
+        cmd = ["s3fs", f"{BUCKET}:/{name}/raw", str(mnt), "-f", "-o", f"url={endpoint}", "-o", "use_path_request_style",
+               "-o", f"passwd_file={creds}", "-o", "ro"]  # fmt: skip
+        mount_passes(results, storage, ds, "s3fs-fuse", cmd, mnt, counters, None, readers=4, seconds=seconds)
+    if shutil.which("rclone"):
+        remote = (f":s3,provider=Other,endpoint='{endpoint}',access_key_id={S3_ENV['AWS_ACCESS_KEY_ID']},"
+                  f"secret_access_key={S3_ENV['AWS_SECRET_ACCESS_KEY']}:{BUCKET}/{name}/raw")  # fmt: skip
+        cmd = ["rclone", "mount", remote, str(mnt), "--read-only", "--no-checksum", "--no-modtime"]
+        rclone_env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+        mount_passes(results, storage, ds, "rclone mount", cmd, mnt, counters, None, readers=4, seconds=seconds,
+                     env=rclone_env)  # fmt: skip
+    local = work / "mosaic-cache"
+    shutil.rmtree(local, ignore_errors=True)
+    remote = f"s3://{BUCKET}/{name}/mds"
+    mosaic_env = {**env, "S3_ENDPOINT_URL": endpoint}
+    try:
+        outs = []
+        for epoch in ("1", "2"):
+            out, _ = timed(None, counters, lambda: loader_pass(["mosaic", remote, str(local), "--workers", "4"], None, None,
+                                                              env=mosaic_env)[0])  # fmt: skip
+            outs.append(record(results, storage, ds, "MosaicML Streaming", 4, epoch, out))
+        shutil.rmtree(local, ignore_errors=True)
+        limit = str(ds["bytes"] // 2)
+        for epoch in ("1", "2"):
+            out, _ = timed(None, counters, lambda: loader_pass(["mosaic", remote, str(local), "--workers", "4",
+                                                                 "--cache-limit", limit], None, None, env=mosaic_env)[0])  # fmt: skip
+            record(results, storage, ds, "Mosaic cache=half", 4, epoch, out)
+    except RuntimeError as e:
+        log(f"MosaicML Streaming failed: {e}")
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    shards = sorted((work / "store" / BUCKET / name / "wds").glob("*.tar"))
+    urls = [f"{endpoint}/{BUCKET}/{name}/wds/{s.name}" for s in shards]
+    out, _ = timed(None, counters, lambda: loader_pass(["wds", *urls, "--workers", "4"], None, None)[0])
+    record(results, storage, ds, "WebDataset", 4, "1", out)
+
+
+# --- report ----------------------------------------------------------------------------------------------
+def cap_files_per_s(storage: str, ds: dict) -> float | None:
+    """The storage's bandwidth cap in files/s at this dataset's mean file size (None: not throttled).  A
+    system that reads each file alone meets the IOPS cap first on small files; the bandwidth cap is the
+    most any system can get."""
+    mean = ds["bytes"] / len(ds["names"])
+    if storage in DISKS:
+        bps = DISKS[storage][1]
+        return None if bps is None else bps / mean
+    return LINK_MBIT * 1e6 / 8 / mean
+
+
+def table(results: list, datasets: dict) -> str:
+    lines = ["| storage | dataset | system | readers | epoch | files/s | MB/s | of cap | storage MiB | requests | "
+             "storage done at | daemon CPU ms/file |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        cap = cap_files_per_s(r["storage"], datasets[r["dataset"]])
+        frac = f"{r['files_per_s'] / cap:.2f}" if cap else ""
+        cpu = "" if r["daemon_cpu_s_per_file"] is None else f"{r['daemon_cpu_s_per_file'] * 1000:.3f}"
+        cut = "" if r["complete"] else " (cut)"
+        # How much of the pass the storage was still delivering: the rest is serving (a FUSE tail).
+        done = f"{r['storage_done_s'] / r['seconds']:.0%}" if r.get("storage_done_s") is not None else ""
+        lines.append(f"| {r['storage']} | {r['dataset']} | {r['system']}{cut} | {r['readers']} | {r['epoch']} | "
+                     f"{r['files_per_s']:,.0f} | {r['mb_per_s']:.1f} | {frac} | {(r['storage_bytes'] or 0) / MiB:,.1f} | "
+                     f"{r['storage_requests'] or 0:,} | {done} | {cpu} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    storages = [*DISKS, *OBJECT_STORES]
+    keys = sorted({(r["storage"], r["dataset"]) for r in results}, key=lambda k: (k[1], storages.index(k[0])))
+    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.2 * len(keys)), squeeze=False)
+    for ax, (storage, dataset) in zip(axes[:, 0], keys):
+        rows = [r for r in results if r["storage"] == storage and r["dataset"] == dataset and r["epoch"] == "1"]
+        labels = [f"{r['system']} r{r['readers']}" for r in rows]
+        colors = ["tab:blue" if r["system"].startswith("blockfs") else "tab:gray" for r in rows]
+        ax.barh(labels, [r["files_per_s"] for r in rows], color=colors)
+        ax.set_xscale("log")
+        ax.set_title(f"{dataset} on {storage}: epoch 1, files/s", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--storages", default=",".join([*DISKS, *OBJECT_STORES]))
+    parser.add_argument("--datasets", default="inet,tiny")
+    parser.add_argument("--files", type=int, default=6000, help="~110 KiB files")
+    parser.add_argument("--tiny-files", type=int, default=30000, help="~4 KiB files")
+    parser.add_argument("--seconds", type=float, default=20.0, help="cut slow per-file systems after this long")
+    parser.add_argument("--no-peers", action="store_true", help="skip ratarmount, squashfuse, s3fs, rclone, Mosaic, WebDataset")
+    parser.add_argument("--work", type=Path, default=Path("/var/tmp/blockfs-bench-storage"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--png", type=Path)
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_storage: needs root (cgroup v1 blkio, network namespaces)", file=sys.stderr)
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    datasets = {}
+    for name in args.datasets.split(","):
+        datasets[name] = make_dataset(args.work, name, args.files if name == "inet" else args.tiny_files)
+    results: list = []
+    for storage in args.storages.split(","):
+        for name, ds in datasets.items():
+            log(f"--- {name} on {storage}")
+            try:
+                if storage in DISKS:
+                    bench_disk(storage, ds, args.work, results, args)
+                else:
+                    bench_object(storage, ds, args.work, results, args)
+            except Unavailable as e:
+                print(f"bench_storage: cannot emulate {storage}: {e}", file=sys.stderr)
+                return 2
+    print(table(results, datasets))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": results, "datasets": {k: {"files": len(v["names"]), "bytes": v["bytes"]}
+                                                                         for k, v in datasets.items()}}, indent=1))  # fmt: skip
+    if args.png:
+        plot(results, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Read a list of files as a training job would, and say how fast: the reader every system is measured with.
+
+    python tools/storage_reader.py ROOT LIST --threads 4 [--seconds 30]
+
+``LIST`` holds one path per line, relative to ``ROOT``, already in the order to read (shuffled by the
+caller).  ``--threads T`` splits it as ``DataLoader`` workers split a sampler's order: thread ``i`` reads
+items ``i, i + T, i + 2T, ...``.  Each file is read whole with ``open().read()``.  ``--seconds`` stops a slow
+system early; the rate is then over the files read.  Prints one JSON line: files, bytes, seconds, errors.
+
+A separate process, so that the benchmark can start it inside a throttled cgroup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+
+def wait_for_mount(path: str, timeout: float = 600) -> None:
+    """Say 'ready' and poll until ``path`` is a mount point: started before its server, a reader begins
+    within milliseconds of the mount, so a server that loads ahead from its start gets no head start."""
+    print("ready", flush=True)
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{path} was not mounted within {timeout:.0f} s")
+        time.sleep(0.002)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root")
+    parser.add_argument("list")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
+    parser.add_argument("--wait-mount", action="store_true", help="print 'ready', then start when ROOT is mounted")
+    args = parser.parse_args()
+    with open(args.list) as f:
+        names = [line.rstrip("\n") for line in f if line.strip()]
+    totals = {"files": 0, "bytes": 0, "errors": 0}
+    lock = threading.Lock()
+    if args.wait_mount:
+        wait_for_mount(args.root)
+    started = time.monotonic()
+    deadline = started + args.seconds if args.seconds else None
+    first_error: list[str] = []
+
+    def read(part: list[str]) -> None:
+        files = nbytes = errors = 0
+        for name in part:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            try:
+                with open(os.path.join(args.root, name), "rb") as f:
+                    nbytes += len(f.read())
+                files += 1
+            except OSError as e:
+                errors += 1
+                if not first_error:
+                    first_error.append(f"{name}: {e}")
+        with lock:
+            totals["files"] += files
+            totals["bytes"] += nbytes
+            totals["errors"] += errors
+
+    threads = [threading.Thread(target=read, args=(names[i :: args.threads],)) for i in range(args.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    totals["seconds"] = time.monotonic() - started
+    totals["complete"] = totals["files"] == len(names)
+    if first_error:
+        totals["first_error"] = first_error[0]
+    print(json.dumps(totals))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

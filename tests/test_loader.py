@@ -152,6 +152,22 @@ def test_an_epoch_yields_every_file_once_with_its_bytes_and_label(bl, tiny, work
             assert rel.split("/")[0] == classes[label]  # labels come from the index, not from paths
 
 
+@pytest.mark.parametrize("pickled_below", [0, 1 << 30], ids=["shared-memory", "pickled"])
+def test_batches_cross_from_workers_pickled_or_in_shared_memory_with_the_same_bytes(bl, tiny, monkeypatch,
+                                                                                      pickled_below):  # fmt: skip
+    from blockfs.loader import batches
+
+    monkeypatch.setattr(batches, "PICKLED_BATCH_BYTES", pickled_below)  # forked workers inherit it
+    with bl.BlockLoader(tiny / "mnt", B, num_workers=2) as loader:
+        seen = 0
+        for samples, labels, ids in loader:
+            assert isinstance(samples, bl.ByteBatch) and labels.dtype == ids.dtype == __import__("torch").int64
+            assert list(samples) == [Path(loader.path(i)).read_bytes() for i in ids.tolist()]
+            assert labels.tolist() == loader.mount.labels[ids.numpy()].tolist()
+            seen += len(ids)
+        assert seen == len(loader.mount.file_ids)
+
+
 def test_without_block_files_in_the_mount_files_are_opened_by_path(bl, tiny, tmp_path):
     # A mount without blocks/ (an older one): the same epoch, read file by file.
     make_fake_mount(tiny / "packed", tmp_path / "old", blocks=False)

@@ -158,3 +158,12 @@ def test_gcs_azure_and_fsspec_schemes_reach_the_right_client(url, options, kind)
     assert type(store._store).__name__ == kind and "prefix" in repr(store._store)
     with pytest.raises(RemoteConfigError, match="no_such_option"):
         RemoteStore(url, {**options, "no_such_option": "1"})
+
+
+def test_http_client_options_such_as_allow_http_are_taken_not_a_crash(s3, bucket):
+    """``allow_http`` belongs to the HTTP client, not the S3 store: given as a storage option (as fsspec
+    users do), obstore panicked on it; it is now passed where it belongs and the store works."""
+    store = RemoteStore(f"s3://{bucket}/data", {"allow_http": "true"})
+    store.put_bytes("y.bin", b"plain http")
+    assert store.get("y.bin") == b"plain http"
+    store.close()

@@ -137,16 +137,18 @@ def server(command: list[str], host: str, port: int, timeout: float = 30) -> Ite
 # --- datasets --------------------------------------------------------------------------------------------
 def make_dataset(work: Path, name: str, files: int) -> dict:
     """The tree and every format built from it (tar, squashfs, blockfs, MDS, WebDataset shards), once."""
-    tree = work / name
-    if not (tree / ".done").exists():
+    tree, made = work / name, work / f"{name}.made"  # the marker outside the tree: it is not a sample
+    if not made.exists() or made.read_text() != str(files):
         shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(work / f"{name}.formats", ignore_errors=True)
         subprocess.run([sys.executable, str(TOOLS / "make_dataset.py"), str(tree), "--mode", DATASETS[name],
                         "--files", str(files), "--classes", "50"], check=True, capture_output=True)  # fmt: skip
-        (tree / ".done").touch()
-    names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.name != ".done")
+        made.write_text(str(files))
+    names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
     formats = work / f"{name}.formats"
     if not (formats / ".done").exists():
         shutil.rmtree(formats, ignore_errors=True)
+        shutil.rmtree(work / "store" / BUCKET / name, ignore_errors=True)  # staged from the old formats
         formats.mkdir()
         log(f"{name}: packing blockfs, tar, squashfs, MDS and WebDataset copies")
         subprocess.run(["blockfs", "pack", str(tree), str(formats / "data.blockfs"), "--block-size", str(BLOCK_BYTES[name])],
@@ -543,6 +545,84 @@ def table(results: list, datasets: dict) -> str:
     return "\n".join(lines)
 
 
+def _rate(results: list, storage: str, dataset: str, system: str, readers: int = 4, epoch: str = "1") -> float | None:
+    for r in results:
+        if (r["storage"], r["dataset"], r["system"], r["readers"], r["epoch"]) == (storage, dataset, system, readers, epoch):
+            return r["files_per_s"]
+    return None
+
+
+def _row(results: list, storage: str, dataset: str, system: str, readers: int = 4, epoch: str = "1") -> dict | None:
+    return next((r for r in results if (r["storage"], r["dataset"], r["system"], r["readers"], r["epoch"])
+                 == (storage, dataset, system, readers, epoch)), None)  # fmt: skip
+
+
+def goals(results: list, datasets: dict) -> list[tuple[str, float, float, bool]]:
+    """The issue's goals, as (what, measured, goal, met) from this run's rows; a goal whose rows are missing
+    from the run (a storage or peer left out) is left out."""
+    out = []
+
+    def ratio(what: str, a: float | None, b: float | None, goal: float) -> None:
+        if a is not None and b:
+            out.append((what, a / b, goal, a / b >= goal))
+
+    def of_cap(storage: str, dataset: str, goal: float) -> None:
+        r = _row(results, storage, dataset, "blockfs mount")
+        if r is not None and dataset in datasets:
+            ratio(f"{dataset} on {storage}: blockfs epoch 1 / bandwidth cap", r["files_per_s"],
+                  cap_files_per_s(storage, datasets[dataset]), goal)  # fmt: skip
+
+    for storage in ("cloud-volume", "hard-disk"):
+        of_cap(storage, "inet", 0.9)
+    for storage in OBJECT_STORES:
+        of_cap(storage, "inet", 0.8)
+    for storage in [*DISKS, *OBJECT_STORES]:
+        if "tiny" in datasets and cap_files_per_s(storage, datasets["tiny"]):
+            ceiling = _rate(results, storage, "tiny", "null FUSE (ceiling)") or min(
+                (r["files_per_s"] for r in results if r["system"] == "null FUSE (ceiling)" and r["dataset"] == "tiny"
+                 and r["readers"] == 4), default=None)  # fmt: skip
+            binding = min(cap_files_per_s(storage, datasets["tiny"]), ceiling or float("inf"))
+            ratio(f"tiny on {storage}: blockfs epoch 1 / min(cap, null FUSE)", _rate(results, storage, "tiny", "blockfs mount"),
+                  binding, 0.8)  # fmt: skip
+    ratio("tiny on hard-disk: blockfs / raw", _rate(results, "hard-disk", "tiny", "blockfs mount"),
+          _rate(results, "hard-disk", "tiny", "raw"), 10)  # fmt: skip
+    ratio("tiny on cloud-volume: blockfs / raw", _rate(results, "cloud-volume", "tiny", "blockfs mount"),
+          _rate(results, "cloud-volume", "tiny", "raw"), 3)  # fmt: skip
+    for dataset in datasets:
+        for peer in ("s3fs-fuse", "rclone mount"):
+            ratio(f"{dataset} on object-10ms: blockfs / {peer}", _rate(results, "object-10ms", dataset, "blockfs mount"),
+                  _rate(results, "object-10ms", dataset, peer), 10)  # fmt: skip
+    for storage, dataset in (("hard-disk", "inet"), ("hard-disk", "tiny"), ("cloud-volume", "tiny")):
+        ratio(f"{dataset} on {storage}: blockfs / ratarmount", _rate(results, storage, dataset, "blockfs mount"),
+              _rate(results, storage, dataset, "ratarmount"), 3)  # fmt: skip
+        ratio(f"{dataset} on {storage}: blockfs / squashfuse_ll", _rate(results, storage, dataset, "blockfs mount"),
+              _rate(results, storage, dataset, "squashfuse_ll"), 1.5)  # fmt: skip
+    ratio("inet on cloud-volume: blockfs / squashfuse_ll (bandwidth binds)", _rate(results, "cloud-volume", "inet", "blockfs mount"),
+          _rate(results, "cloud-volume", "inet", "squashfuse_ll"), 1.0)  # fmt: skip
+    for storage in OBJECT_STORES:
+        for dataset in datasets:
+            loader = _rate(results, storage, dataset, "blockfs loader")
+            ratio(f"{dataset} on {storage}: blockfs loader / MosaicML Streaming", loader,
+                  _rate(results, storage, dataset, "MosaicML Streaming"), 1.2)  # fmt: skip
+            ratio(f"{dataset} on {storage}: blockfs loader / WebDataset", loader,
+                  _rate(results, storage, dataset, "WebDataset"), 1.0)  # fmt: skip
+            size = datasets[dataset]["bytes"]
+            for system, epoch in (("blockfs mount", "2"), ("blockfs mount+disk", "remount")):
+                r = _row(results, storage, dataset, system, epoch=epoch)
+                if r is not None:  # a mount asks for blockfs.json (a few KiB) to know the pack: no block bytes
+                    sent = r["storage_bytes"] / 1024
+                    out.append((f"{dataset} on {storage}: {system} epoch {epoch}, KiB sent (metadata only)", sent,
+                                64.0, sent <= 64))  # fmt: skip
+            for system in ("blockfs tiers=half", "Mosaic cache=half"):
+                for epoch in ("2", "3"):
+                    r = _row(results, storage, dataset, system, epoch=epoch)
+                    if r is not None:
+                        sent = r["storage_bytes"] / size
+                        out.append((f"{dataset} on {storage}: {system} epoch {epoch}, share sent (<= 0.55)", sent,
+                                    0.55, sent <= 0.55))  # fmt: skip
+    return out
+
+
 def plot(results: list, path: Path) -> None:
     import matplotlib
 
@@ -596,9 +676,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench_storage: cannot emulate {storage}: {e}", file=sys.stderr)
                 return 2
     print(table(results, datasets))
+    checked = goals(results, datasets)
+    print()
+    for what, measured, goal, met in checked:
+        print(f"{'met   ' if met else 'missed'} {what}: {measured:.2f} (goal {goal:g})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"results": results, "datasets": {k: {"files": len(v["names"]), "bytes": v["bytes"]}
+        args.json.write_text(json.dumps({"results": results, "goals": checked, "datasets": {k: {"files": len(v["names"]), "bytes": v["bytes"]}
                                                                          for k, v in datasets.items()}}, indent=1))  # fmt: skip
     if args.png:
         plot(results, args.png)

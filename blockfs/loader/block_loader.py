@@ -34,6 +34,7 @@ from .batches import (
     WorkList,
     collate_samples,
     identity,
+    on_host,
     pinned,
     resolve_device,
 )
@@ -354,7 +355,7 @@ class BlockLoader:
 
     def _host_batches(self, plan: EpochPlan, start: int) -> Iterator[tuple]:
         todo = [k for k in range(start, len(plan)) if plan.bounds[k + 1] > plan.bounds[k]]
-        reads = iter(self._pipeline([plan.fresh_ids(k) for k in todo])) if todo else iter(())
+        reads = map(on_host, self._pipeline([plan.fresh_ids(k) for k in todo])) if todo else iter(())
         if plan.reuse is None:
             yield from reads
             return

@@ -158,6 +158,8 @@ def main() -> int:
         p.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
         p.add_argument("--epochs", type=int, default=1)
         p.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
+        p.add_argument("--step", action="store_true",
+                       help="print each epoch's result as it ends and wait for a line on stdin before the next")  # fmt: skip
     args = parser.parse_args()
     if args.wait_mount:
         from storage_reader import wait_for_mount
@@ -170,13 +172,18 @@ def main() -> int:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         files = nbytes = 0
-        started = first if epoch == 0 else time.monotonic()
+        started = first if epoch == 0 or args.step else time.monotonic()
         for batch in loader:
             f, b = _nbytes(batch)
             files, nbytes = files + f, nbytes + b
             if args.seconds and time.monotonic() - started > args.seconds:
                 break
         results.append({"files": files, "bytes": nbytes, "seconds": time.monotonic() - started})
+        if args.step:  # the caller reads the storage's counters between epochs
+            print(json.dumps(results[-1]), flush=True)
+            if epoch + 1 < args.epochs:
+                sys.stdin.readline()
+                first = time.monotonic()
     print(json.dumps(results))
     return 0
 

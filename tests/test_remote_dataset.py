@@ -198,11 +198,11 @@ def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(ur
             cache.close()
 
 
-def _cache_blocks(ds, budget: int, blocks: list[int]):
+def _cache_blocks(ds, budget: int, blocks: list[int], policy: str = "cache-once"):
     """A memory cache of ``budget`` bytes over ``ds`` that has read one file of each of ``blocks``."""
     from blockfs.serve.cache import BlockCache
 
-    cache = BlockCache(ds.store, budget, "cache-once", readahead=0, lock_memory=False, n_files=FILES, share=False)
+    cache = BlockCache(ds.store, budget, policy, readahead=0, lock_memory=False, n_files=FILES, share=False)
     a = ds.index.arrays
     for b in blocks:
         entry = int(a["block_files"][int(a["block_offsets"][b])])
@@ -222,6 +222,18 @@ def test_a_disk_tier_smaller_than_the_dataset_keeps_only_blocks_memory_does_not_
             # The tier holds what memory does not: together they hold more than either alone.
             assert not ds.disk_tier.has(0) and not ds.disk_tier.has(1)
             assert ds.disk_tier.has(2) and ds.disk_tier.has(3)
+        finally:
+            cache.close()
+
+
+def test_a_small_disk_tier_still_copies_blocks_an_evicting_memory_policy_may_drop(url, local_pack, tmp_path):
+    biggest = max(os.path.getsize(p) for p in (local_pack[0] / "blocks").iterdir())
+    with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=5 * biggest // 2) as ds:
+        assert not ds.store.files.copies_memory_blocks
+        cache = _cache_blocks(ds, 2 * biggest, [0, 1], policy="lru")
+        try:
+            assert 0 in cache._blocks and 1 in cache._blocks
+            assert ds.disk_tier.has(0) and ds.disk_tier.has(1)  # LRU may evict them: the tier keeps them
         finally:
             cache.close()
 

@@ -237,13 +237,13 @@ class BlockStore:
         return self._pread(block, self.header(block).data_start, 0)
 
     # --- whole blocks ---------------------------------------------------------------------------------
-    def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, to_tier: bool = True) -> np.ndarray:
+    def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, held_in_memory: bool = False) -> np.ndarray:
         """Read ``block``'s data section into ``buf`` (writable, ``head.data_size`` bytes: the caller's
         memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
 
         ``head`` is :meth:`header`'s answer the caller sized ``buf`` by.  A block verified whole is
-        offered to a tier that keeps copies (the local-disk tier of a remote dataset), unless ``to_tier``
-        is false."""
+        offered to a tier that keeps copies (the local-disk tier of a remote dataset); ``held_in_memory``
+        says the caller keeps the block for good, which a tier smaller than the dataset leaves to it."""
         view = memoryview(buf)
         try:
             if len(view) != head.data_size:
@@ -254,7 +254,7 @@ class BlockStore:
                 return fmt.check_data(head, view, self.where(block))
 
             crcs = self._from_a_good_copy(block, read)
-            if to_tier and self._files.wants_copy(block):
+            if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
                 self._files.keep_copy(block, self.header_bytes(block), view)
             return crcs
         finally:

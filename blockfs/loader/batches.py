@@ -113,7 +113,7 @@ class ByteBatch(Sequence):
 
 # A batch smaller than this crosses from a worker pickled, as numpy arrays: every tensor a worker returns
 # goes through its own shared-memory segment (four per batch), which costs more than copying a small one
-# (measured, 4 workers, batches of 32 ~4 KiB files: 14,000 samples/s in shared memory).
+# (README: Slow and remote storage).
 PICKLED_BATCH_BYTES = 1 << 20
 
 
@@ -124,12 +124,6 @@ class WorkerBatch:
 
     def __init__(self, data: np.ndarray, offsets: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> None:
         self.data, self.offsets, self.labels, self.ids = data, offsets, labels, ids
-
-    def __getstate__(self) -> tuple:
-        return self.data, self.offsets, self.labels, self.ids
-
-    def __setstate__(self, state: tuple) -> None:
-        self.data, self.offsets, self.labels, self.ids = state
 
     def to_host(self) -> tuple[ByteBatch, torch.Tensor, torch.Tensor]:
         data, offsets = torch.from_numpy(self.data), torch.from_numpy(self.offsets)
@@ -175,18 +169,22 @@ class BatchReader(torch.utils.data.Dataset):
 
     def _read_bytes(self, ids: np.ndarray) -> ByteBatch:
         """The files' bytes read straight into one buffer (no bytes objects, no pickling)."""
-        offsets = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(self.mount.sizes[ids], out=offsets[1:])
+        offsets = self._offsets(ids)
         data = _byte_buffer(int(offsets[-1]))
         self._fill(ids, offsets, data.numpy())
         return ByteBatch(data, torch.from_numpy(offsets))
 
     def _read_into_array(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        offsets = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(self.mount.sizes[ids], out=offsets[1:])
+        offsets = self._offsets(ids)
         data = np.empty(int(offsets[-1]), dtype=np.uint8)
         self._fill(ids, offsets, data)
         return offsets, data
+
+    def _offsets(self, ids: np.ndarray) -> np.ndarray:
+        """Where each file of ``ids`` starts in the batch's buffer, and its end (``ids.size + 1`` values)."""
+        offsets = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(self.mount.sizes[ids], out=offsets[1:])
+        return offsets
 
     def _fill(self, ids: np.ndarray, offsets: np.ndarray, buffer: np.ndarray) -> None:
         view = memoryview(buffer)

@@ -328,7 +328,8 @@ class BlockCache:
             return _CachedBlock(b"", None, head, False)
         buf, memfd = self._memory.allocate(block, head.data_size)
         try:
-            self._store.read_data_into(block, head, buf, to_tier=self._store.files.copies_memory_blocks)
+            # A policy that never evicts keeps the block for the mount's life (an evicting one may drop it).
+            self._store.read_data_into(block, head, buf, held_in_memory=not self._policy.evicts)
         except BaseException:
             self._memory.release(memfd)  # the map goes with the last reference (a traceback may hold one)
             raise

@@ -33,7 +33,7 @@ class BlockFiles:
 
     names: list[str]
     keeps_copies = False  # a tier that keeps copies of verified blocks (the disk tier)
-    copies_memory_blocks = True  # whether blocks held in memory are copied to that tier too
+    copies_memory_blocks = True  # whether that tier also copies blocks memory holds for good
 
     def size(self, block: int) -> int:
         """The block file's size in bytes."""
@@ -194,9 +194,9 @@ class LocalBlockFiles(BlockFiles):
             done, size = 0, len(view)
             if size >= WILLNEED_FROM:
                 # Ask for the whole range up front.  After the small header reads at the file's start, the
-                # kernel's readahead treats the block read as random and issues ~120 KiB requests: 534 of
-                # them for a 64 MiB block, which an IOPS-bound disk (150 IOPS) serves at 17 MiB/s.  Told
-                # the range, it issues ~2 MiB requests (44 per block, 140 MiB/s there).
+                # kernel's readahead treats the block read as random and issues small requests, which an
+                # IOPS-bound disk serves far below its bandwidth; told the range, it issues large ones
+                # (README: Slow and remote storage).
                 os.posix_fadvise(d.fd, offset, size, os.POSIX_FADV_WILLNEED)
             while done < size:
                 try:

@@ -207,7 +207,7 @@ class RemoteStore:
             return from_url(self.url, **kwargs)
         except BaseError as e:
             raise RemoteConfigError(f"{self.display}: {self._scrub(_first_line(e))}") from None
-        except BaseException as e:  # obstore panics (a BaseException) on a key it does not know
+        except BaseException as e:  # obstore panics (a BaseException, not its BaseError) on some keys
             if type(e).__name__ != "PanicException":
                 raise
             raise RemoteConfigError(

@@ -28,9 +28,8 @@ class TieredBlockFiles(BlockFiles):
         self._lock = threading.Lock()
         self._counts = {"disk_reads": 0, "disk_bytes": 0, "remote_reads": 0, "remote_bytes": 0}
         # A tier that holds the whole dataset copies every block, so a remount reads nothing remote.  A
-        # smaller one keeps only blocks memory does not hold: a copy of a block in memory would never be
-        # read in this mount, and the two tiers together would hold no more than the larger alone
-        # (measured: half the dataset in tiers sent 80% of it each epoch, not 50%).
+        # smaller one leaves out blocks memory holds for good: their copies would never be read in this
+        # mount, and the two tiers together would hold no more than the larger alone.
         self.copies_memory_blocks = tier.budget >= sum(remote.size(b) for b in range(len(remote.names)))
 
     def _count(self, where: str, n: int) -> None:

@@ -59,7 +59,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -78,6 +77,7 @@ from blockfs.client import read_stats
 from blockfs.errors import MountError
 from blockfs.serve.plan import parse_size
 from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
+from benchutil import child_server, free_port, stop_process
 
 MiB = 1 << 20
 BUCKET = "blockfs-bench"
@@ -105,57 +105,14 @@ def stopped_by_sigterm() -> Iterator[None]:
 
 
 # --- the server ------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 # moto's server, its request log quietened (one line per request would cost the server time).
 MOTO_MAIN = ("import logging, sys; logging.getLogger('werkzeug').setLevel(logging.WARNING); "
              "from moto.server import main; main(sys.argv[1:])")  # fmt: skip
 
 
-@contextlib.contextmanager
-def child_server(what: str, command: list[str], port: int, log: Path, env: dict | None = None) -> Iterator[str]:
-    """A server on a loopback port, in a child process in its own session (Ctrl-C reaches only this tool,
-    whose ``finally`` stops it); yields its URL once it answers."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-                                start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace").strip().splitlines()[-10:]
-                raise RuntimeError(f"{what} did not start:\n  " + "\n  ".join(tail))
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop_process(proc)
-
-
 def moto_server(log: Path) -> contextlib.AbstractContextManager[str]:
     """moto's S3 server (its objects held in memory, not in temp files)."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, MOTO_S3_DEFAULT_KEY_BUFFER_SIZE=str(256 * MiB))
     command = [sys.executable, "-c", MOTO_MAIN, "-H", "127.0.0.1", "-p", str(port)]
     return child_server("moto's S3 server (pip install 'moto[server]')", command, port, log, env)
@@ -163,7 +120,7 @@ def moto_server(log: Path) -> contextlib.AbstractContextManager[str]:
 
 def range_server(root: Path, log: Path) -> contextlib.AbstractContextManager[str]:
     """tools/range_server.py serving ``root``: ranged GETs at a cost in proportion to the range."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, str(Path(__file__).resolve().parent / "range_server.py"), str(root), str(port)]
     return child_server("tools/range_server.py", command, port, log)
 
@@ -277,7 +234,7 @@ def mounted(url: str, mnt: Path, args: list[str]) -> Iterator[Path]:
                 unmount(mnt)
             except MountError:
                 subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
-        _stop_process(proc)
+        stop_process(proc)
         if is_mounted(mnt):  # killed before it could unmount
             subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
 

@@ -36,19 +36,22 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
+sys.path.insert(0, str(TOOLS.parent))
 
-from storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
+from benchutil import started_server, stop_process  # noqa: E402
+from storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict  # noqa: E402
+
+from blockfs.serve.process import is_mounted, unmount, wait_until_mounted  # noqa: E402
 
 MiB = 1 << 20
 DISKS = {  # name: (read IOPS, read bytes/s); None: not throttled
@@ -80,59 +83,21 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def unmount(mnt: Path) -> None:
-    for tool in ("fusermount3", "fusermount"):
-        if subprocess.run([tool, "-u", str(mnt)], capture_output=True, check=False).returncode == 0:
-            return
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
-
-
 @contextlib.contextmanager
 def fuse_mount(command: list[str], mnt: Path, enter, env: dict | None = None, timeout: float = 120) -> Iterator[int]:
     """Run a foreground FUSE server (environment ``env``, default ours) until ``mnt`` is mounted; yield its
     pid; unmount and stop it."""
     mnt.mkdir(parents=True, exist_ok=True)
-    logfile = open(mnt.parent / f"{mnt.name}.log", "w")
-    proc = subprocess.Popen(command, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=enter, env=env)
+    log_path = mnt.parent / f"{mnt.name}.log"
+    with open(log_path, "w") as logfile:
+        proc = subprocess.Popen(command, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=enter, env=env)
     try:
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{command[0]} exited ({proc.returncode}): see {logfile.name}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} did not mount within {timeout:.0f} s: see {logfile.name}")
-            time.sleep(0.02)
+        wait_until_mounted(mnt, proc, timeout, str(log_path))
         yield proc.pid
     finally:
-        unmount(mnt)
-        stop(proc)
-        logfile.close()
-
-
-@contextlib.contextmanager
-def server(command: list[str], host: str, port: int, timeout: float = 30) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{command} did not start answering on {host}:{port}")
-            time.sleep(0.05)
-        yield proc
-    finally:
-        stop(proc)
+        if is_mounted(mnt):
+            unmount(mnt)
+        stop_process(proc)
 
 
 # --- datasets --------------------------------------------------------------------------------------------
@@ -218,25 +183,22 @@ def write_wds(tree: Path, names: list[str], out: Path, shard_bytes: int) -> None
 
 
 # --- measuring ---------------------------------------------------------------------------------------------
-class Counters:
-    """Bytes and requests that reached the storage, read before and after a pass."""
+def storage_delta(before: dict, after: dict) -> dict:
+    """The bytes and requests that reached the storage between two readings of its counters."""
+    return {"storage_bytes": after["bytes"] - before["bytes"], "storage_requests": after["requests"] - before["requests"]}
 
-    def __init__(self, read) -> None:
-        self.read = read
 
-    @contextlib.contextmanager
-    def delta(self, into: dict) -> Iterator[None]:
-        before = self.read()
-        yield
-        after = self.read()
-        into["storage_bytes"] = after["bytes"] - before["bytes"]
-        into["storage_requests"] = after["requests"] - before["requests"]
+def counted(counters, run) -> dict:
+    """``run()``'s result with what reached the storage while it ran (``counters()`` reads the storage's)."""
+    before = counters()
+    out = run()
+    return {**out, **storage_delta(before, counters())}
 
 
 def _consumer(cmd: list[str], enter, env: dict | None, wait_mount: Path | None) -> subprocess.Popen:
     """Start a reader or loader; with ``wait_mount``, return once it is ready and polling for that mount."""
     if wait_mount is not None:
-        cmd = [*cmd, "--wait-mount"] if cmd[1].endswith("storage_reader.py") else [*cmd, "--wait-mount", str(wait_mount)]
+        cmd = [*cmd, "--wait-mount", str(wait_mount)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=enter, env={**os.environ, **(env or {})})  # fmt: skip
     if wait_mount is not None and proc.stdout.readline().strip() != "ready":
@@ -291,17 +253,8 @@ def record(results: list, storage: str, ds: dict, system: str, readers: int, epo
     return row
 
 
-def timed(pid: int | None, counters: Counters, run) -> tuple[dict, float | None]:
-    """``run()``'s result with the storage counters and the daemon's CPU seconds over it."""
-    cpu0 = cpu_seconds(pid) if pid else None
-    out: dict = {}
-    with counters.delta(out):
-        out.update(run())
-    return out, (cpu_seconds(pid) - cpu0) if pid else None
-
-
 @contextlib.contextmanager
-def sampled(counters: Counters, every: float = 0.02) -> Iterator[list]:
+def sampled(counters, every: float = 0.02) -> Iterator[list]:
     """(seconds from now, storage bytes) every ``every`` seconds while the body runs."""
     samples: list = []
     done = threading.Event()
@@ -310,7 +263,7 @@ def sampled(counters: Counters, every: float = 0.02) -> Iterator[list]:
     def sample() -> None:
         while not done.is_set():
             try:
-                samples.append((time.monotonic() - started, counters.read()["bytes"]))
+                samples.append((time.monotonic() - started, counters()["bytes"]))
             except RuntimeError:
                 return  # no sample is better than a stuck pass
             done.wait(every)
@@ -334,7 +287,7 @@ def storage_done(samples: list, final_bytes: int) -> float | None:
 
 
 def mount_passes(results: list, storage: str, ds: dict, system: str, command: list[str], mnt: Path,
-                 counters: Counters, enter, *, readers: int, epochs=("1",), seconds: float | None = None,
+                 counters, enter, *, readers: int, epochs=("1",), seconds: float | None = None,
                  loader: bool = False, env: dict | None = None, evict_between: bool = False) -> None:  # fmt: skip
     """Mount with ``command``, run the epochs, unmount.  The first epoch's reader is started before the
     server and begins the moment the mount appears, and its storage counters start before the mount, so
@@ -346,7 +299,7 @@ def mount_passes(results: list, storage: str, ds: dict, system: str, command: li
                else reader_command(mnt, ds, readers, seconds))  # fmt: skip
         return _consumer(cmd, enter, None, mnt if wait else None)
 
-    start = counters.read()
+    start = counters()
     first = consumer(wait=True)
     try:
         with fuse_mount(command, mnt, enter, env=env) as pid:
@@ -357,14 +310,12 @@ def mount_passes(results: list, storage: str, ds: dict, system: str, command: li
                 else:
                     if evict_between:
                         evict([mnt])
-                    before, proc = counters.read(), consumer(wait=False)
+                    before, proc = counters(), consumer(wait=False)
                 with sampled(counters) as samples:
                     out = _finish(proc, system)
                 out = out[0] if isinstance(out, list) else out
-                after = counters.read()
-                out["storage_done_s"] = storage_done(samples, after["bytes"])
-                out["storage_bytes"] = after["bytes"] - before["bytes"]
-                out["storage_requests"] = after["requests"] - before["requests"]
+                after = counters()
+                out.update(storage_delta(before, after), storage_done_s=storage_done(samples, after["bytes"]))
                 record(results, storage, ds, system, readers, epoch, out, cpu_seconds(pid) - cpu0)
     finally:
         if first.poll() is None:
@@ -377,7 +328,7 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
     iops, bps = DISKS[storage]
     fmt, mnt = ds["formats"], work / "mnt"
     with ThrottledDisk(f"bfs-{storage}", str(ds["tree"]), read_iops=iops, read_bps=bps) as disk:
-        counters, enter = Counters(disk.counters), disk.enter
+        counters, enter = disk.counters, disk.enter
 
         def on(system: str, command: list[str], evicted: Path, **kw) -> None:
             for threads in kw.pop("readers", (1, 4)):
@@ -386,10 +337,10 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
 
         for threads in (1, 4):
             evict([ds["tree"]])
-            out, _ = timed(None, counters, lambda: read_pass(ds["tree"], ds, threads, args.seconds, enter))
+            out = counted(counters, lambda: read_pass(ds["tree"], ds, threads, args.seconds, enter))
             record(results, storage, ds, "raw", threads, "1", out)
         evict([ds["tree"]])
-        out, _ = timed(None, counters, lambda: loader_pass(["files", str(ds["tree"]), str(ds["order"]), "--workers", "4"],
+        out = counted(counters, lambda: loader_pass(["files", str(ds["tree"]), str(ds["order"]), "--workers", "4"],
                                                           enter, args.seconds)[0])  # fmt: skip
         record(results, storage, ds, "raw DataLoader", 4, "1", out)
         # A no-work FUSE server reads nothing from the disk: its rate is the FUSE ceiling in this run.
@@ -413,7 +364,7 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
 
 # --- object stores -----------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, Counters]]:
+def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, Callable[[], dict]]]:
     """hadro over ``work/store`` inside a namespace, behind a delay proxy and a capped link; yields the
     endpoint and the proxy's counters."""
     with NetworkLink(rate_mbit=LINK_MBIT) as link:
@@ -421,9 +372,10 @@ def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, 
                                "--log-level", "error")]  # fmt: skip
         proxy = [*link.command(sys.executable, str(TOOLS / "delay_proxy.py"), f"{link.address}:9000",
                                "127.0.0.1:9001", "--rtt-ms", str(rtt_ms), "--stats", str(stats))]  # fmt: skip
-        hadro_proc = subprocess.Popen(hadro, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(work / "hadro.log", "ab") as out:
+            hadro_proc = subprocess.Popen(hadro, stdout=out, stderr=out)
         try:
-            with server(proxy, link.address, 9000) as proxy_proc:
+            with started_server("tools/delay_proxy.py", proxy, 9000, work / "proxy.log", host=link.address) as proxy_proc:
                 one_at_a_time = threading.Lock()  # two SIGUSR1 close together are delivered as one
 
                 def read() -> dict:
@@ -447,9 +399,9 @@ def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, 
                     if time.monotonic() > deadline:
                         raise RuntimeError("hadro did not answer through the proxy")
                     time.sleep(0.1)
-                yield endpoint, Counters(read)
+                yield endpoint, read
         finally:
-            stop(hadro_proc)
+            stop_process(hadro_proc)
 
 
 def stage_bucket(work: Path, ds: dict) -> None:
@@ -503,14 +455,14 @@ def bench_object(storage: str, ds: dict, work: Path, results: list, args: argpar
         # Per-file GETs, as a custom Dataset would do them.
         order = work / f"{name}.keys"
         order.write_text("".join(f"{name}/raw/{n}\n" for n in ds["order"].read_text().split()))
-        out, _ = timed(None, counters, lambda: loader_pass(["gets", endpoint, BUCKET, str(order), "--workers", "4"], None,
+        out = counted(counters, lambda: loader_pass(["gets", endpoint, BUCKET, str(order), "--workers", "4"], None,
                                                           seconds, env=env)[0])  # fmt: skip
         record(results, storage, ds, "GET per file", 4, "1", out)
 
         peers_on_objects(storage, ds, work, endpoint, counters, env, results, seconds, args.peers)
 
 
-def epochs_in_one_process(results: list, storage: str, ds: dict, system: str, args: list[str], counters: Counters,
+def epochs_in_one_process(results: list, storage: str, ds: dict, system: str, args: list[str], counters,
                           env: dict, epochs: int, log_dir: Path) -> None:  # fmt: skip
     """Several epochs of one loader process (as training runs them: an LRU cache stays warm between them),
     with the storage's counters read at each epoch's end."""
@@ -518,27 +470,26 @@ def epochs_in_one_process(results: list, storage: str, ds: dict, system: str, ar
     proc = subprocess.Popen([*loader_command(args, None, epochs), "--step"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=errors, text=True, env={**os.environ, **env})  # fmt: skip
     try:
-        before = counters.read()
+        before = counters()
         for epoch in range(1, epochs + 1):
             line = proc.stdout.readline()
             if not line:
                 errors.seek(0)
                 raise RuntimeError(f"{system} stopped: {errors.read().strip()[-800:]}")
             out = json.loads(line)
-            after = counters.read()
-            out["storage_bytes"] = after["bytes"] - before["bytes"]
-            out["storage_requests"] = after["requests"] - before["requests"]
+            after = counters()
+            out.update(storage_delta(before, after))
             record(results, storage, ds, system, 4, str(epoch), out)
             before = after
             if epoch < epochs:
                 proc.stdin.write("\n")
                 proc.stdin.flush()
     finally:
-        stop(proc)
+        stop_process(proc)
         errors.close()
 
 
-def peers_on_objects(storage: str, ds: dict, work: Path, endpoint: str, counters: Counters, env: dict,
+def peers_on_objects(storage: str, ds: dict, work: Path, endpoint: str, counters, env: dict,
                      results: list, seconds: float, peers: dict[str, bool]) -> None:  # fmt: skip
     name, mnt = ds["name"], work / "mnt"
     if peers["s3fs"]:
@@ -575,7 +526,7 @@ def peers_on_objects(storage: str, ds: dict, work: Path, endpoint: str, counters
     if peers["webdataset"]:
         shards = sorted((work / "store" / BUCKET / name / "wds").glob("*.tar"))
         urls = [f"{endpoint}/{BUCKET}/{name}/wds/{s.name}" for s in shards]
-        out, _ = timed(None, counters, lambda: loader_pass(["wds", *urls, "--workers", "4"], None, None)[0])
+        out = counted(counters, lambda: loader_pass(["wds", *urls, "--workers", "4"], None, None)[0])
         record(results, storage, ds, "WebDataset", 4, "1", out)
 
 
@@ -600,7 +551,8 @@ def table(results: list, datasets: dict) -> str:
         cpu = "" if r["daemon_cpu_s_per_file"] is None else f"{r['daemon_cpu_s_per_file'] * 1000:.3f}"
         cut = "" if r["complete"] else " (cut)"
         # How much of the pass the storage was still delivering: the rest is serving (a FUSE tail).
-        done = f"{r['storage_done_s'] / r['seconds']:.0%}" if r.get("storage_done_s") is not None else ""
+        # (The sampling starts and ends a little apart from the reader's own clock: at most 100%.)
+        done = f"{min(1.0, r['storage_done_s'] / r['seconds']):.0%}" if r.get("storage_done_s") is not None else ""
         lines.append(f"| {r['storage']} | {r['dataset']} | {r['system']}{cut} | {r['readers']} | {r['epoch']} | "
                      f"{r['files_per_s']:,.0f} | {r['mb_per_s']:.1f} | {frac} | {(r['storage_bytes'] or 0) / MiB:,.1f} | "
                      f"{r['storage_requests'] or 0:,} | {done} | {cpu} |")  # fmt: skip

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def drop_caches(level: int = 3) -> bool:
@@ -67,3 +73,56 @@ class MemoryCgroup:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+# --- servers and processes a benchmark starts and must stop ------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def started_server(what: str, command: list[str], port: int, log: Path, env: dict | None = None,
+                   host: str = "127.0.0.1") -> Iterator[subprocess.Popen]:  # fmt: skip
+    """A server in a child process in its own session (Ctrl-C reaches only the benchmark, whose ``finally``
+    stops it); yields the process once ``host:port`` answers."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(port, host):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-10:]
+                raise RuntimeError(f"{what} did not start:\n  " + "\n  ".join(tail))
+            time.sleep(0.1)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+@contextlib.contextmanager
+def child_server(what: str, command: list[str], port: int, log: Path, env: dict | None = None) -> Iterator[str]:
+    """:func:`started_server` on loopback; yields its URL."""
+    with started_server(what, command, port, log, env):
+        yield f"http://127.0.0.1:{port}"

@@ -37,14 +37,14 @@ def main() -> int:
     parser.add_argument("list")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
-    parser.add_argument("--wait-mount", action="store_true", help="print 'ready', then start when ROOT is mounted")
+    parser.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
     args = parser.parse_args()
     with open(args.list) as f:
         names = [line.rstrip("\n") for line in f if line.strip()]
     totals = {"files": 0, "bytes": 0, "errors": 0}
     lock = threading.Lock()
     if args.wait_mount:
-        wait_for_mount(args.root)
+        wait_for_mount(args.wait_mount)
     started = time.monotonic()
     deadline = started + args.seconds if args.seconds else None
     first_error: list[str] = []

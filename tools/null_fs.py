@@ -1,12 +1,18 @@
-"""A FUSE filesystem that does no work: the ceiling of a Python FUSE server on this machine.
+"""A FUSE filesystem that does no work: the ceiling of a Python FUSE server on this machine, per route.
 
-    python tools/null_fs.py SRC MOUNTPOINT      # serves in the foreground until unmounted
+    python tools/null_fs.py SRC MOUNTPOINT [--fuse kernel|mfusepy|pyfuse3] [--threads N]
 
-It shows SRC's tree (names, sizes, modes, taken once at start) through the same binding, the same mount
-options and the same per-thread trick as ``blockfs mount`` (:mod:`blockfs.serve.fs`, :mod:`blockfs.serve.server`), and answers every read with
-zero bytes from one preallocated buffer: no index, no cache, no copy of file data in Python.  Whatever a
-reader gets from it per second is what the FUSE round trip and the binding cost; ``tools/bench_mount.py``
-reads it side by side with the mount so the served-from-memory figures have their ceiling in the same run.
+It shows SRC's tree (names, sizes, modes, taken once at start) and answers every read with zero bytes from
+one preallocated buffer: no index, no cache, no copy of file data in Python.  Whatever a reader gets from it
+per second is what the FUSE round trip and the route cost; ``tools/bench_mount.py`` and
+``tools/bench_fuse_routes.py`` read it side by side with the mount.  The routes:
+
+* ``kernel`` — :mod:`blockfs.serve.session`, the kernel protocol spoken on ``/dev/fuse`` directly, with what
+  ``blockfs mount`` asks of it: READDIRPLUS listings with attributes, no OPEN/OPENDIR round trips;
+* ``mfusepy`` — libfuse 3's high-level API through mfusepy, with the same options and per-thread trick as the
+  mfusepy adapter (:mod:`blockfs.serve.fs`): open answered ENOSYS, a LOOKUP per file;
+* ``pyfuse3`` — libfuse 3's low-level API through pyfuse3 (when installed): readdir with attributes, but it
+  must implement ``open`` (its ``read`` sees only a file handle), so an OPEN and a RELEASE per file.
 """
 
 from __future__ import annotations
@@ -16,62 +22,221 @@ import os
 import stat
 import sys
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from blockfs.serve.fs import ENCODING, binding, keep_thread_state  # noqa: E402
-from blockfs.serve.server import MountOptions, fuse_kwargs  # noqa: E402
 
 ZEROS = bytes(1 << 20)
 
 
-class NullFS(binding.Operations):
-    use_ns = True
-    flush = release = opendir = releasedir = access = ioctl = None
+def walk(src: str) -> tuple[dict[bytes, os.stat_result], dict[bytes, list[bytes]]]:
+    """Every path of SRC (b"" the root) with its lstat, and each directory's names."""
+    stats: dict[bytes, os.stat_result] = {}
+    children: dict[bytes, list[bytes]] = {}
+    root = os.fsencode(src)
+    for parent, dirs, files in os.walk(root):
+        rel = os.path.relpath(parent, root).removeprefix(b".").lstrip(b"/")
+        stats[rel] = os.lstat(parent)
+        children[rel] = sorted(dirs + files)
+        for name in files:
+            stats[os.path.join(rel, name)] = os.lstat(os.path.join(parent, name))
+    return stats, children
 
-    def __init__(self, src: str) -> None:
-        self.attrs: dict[str, dict] = {}
-        self.children: dict[str, list[str]] = {}
-        for parent, dirs, files in os.walk(src):
-            rel = "/" + os.path.relpath(parent, src).removeprefix(".").lstrip("/")
-            self.attrs[rel] = self._attr(os.lstat(parent))
-            self.children[rel] = dirs + files
-            for name in files:
-                self.attrs[os.path.join(rel, name)] = self._attr(os.lstat(os.path.join(parent, name)))
 
-    @staticmethod
-    def _attr(st: os.stat_result) -> dict:
-        return {"st_mode": st.st_mode & ~0o222, "st_size": st.st_size, "st_nlink": st.st_nlink,
-                "st_ino": st.st_ino, "st_mtime": st.st_mtime_ns, "st_uid": 0, "st_gid": 0}  # fmt: skip
+def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
+    """The no-work server on the kernel protocol (blockfs.serve.session)."""
+    from blockfs.serve import wire
+    from blockfs.serve.session import NO_REPLY, Session
 
-    def getattr(self, path: str, fh: object = None) -> dict:
-        keep_thread_state()
-        try:
-            return self.attrs[path]
-        except KeyError:
-            raise binding.FuseOSError(errno.ENOENT) from None
+    stats, children = walk(src)
+    paths = sorted(stats)  # node id = position + 1: the root (b"") first
+    node_of = {p: i + 1 for i, p in enumerate(paths)}
+    attrs = [wire.attr(node_of[p], st.st_size, st.st_mode & ~0o222, st.st_nlink, st.st_mtime_ns, 0, 0)
+             for p, st in ((p, stats[p]) for p in paths)]  # fmt: skip
+    sizes = [stats[p].st_size for p in paths]
+    valid = 86400
 
-    def readdir(self, path: str, fh: object) -> list[str]:
-        return [".", "..", *self.children[path]]
+    def lookup(nodeid: int, body: memoryview, unique: int) -> bytes:
+        parent = paths[nodeid - 1]
+        name = bytes(body[: len(body) - 1])
+        child = node_of.get(os.path.join(parent, name) if parent else name)
+        if child is None:
+            return wire.negative_entry(valid)
+        return wire.entry_out(child, attrs[child - 1], valid)
 
-    def open(self, path: str, fi: object) -> int:
-        raise binding.FuseOSError(errno.ENOSYS)  # as blockfs does by default: no open/release per file
+    def getattr_(nodeid: int, body: memoryview, unique: int) -> bytes:
+        return wire.attr_out(attrs[nodeid - 1], valid)
 
-    def read(self, path: str, size: int, offset: int, fh: object) -> bytes:
-        keep_thread_state()
-        end = min(offset + size, self.attrs[path]["st_size"])
-        return ZEROS[: max(0, end - offset)]
+    def readdirplus(nodeid: int, body: memoryview, unique: int) -> bytes:
+        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
+        parent = paths[nodeid - 1]
+        names = children[parent]
+        out, used = [], 0
+        for i in range(offset, len(names)):
+            child = node_of[os.path.join(parent, names[i]) if parent else names[i]]
+            one = wire.direntplus(wire.entry_out(child, attrs[child - 1], valid), child, i + 1, names[i],
+                                  stats[paths[child - 1]].st_mode)  # fmt: skip
+            if used + len(one) > size:
+                break
+            out.append(one)
+            used += len(one)
+        return b"".join(out)
 
-    def statfs(self, path: str) -> dict:
-        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": 1, "f_namemax": 255}
+    def read(nodeid: int, body: memoryview, unique: int) -> memoryview:
+        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
+        end = min(offset + size, sizes[nodeid - 1])
+        return memoryview(ZEROS)[: max(0, end - offset)]
+
+    def statfs(nodeid: int, body: memoryview, unique: int) -> bytes:
+        return wire.kstatfs(1, len(paths))
+
+    def enosys(nodeid: int, body: memoryview, unique: int) -> bytes:
+        raise OSError(errno.ENOSYS, "not implemented")
+
+    handlers = {wire.LOOKUP: lookup, wire.GETATTR: getattr_, wire.READDIRPLUS: readdirplus, wire.READ: read,
+                wire.STATFS: statfs, wire.OPEN: enosys, wire.OPENDIR: enosys, wire.INTERRUPT: enosys,
+                wire.FORGET: lambda *a: NO_REPLY, wire.BATCH_FORGET: lambda *a: NO_REPLY}  # fmt: skip
+    flags = wire.ASYNC_READ | wire.DO_READDIRPLUS | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | \
+        wire.PARALLEL_DIROPS | wire.MAX_PAGES | wire.CACHE_SYMLINKS
+    session = Session(handlers, on_init=lambda minor, kernel: flags)
+    session.mount(mountpoint, src.replace(",", "_"), "nullfs")
+    session.serve(threads)
+    print({wire.OPCODE_NAMES.get(k, k): v for k, v in session.requests.items()}, file=sys.stderr)
+
+
+def serve_pyfuse3(src: str, mountpoint: str) -> None:
+    """The no-work server on pyfuse3 (libfuse 3's low-level API): open/release implemented, since its read
+    sees only the file handle."""
+    import pyfuse3
+    import trio
+
+    stats, children = walk(src)
+    paths = sorted(stats)
+    node_of = {p: i + 1 for i, p in enumerate(paths)}
+
+    def entry(node: int) -> "pyfuse3.EntryAttributes":
+        st = stats[paths[node - 1]]
+        e = pyfuse3.EntryAttributes()
+        e.st_ino, e.st_mode, e.st_size, e.st_nlink = node, st.st_mode & ~0o222, st.st_size, st.st_nlink
+        e.st_mtime_ns = e.st_ctime_ns = e.st_atime_ns = st.st_mtime_ns
+        e.entry_timeout = e.attr_timeout = 86400
+        return e
+
+    class Ops(pyfuse3.Operations):
+        async def lookup(self, parent, name, ctx=None):
+            p = paths[parent - 1]
+            node = node_of.get(os.path.join(p, name) if p else name)
+            if node is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return entry(node)
+
+        async def getattr(self, inode, ctx=None):
+            return entry(inode)
+
+        async def opendir(self, inode, ctx):
+            return inode
+
+        async def readdir(self, fh, start_id, token):
+            p = paths[fh - 1]
+            names = children[p]
+            for i in range(start_id, len(names)):
+                node = node_of[os.path.join(p, names[i]) if p else names[i]]
+                if not pyfuse3.readdir_reply(token, names[i], entry(node), i + 1):
+                    break
+
+        async def open(self, inode, flags, ctx):
+            return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+        async def read(self, fh, off, size):
+            end = min(off + size, stats[paths[fh - 1]].st_size)
+            return ZEROS[: max(0, end - off)]
+
+        async def release(self, fh):
+            pass
+
+    opts = set(pyfuse3.default_options)
+    opts.update({"fsname=nullfs", "ro"})
+    opts.discard("default_permissions")
+    pyfuse3.init(Ops(), mountpoint, opts)
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close()
+
+
+def serve_mfusepy(src: str, mountpoint: str) -> None:
+    from blockfs.serve.fs import ENCODING, binding
+    from blockfs.serve.server import MountOptions, fuse_kwargs
+
+    fs = make_mfusepy_null(binding)(src)
+    binding.FUSE(fs, mountpoint, raw_fi=False, encoding=ENCODING, **fuse_kwargs(MountOptions(cache_bytes=0), src))
+
+
+def make_mfusepy_null(binding: "ModuleType") -> type:
+    """The no-work server class on the mfusepy/fusepy binding ``binding``."""
+    from blockfs.serve.fs import keep_thread_state
+
+    class NullFS(binding.Operations):
+        use_ns = True
+        flush = release = opendir = releasedir = access = ioctl = None
+
+        def __init__(self, src: str) -> None:
+            self.attrs: dict[str, dict] = {}
+            self.children: dict[str, list[str]] = {}
+            for parent, dirs, files in os.walk(src):
+                rel = "/" + os.path.relpath(parent, src).removeprefix(".").lstrip("/")
+                self.attrs[rel] = self._attr(os.lstat(parent))
+                self.children[rel] = dirs + files
+                for name in files:
+                    self.attrs[os.path.join(rel, name)] = self._attr(os.lstat(os.path.join(parent, name)))
+
+        @staticmethod
+        def _attr(st: os.stat_result) -> dict:
+            return {"st_mode": st.st_mode & ~0o222, "st_size": st.st_size, "st_nlink": st.st_nlink,
+                    "st_ino": st.st_ino, "st_mtime": st.st_mtime_ns, "st_uid": 0, "st_gid": 0}  # fmt: skip
+
+        def getattr(self, path: str, fh: object = None) -> dict:
+            keep_thread_state()
+            try:
+                return self.attrs[path]
+            except KeyError:
+                raise binding.FuseOSError(errno.ENOENT) from None
+
+        def readdir(self, path: str, fh: object) -> list[str]:
+            return [".", "..", *self.children[path]]
+
+        def open(self, path: str, fi: object) -> int:
+            raise binding.FuseOSError(errno.ENOSYS)  # as blockfs does by default: no open/release per file
+
+        def read(self, path: str, size: int, offset: int, fh: object) -> bytes:
+            keep_thread_state()
+            end = min(offset + size, self.attrs[path]["st_size"])
+            return ZEROS[: max(0, end - offset)]
+
+        def statfs(self, path: str) -> dict:
+            return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": 1, "f_namemax": 255}
+
+    return NullFS
 
 
 def main() -> int:
-    if len(sys.argv) != 3 or not stat.S_ISDIR(os.stat(sys.argv[1]).st_mode):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    src, mountpoint = (os.path.abspath(a) for a in sys.argv[1:])
-    binding.FUSE(NullFS(src), mountpoint, raw_fi=False, encoding=ENCODING, **fuse_kwargs(MountOptions(cache_bytes=0), src))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="a FUSE server that does no work")
+    parser.add_argument("src")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--fuse", choices=("kernel", "mfusepy", "pyfuse3"), default="mfusepy")
+    parser.add_argument("--threads", type=int, default=2, help="reader threads of the kernel route")
+    args = parser.parse_args()
+    if not stat.S_ISDIR(os.stat(args.src).st_mode):
+        parser.error(f"{args.src} is not a directory")
+    src, mountpoint = os.path.abspath(args.src), os.path.abspath(args.mountpoint)
+    if args.fuse == "kernel":
+        serve_kernel(src, mountpoint, args.threads)
+    elif args.fuse == "pyfuse3":
+        serve_pyfuse3(src, mountpoint)
+    else:
+        serve_mfusepy(src, mountpoint)
     return 0
 
 

@@ -13,7 +13,7 @@ from typing import Sequence
 from .. import __version__
 from ..errors import BlockfsError
 from ..packing.options import ORDERS
-from ..serve.server import OPEN_MODES
+from ..serve.options import FUSE_ROUTES, OPEN_MODES
 
 from .locations import add_storage_arguments
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_verify
@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
     add_storage_arguments(p, disk_tier=True)
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
+    tuning.add_argument("--fuse", choices=FUSE_ROUTES, default="auto",
+                        help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
+                        "attributes, loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
+                        "a binding); auto: kernel where it can run, else mfusepy")
     tuning.add_argument("--open-mode", choices=OPEN_MODES,
                         default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "
                         "libfuse 3; targets: only the files the memory plan retains)")

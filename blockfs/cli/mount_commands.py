@@ -172,6 +172,7 @@ def _mount_options(args: argparse.Namespace, size: int):
         policy=args.policy,
         allow_other=args.allow_other,
         fuse_options=tuple(args.o or ()),
+        fuse=args.fuse,
         threads=not args.single_threaded,
         open_mode=args.open_mode,
         readahead=args.readahead,
@@ -222,7 +223,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     m, d, c, k = s["mount"], s["dataset"], s["cache"], s["counters"]
     lines = [
-        f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {m['binding']}/libfuse {m['libfuse']}, "
+        f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {_route(m)}, "
         f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
         f"dataset    {d['files']:,} files ({human(d['file_bytes'])}) in {d['blocks']:,} blocks",
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
@@ -256,6 +257,15 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
             f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
             f"{tier['copies_dropped']:,} dropped after a failed check"
         )
+    pushed = s.get("page_cache")
+    if pushed:
+        lines.append(f"page cache {pushed['files_pushed']:,} files ({human(pushed['bytes_pushed'])}) pushed into the "
+                     f"kernel's page cache as their blocks loaded; {pushed['pushes_skipped']:,} skipped "
+                     "(the kernel had dropped the file)")  # fmt: skip
+    requests = s.get("requests") or {}
+    if requests:
+        top = sorted(requests.items(), key=lambda kv: -kv[1])[:6]
+        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top))
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
         lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
@@ -269,6 +279,12 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         mbs = (k["bytes_served"] - p["bytes_served"]) / seconds / 1e6
         lines.append(f"rate       {files:,.0f} files/s, {mbs:,.1f} MB/s served")
     return "\n".join(lines)
+
+
+def _route(m: dict) -> str:
+    if m.get("binding") == "kernel":
+        return "kernel protocol"
+    return f"{m.get('binding')}/libfuse {m.get('libfuse')}"
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -68,6 +68,11 @@ class _CachedBlock:
         self.offsets = memoryview(head.offsets)
         self.sizes = memoryview(head.sizes)
 
+    def view(self, slot: int) -> memoryview:
+        """One file's bytes without a copy (they stay valid while the view is held)."""
+        start = self.offsets[slot]
+        return memoryview(self.buf)[start : start + self.sizes[slot]]
+
     def read(self, slot: int, offset: int, size: int) -> bytes:
         start, length = self.offsets[slot], self.sizes[slot]
         if size < 0 or offset + size > length:
@@ -107,6 +112,9 @@ class BlockCache:
         self._loading: dict[int, Future] = {}
         self._damaged: set[int] = set()  # never cached; their files are served one by one
         self.closed = False
+        # Called with (block, the cached block) each time a block is published; the kernel adapter pushes
+        # its files into the page cache from there.  Runs in the loading thread: it must only queue work.
+        self.on_load: Callable[[int, _CachedBlock], None] | None = None
         self._counters = CacheCounters(n_files)
         self._files = UncachedFiles(store, self._counters)
         self._sequence = SequentialReads()
@@ -128,6 +136,14 @@ class BlockCache:
         except BlockReadError:
             self._counters.add("read_errors")
             raise
+
+    def holds(self, block: int) -> bool:
+        """Whether ``block`` is cached now (a read of it will not wait on storage)."""
+        return block in self._blocks
+
+    def cached(self, block: int) -> _CachedBlock | None:
+        """The cached block, or None; what it holds stays valid for as long as the caller keeps it."""
+        return self._blocks.get(block)
 
     def note_hit(self, offset: int, nbytes: int) -> None:
         """Count a read served from memory outside the blocks (a retained file) in the same statistics."""
@@ -313,13 +329,16 @@ class BlockCache:
             return
         with self._lock:
             self._loading.pop(block, None)
-            if block in self._policy:  # not evicted (LRU/FIFO) while it was loading
+            kept = block in self._policy  # not evicted (LRU/FIFO) while it was loading
+            if kept:
                 self._blocks[block] = cached
             else:
                 self._drop(cached)
         self._counters.add("block_loads")
         self._counters.add("block_bytes_read", head.data_size)
         future.set_result(cached)
+        if kept and self.on_load is not None:
+            self.on_load(block, cached)
 
     def _read_block(self, block: int, head: fmt.BlockHeader) -> _CachedBlock:
         """The data section in fresh anonymous memory, read by the store and verified, with the sealed

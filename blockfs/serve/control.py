@@ -167,6 +167,10 @@ class ControlDirectory:
              self._ino + self._file_inos[name]) for name in LISTED_FILES
         ]  # fmt: skip
 
+    def is_block_file(self, raw: bytes) -> bool:
+        """Whether ``raw`` is a ``blocks/NNNNNNNN`` file (its reads go through the cache to storage)."""
+        return self.owns(raw) and self._block_of(raw[len(self.path) + 1 :]) is not None
+
     def readlink(self, raw: bytes) -> bytes:
         """``stats.json``'s target: a new snapshot of the statistics, taken now."""
         if self._leaf(raw) != STATS:

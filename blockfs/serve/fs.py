@@ -29,7 +29,6 @@ thread state (:func:`keep_thread_state`), which otherwise costs more than most r
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import errno
 import functools
@@ -41,20 +40,10 @@ import threading
 import time
 from ctypes.util import find_library
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from .. import protocol
-from ..core.dataset import PackedDataset
-from ..core.index import KIND_FILE, KIND_SYMLINK
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
-from .cache import BlockCache
-from .control import ControlDirectory, control_name_for
-from .errorlog import ErrorLog
-from .plan import MemoryPlan
-from .retain import RetainingReader
-
-if TYPE_CHECKING:
-    from .server import MountOptions
+from .view import MountView
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +55,8 @@ FORGET_INTERVAL_S = 0.5  # how often snapshots the control directory dropped are
 def load_binding(name: str | None = None) -> ModuleType:
     """The FUSE binding module: ``mfusepy`` (libfuse 3 when installed) or ``fusepy`` (imported as ``fuse``)."""
     name = name or os.environ.get(BINDING_ENV) or "mfusepy"
+    if name in ("kernel", "auto"):  # BLOCKFS_FUSE names the route; this module serves the binding routes
+        name = "mfusepy"
     if name not in ("mfusepy", "fusepy"):
         raise MountError(f"{BINDING_ENV}={name!r}: choose 'mfusepy' (libfuse 3) or 'fusepy' (libfuse 2)")
     if name == "mfusepy":
@@ -135,8 +126,9 @@ def _refuse(self: Any, *args: Any) -> None:
 
 
 class BlockFS(binding.Operations):
-    """The FUSE operations of one mounted dataset."""
+    """The FUSE operations of one mounted dataset, by path, over :class:`blockfs.serve.view.MountView`."""
 
+    route = BINDING_NAME
     use_ns = True  # times are integer nanoseconds, so ns mtimes survive
     # Not implemented on purpose: libfuse answers these in C (or the kernel stops asking), no Python call.
     flush = release = opendir = releasedir = access = fsync = fsyncdir = lock = ioctl = None
@@ -144,43 +136,32 @@ class BlockFS(binding.Operations):
     chmod = chown = create = link = mkdir = mknod = rename = rmdir = symlink = unlink = write = _refuse
     truncate = utimens = setxattr = removexattr = _refuse
 
-    def __init__(
-        self,
-        ds: PackedDataset,
-        cache: BlockCache,
-        options: "MountOptions",
-        mountpoint: str = "",
-        plan: MemoryPlan | None = None,
-        retainer: RetainingReader | None = None,
-    ) -> None:
-        self._ds = ds
-        self._cache = cache
-        self._plan = plan
-        self._retainer = retainer
-        self._a = ds.index.arrays
-        self.open_mode = options.open_mode_for(LIBFUSE_MAJOR)
-        self._threads = options.threads
-        self._prefill = options.prefill
-        self._uid, self._gid = os.getuid(), os.getgid()
-        self.error_log = ErrorLog()
-        self._started = time.time()
-        self._mountpoint = mountpoint
-        self.control = ControlDirectory(ds, control_name_for(ds, options.control_name), self.stats)
+    def __init__(self, view: MountView) -> None:
+        self.view = view
+        self._ds = view.ds
+        self.control = view.control
+        self.error_log = view.error_log
+        self.requests = view.requests
+        self.open_mode = view.options.open_mode_for(LIBFUSE_MAJOR)
+        view.adapter = {"binding": BINDING_NAME, "libfuse": LIBFUSE_MAJOR, "open_mode": self.open_mode}
         self.served = False  # set once libfuse has mounted and called init
-        self.requests: collections.Counter[str] = collections.Counter()
         self.stopped = threading.Event()
+
+    def stats(self) -> dict[str, Any]:
+        return self.view.stats()
 
     # --- life cycle -----------------------------------------------------------------------------
     def init(self, path: str) -> None:
         self.served = True
+        view = self.view
         log.info(
             "serving %s at %s (%s, libfuse %d, open %s, cache %d bytes %s)",
-            self._ds.location, self._mountpoint, BINDING_NAME, LIBFUSE_MAJOR, self.open_mode,
-            self._cache.budget_bytes, self._cache.policy_name,
+            self._ds.location, view.mountpoint, BINDING_NAME, LIBFUSE_MAJOR, self.open_mode,
+            view.cache.budget_bytes, view.cache.policy_name,
         )  # fmt: skip
         self._start_forgetting()
-        if self._prefill:
-            self._cache.start_prefill()
+        if view.options.prefill:
+            view.cache.start_prefill()
 
     def destroy(self, path: str) -> None:
         self.stopped.set()
@@ -209,31 +190,20 @@ class BlockFS(binding.Operations):
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.getattr(raw)
-        e = self._ds.lookup(raw)
-        if self._a["size"][e] == 0 and self._a["kind"][e] == KIND_FILE:
-            # The kernel never asks to read a file whose size is 0, so check here that its block holds an
-            # empty file: a size zeroed in a forged index must fail with EIO, not serve an empty file.
-            self._ds.read_entry(e)
-        return self._attr(e)
-
-    def _attr(self, e: int) -> dict[str, Any]:
-        a = self._a
-        kind = int(a["kind"][e])
-        size = int(a["size"][e])
-        if kind == KIND_SYMLINK:
-            size = len(self._ds.index.link_target(e))
-        mtime = int(a["mtime_ns"][e])
+        e = self.view.lookup(raw)
+        self.view.check_present(e)
+        a = self.view.attr(e)
         return {
-            "st_mode": int(a["mode"][e]),
-            "st_ino": int(a["ino"][e]),
-            "st_nlink": int(a["nlink"][e]),
-            "st_size": size,
-            "st_blocks": (size + 511) // 512 if kind == KIND_FILE else 0,
-            "st_uid": self._uid,
-            "st_gid": self._gid,
-            "st_mtime": mtime,
-            "st_atime": mtime,
-            "st_ctime": mtime,
+            "st_mode": a.mode,
+            "st_ino": a.ino,
+            "st_nlink": a.nlink,
+            "st_size": a.size,
+            "st_blocks": (a.size + 511) // 512 if stat.S_ISREG(a.mode) else 0,
+            "st_uid": self.view.uid,
+            "st_gid": self.view.gid,
+            "st_mtime": a.mtime_ns,
+            "st_atime": a.mtime_ns,
+            "st_ctime": a.mtime_ns,
         }
 
     @fuse_call
@@ -243,48 +213,36 @@ class BlockFS(binding.Operations):
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return [(name, {"st_mode": mode, "st_ino": ino}, 0) for name, mode, ino in self.control.readdir(raw)]
-        e = self._ds.lookup(raw)
-        children = self._ds.index.children(e)
-        modes = self._a["mode"][children.start : children.stop].tolist()
-        inos = self._a["ino"][children.start : children.stop].tolist()
-        names = self._ds.index.names(e)
-        parent = int(self._a["parent"][e])
-        return [
-            (".", {"st_mode": stat.S_IFDIR, "st_ino": int(self._a["ino"][e])}, 0),
-            ("..", {"st_mode": stat.S_IFDIR, "st_ino": int(self._a["ino"][parent])}, 0),
-        ] + [
-            (name.decode(ENCODING), {"st_mode": mode, "st_ino": ino}, 0) for name, mode, ino in zip(names, modes, inos)
-        ]
+        view = self.view
+        e = view.lookup(raw)
+        children, names = view.children(e)
+        listing = [(".", e), ("..", view.parent(e))]
+        listing += [(name.decode(ENCODING), child) for name, child in zip(names, children)]
+        out = []
+        for name, child in listing:
+            a = view.attr(child)
+            out.append((name, {"st_mode": a.mode if name not in (".", "..") else stat.S_IFDIR, "st_ino": a.ino}, 0))
+        return out
 
     @fuse_call
     def readlink(self, path: str) -> str:
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.readlink(raw).decode(ENCODING)
-        return self._ds.readlink(raw).decode(ENCODING)
+        return self.view.readlink(self.view.lookup(raw)).decode(ENCODING)
 
     @fuse_call
     def statfs(self, path: str) -> dict[str, int]:
-        meta = self._ds.metadata
-        bsize = 4096
-        return {
-            "f_bsize": bsize,
-            "f_frsize": bsize,
-            "f_blocks": -(-int(meta["file_bytes"]) // bsize),
-            "f_bfree": 0,
-            "f_bavail": 0,
-            "f_files": self._ds.index.n_entries,
-            "f_ffree": 0,
-            "f_favail": 0,
-            "f_namemax": 255,
-        }
+        blocks, files = self.view.statfs()
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
+                "f_files": files, "f_ffree": 0, "f_favail": 0, "f_namemax": 255}  # fmt: skip
 
     @fuse_call
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.getxattr(raw, name)
-        value = self._xattrs(self._ds.lookup(raw)).get(name)
+        value = self.view.xattrs(self.view.lookup(raw)).get(name)
         if value is None:
             raise FuseOSError(errno.ENODATA)
         return value
@@ -294,22 +252,7 @@ class BlockFS(binding.Operations):
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.listxattr(raw)
-        return list(self._xattrs(self._ds.lookup(raw)))
-
-    def _xattrs(self, e: int) -> dict[str, bytes]:
-        if e == 0:
-            return {protocol.CONTROL_XATTR: self.control.name.encode()}
-        if int(self._a["kind"][e]) != KIND_FILE:
-            return {}
-        label = int(self._a["label"][e])
-        found = {}
-        if label >= 0:
-            found[protocol.LABEL_XATTR] = str(label).encode()
-            classes = self._ds.classes
-            if classes and label < len(classes):
-                found[protocol.CLASS_XATTR] = os.fsencode(classes[label])
-        found[protocol.BLOCK_XATTR] = str(int(self._a["block"][e])).encode()
-        return found
+        return list(self.view.xattrs(self.view.lookup(raw)))
 
     # --- data -----------------------------------------------------------------------------------
     @fuse_call
@@ -325,60 +268,17 @@ class BlockFS(binding.Operations):
         if self.control.owns(raw):
             fi.keep_cache = True  # every control file's bytes are fixed (stats.json leads to a snapshot)
         elif self.open_mode == "targets":
-            fi.keep_cache = self._keeps(self._ds.lookup(raw))
+            fi.keep_cache = self.view.keeps(self.view.lookup(raw))
         else:
             fi.keep_cache = self.open_mode == "keep_cache"
         return 0
-
-    def _keeps(self, e: int) -> bool:
-        """Whether the memory plan keeps entry ``e`` resident: a retained file, or anything when it all fits."""
-        if self._retainer is not None:
-            return self._retainer.is_target(int(self._a["block"][e]), int(self._a["slot"][e]))
-        return self._plan is None or self._plan.fits
 
     @fuse_call
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
         raw = path.encode(ENCODING)
         if self.control.owns(raw):
             return self.control.read(raw, size, offset)
-        return self._ds.read(raw, offset, size)
-
-    # --- statistics -----------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
-        """Everything ``blockfs stats`` shows: the mount, the dataset, the memory plan and the cache."""
-        meta = self._ds.metadata
-        dataset_bytes = int(meta["file_bytes"])
-        budget = self._cache.budget_bytes
-        return {
-            "mount": {
-                "dest": self._ds.location,
-                "mountpoint": self._mountpoint,
-                "pid": os.getpid(),
-                "binding": BINDING_NAME,
-                "libfuse": LIBFUSE_MAJOR,
-                "open_mode": self.open_mode,
-                "threads": self._threads,
-                "control": self.control.name,
-                "started": self._started,
-            },
-            "dataset": {
-                "files": int(meta["n_files"]),
-                "file_bytes": dataset_bytes,
-                "blocks": int(meta["n_blocks"]),
-                "block_bytes": int(meta["block_bytes"]),
-            },
-            "plan": self._plan.to_dict() if self._plan is not None else {
-                "budget_bytes": budget,
-                "dataset_bytes": dataset_bytes,
-                "fits": dataset_bytes <= budget,
-                "expected_hit_rate": min(1.0, budget / dataset_bytes) if dataset_bytes else 1.0,
-            },
-            "retained": self._retainer.stats() if self._retainer is not None else None,
-            **self._cache.stats(),
-            "requests": dict(self.requests),
-            "errors": self.error_log.stats(),
-            "storage": self._ds.store.files.stats(),  # remote requests and the disk tier; {} for a local dataset
-        }
+        return self.view.read(self.view.lookup(raw), offset, size)
 
 
 def run(fs: BlockFS, mountpoint: str, fuse_options: dict[str, Any]) -> None:

@@ -100,6 +100,10 @@ class RetainingReader:
                 if on_file:
                     on_file(len(data))
 
+    def holds(self, block: int, slot: int) -> bool:
+        """Whether this file is held now (read once already): a read of it is a memory copy."""
+        return (block, slot) in self._held
+
     def is_target(self, block: int, slot: int) -> bool:
         """Whether the plan retains this file (read yet or not)."""
         return (block, slot) in self._where

@@ -1,7 +1,8 @@
 """A running mount, assembled: dataset, memory plan, caches, control sockets and the FUSE adapter.
 
-:class:`MountOptions` and :data:`OPEN_MODES` import without a FUSE binding (the command line takes its
-choices from here); the adapter, :mod:`blockfs.serve.fs`, is imported only to build or run a mount.
+:class:`MountOptions` (:mod:`blockfs.serve.options`) imports without a FUSE binding; the adapters,
+:mod:`blockfs.serve.kernelfs` (the kernel protocol) and :mod:`blockfs.serve.fs` (mfusepy/fusepy), are
+imported only to build or run a mount, the one :func:`choose_route` picks.
 
 :func:`serve` is what ``blockfs mount --foreground`` runs.  The assembly is :func:`assembled`, a context
 manager that builds every layer and closes them in order, so the tests drive the same mount in-process
@@ -11,87 +12,77 @@ manager that builds every layer and closes them in order, so the tests drive the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import resource
+import shutil
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from .. import protocol
 from ..core.dataset import PackedDataset
-from ..core.location import StorageOptions
+from ..errors import MountError
 from ..core.partition import partition_blocks
 from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
-from .cache import READAHEAD_BLOCKS, BlockCache
+from .cache import BlockCache
+from .options import FUSE_ROUTES, OPEN_MODES, MountOptions
 from .plan import MemoryPlan
-from .policies import DEFAULT_POLICY
 from .retain import RetainingReader, plan_dataset
 from .share import ShareServer
+from .view import MountView
 
 if TYPE_CHECKING:
     from .fs import BlockFS
+    from .kernelfs import KernelFS
+
+    Adapter = BlockFS | KernelFS
 
 log = logging.getLogger(__name__)
 
-OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
+ROUTE_ENV = "BLOCKFS_FUSE"  # the route when --fuse is not given: kernel, mfusepy or fusepy
+
+def kernel_route_problem() -> str | None:
+    """Why the kernel-protocol route cannot run here (None when it can)."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "fusermount3 is not installed (package fuse3)"
+    return None
 
 
-@dataclasses.dataclass(frozen=True)
-class MountOptions:
-    """How to serve a packed dataset.  ``fuse_options`` are extra ``-o`` options, ``"name"`` or ``"name=value"``."""
+def choose_route(options: MountOptions) -> str:
+    """The FUSE route to serve with: the option, else ``BLOCKFS_FUSE``, else the kernel protocol where it
+    can run here and mfusepy where it cannot (said in one log line)."""
+    route = options.fuse
+    if route == "auto":
+        route = os.environ.get(ROUTE_ENV) or "auto"
+        if route not in FUSE_ROUTES:
+            raise MountError(f"{ROUTE_ENV}={route!r}: choose one of {', '.join(FUSE_ROUTES)}")
+    if route == "auto":
+        problem = kernel_route_problem()
+        if problem is None:
+            return "kernel"
+        log.info("serving through mfusepy (libfuse): the kernel-protocol route cannot run here: %s", problem)
+        return "mfusepy"
+    return route
 
-    cache_bytes: int
-    policy: str = DEFAULT_POLICY
-    allow_other: bool = False
-    fuse_options: tuple[str, ...] = ()
-    threads: bool = True  # libfuse's thread pool: a cached file never waits behind another file's disk read
-    # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
-    # only (measured by tools/bench_memory.py --kernel); "none": no page-cache reuse.
-    open_mode: str = "auto"
-    timeout_s: float = 86400.0  # entry / attribute / negative lookup timeouts: the data never changes
-    readahead: int = READAHEAD_BLOCKS
-    prefill: bool = True  # load the blocks the budget will hold in the background, from mount on
-    lock_memory: bool = True
-    share: bool = True  # hand cached blocks to loaders on this machine as sealed memory (share.py)
-    control_name: str = protocol.DEFAULT_CONTROL
-    # The memory plan: ``cache_bytes`` is the whole budget, split between retained files and blocks.
-    retain: bool = True
-    retain_strategy: str | None = None  # plan.DEFAULT_STRATEGY
-    retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
-    preload: bool = False  # read what the plan keeps before serving
-    storage: StorageOptions | None = None  # a remote dataset's options and its disk tier
-    # partition="node": this mount serves node ``node_rank`` of ``nodes``, whose loaders read only the part
-    # core.partition gives it for ``partition_seed`` (the loaders' seed): prefill and read-ahead keep to it.
-    nodes: int = 1
-    node_rank: int = 0
-    partition_seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.open_mode not in OPEN_MODES:
-            raise ValueError(f"open_mode {self.open_mode!r} is not one of {', '.join(OPEN_MODES)}")
-        if self.cache_bytes < 0:
-            raise ValueError(f"cache size must be >= 0 bytes, not {self.cache_bytes}")
-        if self.nodes < 1 or not 0 <= self.node_rank < self.nodes:
-            raise ValueError(f"node rank {self.node_rank} is not one of {self.nodes} nodes (0 to {self.nodes - 1})")
-
-    def open_mode_for(self, libfuse_major: int) -> str:
-        """The open mode to use with this libfuse: ``auto`` is enosys with libfuse 3, keep_cache with 2
-        (libfuse 2 cannot drop pages from the kernel's cache, which enosys relies on for old snapshots)."""
-        if self.open_mode != "auto":
-            return self.open_mode
-        return "enosys" if libfuse_major >= 3 else "keep_cache"
+def mount_source(dest: str) -> str:
+    """What /proc/mounts shows as the source (to every user): the dataset, a URL redacted, with the
+    characters mount options cannot hold replaced."""
+    source = redact(dest) if is_remote(dest) else os.path.abspath(dest)
+    return "".join(c if c.isprintable() and c not in ",\\=" else "_" for c in source)
 
 
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     """The binding's keyword options for this mount (``-o`` options plus foreground/nothreads)."""
     from .fs import ENCODING
-    source = redact(dest) if is_remote(dest) else os.path.abspath(dest)  # /proc/mounts shows it to everyone
-    fsname = "".join(c if c.isprintable() and c not in ",\\=" else "_" for c in source)
+    fsname = mount_source(dest)
     timeout = f"{options.timeout_s:g}"
     kwargs: dict[str, Any] = {
         "foreground": True,
@@ -163,10 +154,17 @@ def assembled(
     mountpoint: str | os.PathLike,
     options: MountOptions,
     on_progress: Callable[[int, int], None] | None = None,
-) -> Iterator[BlockFS]:
-    """Every layer of a mount of ``dest`` at ``mountpoint`` (not mounted): the adapter, with its control
-    directory's sockets listening; everything is closed on the way out."""
-    from .fs import BlockFS
+    route: str | None = None,
+) -> Iterator["Adapter"]:
+    """Every layer of a mount of ``dest`` at ``mountpoint`` (not mounted): the adapter of ``route`` (by
+    default :func:`choose_route`'s), with its control directory's sockets listening; everything is closed
+    on the way out."""
+    route = route or choose_route(options)
+    if route == "kernel":
+        from .kernelfs import KernelFS as make_adapter
+    else:
+        os.environ[ROUTE_ENV] = route  # the binding blockfs.serve.fs loads on import
+        from .fs import BlockFS as make_adapter
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
         ds = PackedDataset(dest, storage=options.storage)
@@ -192,7 +190,8 @@ def assembled(
             retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask], lock_memory=options.lock_memory)
             stack.callback(retainer.close)
         ds.reader = retainer if retainer is not None else cache
-        fs = BlockFS(ds, cache, options, mountpoint, plan, retainer)
+        view = MountView(ds, cache, options, mountpoint, plan, retainer)
+        fs = make_adapter(view)
         stack.callback(fs.control.close)
         stack.callback(fs.stopped.set)
         if options.policy != "none":
@@ -215,10 +214,23 @@ def serve(
     """Mount ``dest`` at ``mountpoint`` and serve it until unmounted (or SIGINT/SIGTERM); blocks.
 
     ``on_progress(done, total)``: bytes read so far by ``options.preload``, before mounting."""
-    from .fs import run
-
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with assembled(dest, mountpoint, options, on_progress) as fs:
-        run(fs, mountpoint, fuse_kwargs(options, dest))
+        if fs.route == "kernel":
+            try:
+                fs.run(mountpoint, mount_source(dest), list(_split_options(options.fuse_options)))
+            except OSError as e:
+                if not fs.served:
+                    raise MountError(f"cannot mount {mountpoint!r}: {e.strerror or e}") from e
+                raise
+        else:
+            from .fs import run
+
+            run(fs, mountpoint, fuse_kwargs(options, dest))
     log.info("unmounted %s", mountpoint)
+
+
+def _split_options(fuse_options: tuple[str, ...]) -> Iterator[str]:
+    for opt in fuse_options:
+        yield from filter(None, opt.split(","))

@@ -1,0 +1,422 @@
+"""``KernelFS``: the mount on the FUSE kernel protocol (:mod:`blockfs.serve.session`) — the default adapter.
+
+A thin translation of :class:`blockfs.serve.view.MountView`'s answers into node ids and wire structures,
+plus the three things only this route can do:
+
+* **Node ids are index entries** (entry ``e`` is node ``e + 1``; the root is 1), so a request needs no path
+  resolution, and a READ knows its file although ``open`` is never sent (answered ENOSYS, the kernel
+  stops asking and keeps pages across opens; ``opendir`` likewise, so listings are cached too).
+* **Listings carry attributes** (READDIRPLUS, always): the kernel creates the inode of every listed entry,
+  so a script that lists before it reads (``os.walk``, ``ImageFolder``, ``find``) sends no LOOKUP at all.
+* **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
+  file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
+  reads of those files never reach this process.  Files listed after their block loaded are pushed as
+  they are listed.  Only bytes the store verified are pushed (the cache holds nothing else), and a push
+  to a node the kernel has dropped is skipped.  Pushed pages are ordinary page cache: under memory
+  pressure the kernel drops them and the reads come back here, served as before.
+
+Reads whose bytes are in memory are answered by the reader thread that took them; any other read is
+answered from a data thread, so lookups, listings and the control files never wait behind storage.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import functools
+import logging
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ..errors import BlockfsError
+from . import wire
+from .session import DEFERRED, NO_REPLY, Session, forgotten
+from .view import ROOT, MountView
+
+log = logging.getLogger(__name__)
+
+READER_THREADS = 2  # answer requests; measured by tools/bench_fuse_routes.py (2 cores: more only contend)
+DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
+CONTROL_NODES = 1 << 48  # control-directory nodes: this plus the control file's inode number
+PUSH_RETRY_S = 0.05
+FORGET_INTERVAL_S = 0.5  # how often dropped stats snapshots are dropped from the kernel's cache
+INIT_FLAGS = (wire.ASYNC_READ | wire.DO_READDIRPLUS | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT
+              | wire.PARALLEL_DIROPS | wire.MAX_PAGES)  # fmt: skip
+# Not CACHE_SYMLINKS: stats.json is a link resolved anew at every open (serve/control.py).
+
+
+def answers(method: Callable) -> Callable:
+    """Turn blockfs errors into their errno (logged and counted as the error log says)."""
+
+    @functools.wraps(method)
+    def call(self: "KernelFS", nodeid: int, body: memoryview, unique: int) -> Any:
+        try:
+            return method(self, nodeid, body, unique)
+        except Exception as e:
+            if not isinstance(e, (OSError, BlockfsError)):
+                log.exception("unexpected error in %s of node %d; answering EIO", method.__name__, nodeid)
+            raise OSError(self.view.report(e), str(e)) from None
+
+    return call
+
+
+class KernelFS:
+    """The kernel-protocol adapter of one mounted dataset."""
+
+    route = "kernel"
+
+    def __init__(self, view: MountView) -> None:
+        self.view = view
+        self.control = view.control
+        self._valid = int(view.options.timeout_s)
+        n = view.index.n_entries
+        self._lookups = array.array("q", bytes(8 * n))  # the kernel's lookup count of each entry's node
+        self._pushed = bytearray(n)  # 1: this entry's pages were pushed and the kernel may still hold them
+        self._control_nodes: dict[int, list] = {}  # node -> [path, lookups]
+        self._control_lock = threading.Lock()
+        self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
+        self._pushes: queue.SimpleQueue = queue.SimpleQueue()
+        self.pushed = {"files_pushed": 0, "bytes_pushed": 0, "pushes_skipped": 0, "push_errors": 0}
+        self.stopped = threading.Event()
+        self.served = False
+        self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: INIT_FLAGS)
+        view.adapter = {"binding": "kernel", "open_mode": "enosys"}
+        view.extra_stats = self._stats
+        view.cache.on_load = lambda block, cached: self._pushes.put(("block", block))
+        layout_off, layout_files = view.ds.layout
+        self._block_off, self._block_files = layout_off, layout_files
+        self._size = view.index.arrays["size"]
+
+    # --- life cycle ----------------------------------------------------------------------------------
+    def run(self, mountpoint: str, fsname: str, fuse_options: list[str]) -> None:
+        """Mount and serve until unmounted (or SIGINT/SIGTERM); blocks."""
+        if self.view.options.allow_other:
+            fuse_options = [*fuse_options, "allow_other"]
+        self.session.mount(mountpoint, fsname, "blockfs", fuse_options)
+        threading.Thread(target=self._push_loop, name="blockfs-push", daemon=True).start()
+        try:
+            self.session.serve(READER_THREADS, on_ready=self._ready)
+        finally:
+            self.stopped.set()
+            self._pushes.put(None)
+            self._data.shutdown(wait=False, cancel_futures=True)
+
+    def _ready(self) -> None:
+        self.served = True
+        view = self.view
+        log.info("serving %s at %s (kernel protocol 7.%d, cache %d bytes %s)", view.ds.location, view.mountpoint,
+                 self.session.minor, view.cache.budget_bytes, view.cache.policy_name)  # fmt: skip
+        threading.Thread(target=self._forget_loop, name="blockfs-forget", daemon=True).start()
+        if view.options.prefill:
+            view.cache.start_prefill()
+
+    def _handlers(self) -> dict[int, Callable]:
+        refuse = self._refuse
+        return {
+            wire.LOOKUP: self.lookup, wire.GETATTR: self.getattr, wire.READDIRPLUS: self.readdirplus,
+            wire.READDIR: self.readdir, wire.READ: self.read, wire.READLINK: self.readlink,
+            wire.GETXATTR: self.getxattr, wire.LISTXATTR: self.listxattr, wire.STATFS: self.statfs,
+            wire.FORGET: self.forget, wire.BATCH_FORGET: self.batch_forget, wire.SETATTR: refuse,
+            wire.DESTROY: self.destroy,
+        }  # fmt: skip
+        # Everything else (OPEN, OPENDIR, FLUSH, RELEASE, ACCESS, INTERRUPT, LSEEK, locks) is answered
+        # ENOSYS by the session, which the kernel remembers: it stops sending them.
+
+    # --- nodes -----------------------------------------------------------------------------------------
+    def _control_path(self, nodeid: int) -> bytes:
+        with self._control_lock:
+            known = self._control_nodes.get(nodeid)
+        if known is None:
+            raise OSError(errno.ESTALE, "unknown control node")
+        return known[0]
+
+    def _control_entry(self, path: bytes) -> bytes:
+        """The entry of a control path, its node remembered (one more lookup by the kernel)."""
+        st = self.control.getattr(path)
+        node = CONTROL_NODES + st["st_ino"]
+        with self._control_lock:
+            known = self._control_nodes.setdefault(node, [path, 0])
+            known[1] += 1
+        return wire.entry_out(node, self._control_attr(st), self._valid)
+
+    def _control_attr(self, st: dict) -> bytes:
+        return wire.attr(st["st_ino"], st["st_size"], st["st_mode"], st["st_nlink"], st["st_mtime"],
+                         self.view.uid, self.view.gid)  # fmt: skip
+
+    def _attr(self, e: int) -> bytes:
+        a = self.view.attr(e)
+        return wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid)
+
+    def _entry(self, e: int) -> bytes:
+        """The entry of dataset entry ``e``, counted as a lookup by the kernel."""
+        self._lookups[e] += 1
+        return wire.entry_out(e + 1, self._attr(e), self._valid)
+
+    # --- metadata ---------------------------------------------------------------------------------------
+    @answers
+    def lookup(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        name = bytes(body[: len(body) - 1])  # NUL-terminated
+        if nodeid >= CONTROL_NODES:
+            return self._control_entry(self._control_path(nodeid) + b"/" + name)
+        parent = nodeid - 1
+        if parent == ROOT and name == self.view.control_name:
+            return self._control_entry(self.control.path)
+        e = self.view.child(parent, name)
+        if e < 0:
+            return wire.negative_entry(self._valid)
+        self.view.check_present(e)
+        entry = self._entry(e)
+        self._push_later([e])
+        return entry
+
+    @answers
+    def getattr(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        if nodeid >= CONTROL_NODES:
+            return wire.attr_out(self._control_attr(self.control.getattr(self._control_path(nodeid))), self._valid)
+        return wire.attr_out(self._attr(nodeid - 1), self._valid)
+
+    @answers
+    def readdirplus(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        return self._list(nodeid, body, plus=True)
+
+    @answers
+    def readdir(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        return self._list(nodeid, body, plus=False)
+
+    def _list(self, nodeid: int, body: memoryview, plus: bool) -> bytes:
+        """Entries from the request's offset on, as many as fit: "." and ".." are offsets 0 and 1, the
+        children follow; each entry's offset is the next one's (never 0)."""
+        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
+        if nodeid >= CONTROL_NODES:
+            return self._list_control(self._control_path(nodeid), offset, size, plus)
+        e = nodeid - 1
+        if not self.view.is_dir(e):
+            raise OSError(errno.ENOTDIR, "not a directory")
+        children, names = self.view.children(e)
+        out: list[bytes] = []
+        used = 0
+        listed: list[int] = []
+        for i in range(offset, len(children) + 2):
+            if i < 2:
+                child, name = (e if i == 0 else self.view.parent(e)), (b"." if i == 0 else b"..")
+            else:
+                child, name = children[i - 2], names[i - 2]
+            a = self.view.attr(child)
+            if plus:
+                if i < 2:  # node id 0: the kernel takes no entry (and counts no lookup) for . and ..
+                    entry = wire.negative_entry(0)
+                else:
+                    entry = wire.entry_out(child + 1, wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns,
+                                                                self.view.uid, self.view.gid), self._valid)  # fmt: skip
+                one = wire.direntplus(entry, a.ino, i + 1, name, a.mode)
+            else:
+                one = wire.dirent(a.ino, i + 1, name, a.mode)
+            if used + len(one) > size:
+                break
+            out.append(one)
+            used += len(one)
+            if plus and i >= 2:
+                self._lookups[child] += 1
+                listed.append(child)
+        if listed:
+            self._push_later(listed)
+        return b"".join(out)
+
+    def _list_control(self, path: bytes, offset: int, size: int, plus: bool) -> bytes:
+        out: list[bytes] = []
+        used = 0
+        entries = self.control.readdir(path)
+        for i in range(offset, len(entries)):
+            name, mode, ino = entries[i]
+            raw = os.fsencode(name)
+            if plus:
+                entry = wire.negative_entry(0) if i < 2 else self._control_entry(path + b"/" + raw)
+                one = wire.direntplus(entry, ino, i + 1, raw, mode)
+            else:
+                one = wire.dirent(ino, i + 1, raw, mode)
+            if used + len(one) > size:
+                if plus and i >= 2:  # taken back: this entry is not sent, so the kernel counts no lookup
+                    self._forget_control(CONTROL_NODES + ino, 1)
+                break
+            out.append(one)
+            used += len(one)
+        return b"".join(out)
+
+    @answers
+    def readlink(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        if nodeid >= CONTROL_NODES:
+            return self.control.readlink(self._control_path(nodeid))
+        return self.view.readlink(nodeid - 1)
+
+    @answers
+    def getxattr(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        size, _ = wire.GETXATTR_IN.unpack_from(body)
+        name = bytes(body[wire.GETXATTR_IN.size :]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if nodeid >= CONTROL_NODES:
+            value = self.control.getxattr(self._control_path(nodeid), name)
+        else:
+            value = self.view.xattrs(nodeid - 1).get(name)
+            if value is None:
+                raise OSError(errno.ENODATA, "no such attribute")
+        return self._sized(value, size)
+
+    @answers
+    def listxattr(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        size, _ = wire.GETXATTR_IN.unpack_from(body)
+        if nodeid >= CONTROL_NODES:
+            names = self.control.listxattr(self._control_path(nodeid))
+        else:
+            names = list(self.view.xattrs(nodeid - 1))
+        return self._sized(b"".join(n.encode() + b"\0" for n in names), size)
+
+    @staticmethod
+    def _sized(value: bytes, size: int) -> bytes:
+        """An xattr answer: its length when asked with size 0, ERANGE when it does not fit."""
+        if size == 0:
+            return wire.GETXATTR_OUT.pack(len(value), 0)
+        if len(value) > size:
+            raise OSError(errno.ERANGE, "attribute larger than the buffer")
+        return value
+
+    @answers
+    def statfs(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        blocks, files = self.view.statfs()
+        return wire.kstatfs(blocks, files)
+
+    def _refuse(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        raise OSError(errno.EROFS, "read-only")
+
+    def destroy(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        self.stopped.set()
+        return b""
+
+    # --- forgetting -------------------------------------------------------------------------------------
+    def forget(self, nodeid: int, body: memoryview, unique: int) -> object:
+        self._forget(forgotten(body, wire.FORGET, nodeid))
+        return NO_REPLY
+
+    def batch_forget(self, nodeid: int, body: memoryview, unique: int) -> object:
+        self._forget(forgotten(body, wire.BATCH_FORGET, nodeid))
+        return NO_REPLY
+
+    def _forget(self, pairs: Any) -> None:
+        for node, count in pairs:
+            if node >= CONTROL_NODES:
+                self._forget_control(node, count)
+            elif 0 < node <= len(self._lookups):
+                e = node - 1
+                left = max(0, self._lookups[e] - count)
+                self._lookups[e] = left
+                if not left:
+                    self._pushed[e] = 0  # the kernel dropped the inode, and its pages with it
+
+    def _forget_control(self, node: int, count: int) -> None:
+        with self._control_lock:
+            known = self._control_nodes.get(node)
+            if known is not None:
+                known[1] -= count
+                if known[1] <= 0:
+                    del self._control_nodes[node]
+
+    def _forget_loop(self) -> None:
+        """Drop the stats snapshots the control directory no longer keeps from the kernel's cache."""
+        while not self.stopped.wait(FORGET_INTERVAL_S):
+            for path in self.control.take_evicted():
+                parent, _, name = path.rpartition(b"/")
+                with self._control_lock:
+                    nodes = [n for n, (p, _c) in self._control_nodes.items() if p == parent]
+                for node in nodes:
+                    self.session.forget_name(node, name)
+
+    # --- data -------------------------------------------------------------------------------------------
+    @answers
+    def read(self, nodeid: int, body: memoryview, unique: int) -> Any:
+        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
+        if nodeid >= CONTROL_NODES:
+            path = self._control_path(nodeid)
+            if self.control.is_block_file(path):  # read through the cache: may wait on storage
+                self._data.submit(self._answer_later, unique, self.control.read, path, size, offset)
+                return DEFERRED
+            return self.control.read(path, size, offset)
+        e = nodeid - 1
+        if self.view.in_memory(e):
+            return self.view.read(e, offset, size)
+        self._data.submit(self._answer_later, unique, self.view.read, e, offset, size)
+        return DEFERRED
+
+    def _answer_later(self, unique: int, read: Callable, *args: Any) -> None:
+        try:
+            data = read(*args)
+        except Exception as e:
+            if not isinstance(e, (OSError, BlockfsError)):
+                log.exception("unexpected error reading %r; answering EIO", args)
+            self.session.fail(unique, self.view.report(e))
+            return
+        self.session.reply(unique, data)
+
+    # --- pushing pages ------------------------------------------------------------------------------------
+    def _push_later(self, entries: list[int]) -> None:
+        """Queue pushes of files the kernel just learned of whose blocks are already in memory."""
+        cache = self.view.cache
+        wanted = [e for e in entries if not self._pushed[e] and self._size[e] > 0
+                  and cache.holds(self.view.block_slot(e)[0])]  # fmt: skip
+        if wanted:
+            self._pushes.put(("entries", wanted))
+
+    def _push_loop(self) -> None:
+        """The one thread that writes into the kernel's page cache (never a reader thread: see session).
+
+        A push can reach the kernel before the answer that told it of the node (the lookup or listing is
+        answered after it queued the push): the kernel then says ENOENT, and the push is tried once more
+        :data:`PUSH_RETRY_S` later."""
+        retry: list[int] = []
+        while True:
+            try:
+                job = self._pushes.get(timeout=PUSH_RETRY_S if retry else None)
+            except queue.Empty:
+                job, retry = ("again", retry), []
+            if job is None or self.stopped.is_set():
+                return
+            kind, what = job
+            try:
+                if kind == "block":
+                    lo, hi = int(self._block_off[what]), int(self._block_off[what + 1])
+                    retry += self._push(self._block_files[lo:hi].tolist())
+                elif kind == "entries":
+                    retry += self._push(what)
+                else:
+                    self.pushed["pushes_skipped"] += len(self._push(what))
+            except Exception:
+                self.pushed["push_errors"] += 1
+                log.exception("pushing pages into the kernel's cache failed; reads are served as usual")
+
+    def _push(self, entries: list[int]) -> list[int]:
+        """Push each entry the kernel holds and has not been pushed; the ones the kernel refused."""
+        refused = []
+        cache, counts = self.view.cache, self.pushed
+        lookups, pushed, store = self._lookups, self._pushed, self.session.store
+        for e in entries:
+            if pushed[e] or lookups[e] <= 0:
+                continue
+            block, slot = self.view.block_slot(e)
+            cached = cache.cached(block)
+            if cached is None:
+                continue
+            data = cached.view(slot)
+            if not len(data):
+                continue
+            if store(e + 1, data):
+                pushed[e] = 1
+                counts["files_pushed"] += 1
+                counts["bytes_pushed"] += len(data)
+            else:
+                refused.append(e)
+        return refused
+
+    # --- statistics -------------------------------------------------------------------------------------
+    def _stats(self) -> dict[str, Any]:
+        requests = {wire.OPCODE_NAMES.get(op, str(op)): n for op, n in list(self.session.requests.items())}
+        return {"requests": requests, "page_cache": dict(self.pushed)}

@@ -1,0 +1,302 @@
+"""A FUSE session without libfuse: mount, read requests from ``/dev/fuse``, write replies and notifications.
+
+Why not a binding: the kernel protocol carries the node id of every request, READ included, whether or
+not the file was opened — libfuse's high-level API hides node ids and pyfuse3's ``read`` sees only the
+file handle, so neither can serve reads with ``open`` skipped *and* push pages into the kernel's cache.
+Speaking the protocol directly costs one ``readv`` and one ``writev`` per request, with no ctypes
+callback and no thread-state switch in between (``tools/null_fs.py`` measures it against the bindings).
+
+* **Mounting.**  As root, ``mount(2)`` with the device's descriptor in the options, as libfuse does; as
+  anyone else, ``fusermount3`` (setuid), which mounts and hands the descriptor back over a socket
+  (``_FUSE_COMMFD``).  Unmounting: ``umount2(MNT_DETACH)`` or ``fusermount3 -u -z``.
+* **Threads.**  ``threads`` readers share the one descriptor; the kernel hands each request to one of
+  them.  A handler either answers at once (its return value is the reply body) or returns
+  :data:`DEFERRED` and answers later from any thread with :meth:`Session.reply`/:meth:`Session.fail` —
+  so a request that waits on storage never holds a reader, and lookups, stats and listings never queue
+  behind slow data.
+* **Notifications** (:meth:`Session.store`) are plain writes to the same descriptor.  They must not come
+  from a reader thread: the kernel takes the page lock of the pages it stores into, and a process
+  reading those pages holds that lock while it waits for a READ only a reader thread would answer.
+
+Handlers raise ``OSError`` with an errno to answer an error; anything else is logged and answered EIO.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+from . import wire
+
+log = logging.getLogger(__name__)
+
+DEFERRED = object()  # a handler's answer: "I will reply later"
+NO_REPLY = object()  # FORGET and BATCH_FORGET: the kernel expects nothing back
+BUFFER_BYTES = 1 << 17  # > the largest request a read-only filesystem is sent (names, xattr names)
+
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MNT_DETACH = 2
+# mount(8)-style options the kernel itself takes for a FUSE mount; the rest are libfuse's (refused here)
+KERNEL_FLAGS = {"allow_other", "default_permissions"}
+KERNEL_VALUES = {"max_read", "blksize"}
+IGNORED = {"ro", "nosuid", "nodev", "noatime", "rw", "suid", "dev", "auto_cache", "kernel_cache"}
+
+Handler = Callable[[int, memoryview, int], Any]  # (nodeid, request body, unique) -> reply body
+
+
+class MountFailed(OSError):
+    """The kernel or fusermount3 refused the mount; ``str()`` is one line saying why."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+class Session:
+    """One mount of a filesystem whose requests ``handlers`` (opcode -> :data:`Handler`) answer."""
+
+    def __init__(self, handlers: dict[int, Handler], *, on_init: Callable[[int, int], int] | None = None) -> None:
+        self._handlers = handlers
+        self._on_init = on_init  # (kernel minor, kernel flags) -> the flags we want
+        self.fd = -1
+        self.mountpoint = ""
+        self.minor = 0
+        self.flags = 0
+        self.stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._fusermount = False
+        self.requests: collections.Counter[int] = collections.Counter()  # by opcode; unlocked: a rare lost count
+
+    # --- mounting ---------------------------------------------------------------------------------
+    def mount(self, mountpoint: str, fsname: str, subtype: str, options: Sequence[str] = ()) -> None:
+        """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...)."""
+        flags, values = set(), {}
+        for item in options:
+            key, eq, value = item.partition("=")
+            if key in KERNEL_FLAGS and not eq:
+                flags.add(key)
+            elif key in KERNEL_VALUES and eq:
+                values[key] = value
+            elif key not in IGNORED:
+                raise MountFailed(
+                    errno.EINVAL, f"mount option {item!r} is a libfuse option the kernel path does not take: "
+                    "drop it, or mount with --fuse mfusepy"
+                )  # fmt: skip
+        flags.add("default_permissions")
+        self.mountpoint = mountpoint
+        if os.geteuid() == 0:
+            self.fd = self._mount_directly(mountpoint, fsname, subtype, flags, values)
+        else:
+            self.fd = self._mount_with_fusermount(mountpoint, fsname, subtype, flags, values)
+            self._fusermount = True
+
+    @staticmethod
+    def _mount_directly(mountpoint: str, fsname: str, subtype: str, flags: set, values: dict) -> int:
+        fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        opts = [f"fd={fd}", f"rootmode={stat.S_IFDIR:o}",
+                f"user_id={os.getuid()}", f"group_id={os.getgid()}", *sorted(flags),
+                *(f"{k}={v}" for k, v in sorted(values.items()))]  # fmt: skip
+        libc = _libc()
+        rc = libc.mount(os.fsencode(fsname), os.fsencode(mountpoint), f"fuse.{subtype}".encode(),
+                        MS_RDONLY | MS_NOSUID | MS_NODEV, ",".join(opts).encode())  # fmt: skip
+        if rc != 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise MountFailed(err, f"mount(2) of {mountpoint!r} failed: {os.strerror(err)}")
+        return fd
+
+    @staticmethod
+    def _mount_with_fusermount(mountpoint: str, fsname: str, subtype: str, flags: set, values: dict) -> int:
+        tool = shutil.which("fusermount3") or shutil.which("fusermount")
+        if tool is None:
+            raise MountFailed(errno.ENOENT, "fusermount3 is not installed: install the fuse3 package")
+        opts = ["ro", "nosuid", "nodev", f"fsname={fsname}", f"subtype={subtype}", *sorted(flags),
+                *(f"{k}={v}" for k, v in sorted(values.items()))]  # fmt: skip
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            done = subprocess.run(
+                [tool, "-o", ",".join(opts), "--", mountpoint], pass_fds=(theirs.fileno(),),
+                env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())}, capture_output=True, text=True,
+            )  # fmt: skip
+            theirs.close()
+            if done.returncode != 0:
+                why = (done.stderr or done.stdout).strip().splitlines()
+                raise MountFailed(errno.EPERM, f"{os.path.basename(tool)}: {why[-1] if why else 'failed'}")
+            _msg, fds, _flags, _addr = socket.recv_fds(ours, 1, 1)
+            if not fds:
+                raise MountFailed(errno.EIO, f"{os.path.basename(tool)} mounted but sent no descriptor")
+            os.set_inheritable(fds[0], False)
+            return fds[0]
+        finally:
+            theirs.close()
+            ours.close()
+
+    def unmount(self) -> None:
+        """Detach the mount (the readers then see ENODEV and end); quiet when it is already gone."""
+        if not self.mountpoint:
+            return
+        if os.geteuid() == 0 and not self._fusermount:
+            if _libc().umount2(os.fsencode(self.mountpoint), MNT_DETACH) == 0:
+                return
+        tool = shutil.which("fusermount3") or shutil.which("fusermount")
+        if tool is not None:
+            subprocess.run([tool, "-u", "-z", "--", self.mountpoint], capture_output=True)
+
+    # --- serving ----------------------------------------------------------------------------------
+    def serve(self, threads: int, on_ready: Callable[[], None] | None = None) -> None:
+        """Answer requests with ``threads`` readers until the mount goes away (or SIGINT/SIGTERM, when
+        called from the main thread); blocks.  ``on_ready`` runs after the kernel's INIT is answered."""
+        self._on_ready = on_ready
+        restore = self._catch_signals()
+        try:
+            self._threads = [
+                threading.Thread(target=self._loop, name=f"blockfs-fuse-{i}", daemon=True) for i in range(threads)
+            ]
+            for t in self._threads:
+                t.start()
+            while not self.stopped.wait(0.5):  # a wait with a timeout, so signals reach the main thread
+                pass
+        finally:
+            restore()
+            self.unmount()
+            for t in self._threads:
+                t.join(timeout=5)
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    def _catch_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def stop(signum: int, frame: Any) -> None:
+            log.info("signal %d: unmounting %s", signum, self.mountpoint)
+            self.unmount()
+            self.stopped.set()
+
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+    def _loop(self) -> None:
+        buf = bytearray(BUFFER_BYTES)
+        view = memoryview(buf)
+        fd, handlers, unpack, requests = self.fd, self._handlers, wire.IN_HEADER.unpack_from, self.requests
+        while True:
+            try:
+                n = os.readv(fd, [buf])
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.EAGAIN):  # the request was interrupted before we read it
+                    continue
+                if e.errno != errno.ENODEV:  # ENODEV: unmounted
+                    log.error("reading /dev/fuse failed: %s", e)
+                break
+            _len, opcode, unique, nodeid, _uid, _gid, _pid, _ext, _pad = unpack(buf)
+            requests[opcode] += 1
+            if opcode == wire.INIT:
+                self._init(unique, view[wire.IN_HEADER.size : n])
+                continue
+            handler = handlers.get(opcode)
+            if opcode == wire.IOCTL:  # isatty() on every Python open(): as cheap an answer as there is
+                self.fail(unique, errno.ENOTTY)
+                continue
+            if handler is None:
+                if opcode not in (wire.FORGET, wire.BATCH_FORGET):
+                    self.fail(unique, errno.ENOSYS)
+                continue
+            try:
+                out = handler(nodeid, view[wire.IN_HEADER.size : n], unique)
+            except OSError as e:
+                self.fail(unique, e.errno or errno.EIO)
+                continue
+            except Exception:
+                log.exception("unexpected error in %s of node %d; answering EIO", wire.OPCODE_NAMES.get(opcode), nodeid)
+                self.fail(unique, errno.EIO)
+                continue
+            if out is DEFERRED or out is NO_REPLY:
+                continue
+            self.reply(unique, out)
+        self.stopped.set()
+
+    def _init(self, unique: int, body: memoryview) -> None:
+        major, minor, max_readahead, kernel_flags = wire.INIT_IN.unpack_from(body)
+        if major != wire.KERNEL_MAJOR or minor < wire.MIN_MINOR:
+            log.error("the kernel speaks FUSE %d.%d; blockfs's kernel path needs 7.%d or later (Linux 5.1+): "
+                      "mount with --fuse mfusepy", major, minor, wire.MIN_MINOR)  # fmt: skip
+            self.fail(unique, errno.EPROTO)
+            return
+        self.minor = min(minor, wire.KERNEL_MINOR)
+        wanted = self._on_init(self.minor, kernel_flags) if self._on_init else 0
+        self.flags = wanted & kernel_flags
+        max_pages = 256  # 1 MiB reads
+        out = wire.INIT_OUT.pack(wire.KERNEL_MAJOR, self.minor, max_readahead, self.flags & 0xFFFFFFFF,
+                                 64, 48, 1 << 16, 1, max_pages, 0, 0)  # fmt: skip
+        self.reply(unique, out)
+        if self._on_ready is not None:
+            threading.Thread(target=self._on_ready, name="blockfs-ready", daemon=True).start()
+
+    # --- answering --------------------------------------------------------------------------------
+    def reply(self, unique: int, body: Any) -> None:
+        """Answer request ``unique`` with ``body`` (bytes-like, or a list/tuple of them)."""
+        parts = list(body) if isinstance(body, (list, tuple)) else [body]
+        size = sum(len(p) for p in parts)
+        self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + size, 0, unique), *parts])
+
+    def fail(self, unique: int, err: int) -> None:
+        self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -err, unique)])
+
+    def _write(self, parts: list) -> None:
+        try:
+            os.writev(self.fd, parts)
+        except OSError as e:
+            # ENOENT: the request was interrupted and is gone; ENODEV/EBADF: unmounted meanwhile.
+            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                log.warning("answering the kernel failed: %s", e)
+
+    def store(self, nodeid: int, data: Any, offset: int = 0) -> bool:
+        """Put ``data`` into ``nodeid``'s page cache at ``offset``; False when the kernel does not hold
+        that node (it was never looked up, or was forgotten).  Never call it from a reader thread."""
+        try:
+            os.writev(self.fd, [wire.notify_store_header(nodeid, offset, len(data)), data])
+            return True
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                return False
+            raise
+
+    def invalidate(self, nodeid: int) -> None:
+        """Drop ``nodeid``'s pages and attributes from the kernel's caches (quiet if it holds none)."""
+        self._notify(wire.notify_inval_inode(nodeid))
+
+    def forget_name(self, parent: int, name: bytes) -> None:
+        """Drop the name ``name`` in directory ``parent`` from the kernel's caches (quiet if it holds none)."""
+        self._notify(wire.notify_inval_entry(parent, name))
+
+    def _notify(self, message: bytes) -> None:
+        try:
+            os.write(self.fd, message)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                raise
+
+
+def forgotten(body: memoryview, opcode: int, nodeid: int) -> Iterable[tuple[int, int]]:
+    """(node id, lookups dropped) pairs of a FORGET or BATCH_FORGET request."""
+    if opcode == wire.FORGET:
+        yield nodeid, wire.FORGET_IN.unpack_from(body)[0]
+        return
+    count, _ = wire.BATCH_FORGET_IN.unpack_from(body)
+    for i in range(count):
+        yield wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size)

@@ -1,0 +1,197 @@
+"""``MountView``: what a mounted dataset answers, by index entry — the layer both FUSE adapters translate.
+
+It knows no FUSE binding and no node ids: attributes, listings, links, extended attributes, file bytes
+and the mount's statistics, each asked by entry id (or, for the path adapter, by path), with blockfs
+errors raised as they are.  :mod:`blockfs.serve.fs` (mfusepy/fusepy: paths) and
+:mod:`blockfs.serve.kernelfs` (the kernel protocol: node ids) map these answers and errors for the kernel,
+and add only what their route needs, so neither holds logic the other would need.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+from .. import protocol
+from ..core.dataset import PackedDataset
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from ..errors import BlockfsError, BlockReadError, CorruptBlockError
+from .cache import BlockCache
+from .control import ControlDirectory, control_name_for
+from .errorlog import ErrorLog
+from .options import MountOptions
+from .plan import MemoryPlan
+from .retain import RetainingReader
+
+ROOT = 0  # the root directory's entry id
+
+
+class Attr(NamedTuple):
+    """What ``stat`` shows of an entry (times are the mtime; uid/gid are the mount's)."""
+
+    ino: int
+    size: int
+    mode: int
+    nlink: int
+    mtime_ns: int
+
+
+class MountView:
+    """One mounted dataset's answers; ``adapter`` names the FUSE route in the statistics."""
+
+    def __init__(
+        self,
+        ds: PackedDataset,
+        cache: BlockCache,
+        options: MountOptions,
+        mountpoint: str = "",
+        plan: MemoryPlan | None = None,
+        retainer: RetainingReader | None = None,
+    ) -> None:
+        self.ds = ds
+        self.cache = cache
+        self.options = options
+        self.plan = plan
+        self.retainer = retainer
+        self.mountpoint = mountpoint
+        self.index = ds.index
+        self._a = ds.index.arrays
+        self._block = self._a["block"]
+        self._slot = self._a["slot"]
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.error_log = ErrorLog()
+        self.started = time.time()
+        self.control = ControlDirectory(ds, control_name_for(ds, options.control_name), self.stats)
+        self.control_name = os.fsencode(self.control.name)
+        self.requests: collections.Counter[str] = collections.Counter()  # FUSE requests by kind
+        self.adapter: dict[str, Any] = {}  # the adapter's own facts for the statistics (route, open mode...)
+        self.extra_stats: Callable[[], dict[str, Any]] | None = None  # the adapter's counters (pushed pages)
+
+    # --- entries ------------------------------------------------------------------------------------
+    def lookup(self, raw: bytes) -> int:
+        """The entry of a path inside the dataset (``b"/a/b"`` or ``b"a/b"``); EntryNotFoundError if none."""
+        return self.index.lookup(raw.strip(b"/"))
+
+    def child(self, parent: int, name: bytes) -> int:
+        """The entry named ``name`` in directory entry ``parent``, or -1."""
+        if parent == ROOT:
+            return self.index.find(name)
+        return self.index.find(self.index.path(parent) + b"/" + name)
+
+    def attr(self, e: int) -> Attr:
+        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self.index.stat_fields(e)
+        if kind == KIND_SYMLINK:
+            size = len(self.index.link_target(e))
+        return Attr(ino, size, mode, nlink, mtime_ns)
+
+    def check_present(self, e: int) -> None:
+        """Called when the kernel first learns of ``e``: the kernel never reads a file whose size is 0, so
+        check here that its block holds an empty file (a size zeroed in a forged index must fail EIO)."""
+        kind, _mode, size = self.index.stat_fields(e)[:3]
+        if size == 0 and kind == KIND_FILE:
+            self.ds.read_entry(e)
+
+    def is_dir(self, e: int) -> bool:
+        return self.index.kind(e) == KIND_DIR
+
+    def parent(self, e: int) -> int:
+        return int(self._a["parent"][e])
+
+    def children(self, e: int) -> tuple[range, list[bytes]]:
+        """A directory's child entries and their names, in the index's (sorted) order."""
+        return self.index.children(e), self.index.names(e)
+
+    def readlink(self, e: int) -> bytes:
+        if self.index.kind(e) != KIND_SYMLINK:
+            raise OSError(errno.EINVAL, "not a symbolic link")
+        return self.index.link_target(e)
+
+    def xattrs(self, e: int) -> dict[str, bytes]:
+        if e == ROOT:
+            return {protocol.CONTROL_XATTR: self.control_name}
+        if self.index.kind(e) != KIND_FILE:
+            return {}
+        label = int(self._a["label"][e])
+        found = {}
+        if label >= 0:
+            found[protocol.LABEL_XATTR] = str(label).encode()
+            classes = self.ds.classes
+            if classes and label < len(classes):
+                found[protocol.CLASS_XATTR] = os.fsencode(classes[label])
+        found[protocol.BLOCK_XATTR] = str(int(self._block[e])).encode()
+        return found
+
+    def statfs(self) -> tuple[int, int]:
+        """(4 KiB blocks of file data, entries)."""
+        return -(-int(self.ds.metadata["file_bytes"]) // 4096), self.index.n_entries
+
+    # --- data ---------------------------------------------------------------------------------------
+    def read(self, e: int, offset: int, size: int) -> bytes:
+        return self.ds.read_entry(e, offset, size)
+
+    def block_slot(self, e: int) -> tuple[int, int]:
+        return int(self._block[e]), int(self._slot[e])
+
+    def in_memory(self, e: int) -> bool:
+        """Whether a read of file ``e`` is answered from memory now, without waiting on storage."""
+        block, slot = int(self._block[e]), int(self._slot[e])
+        if self.retainer is not None and self.retainer.holds(block, slot):
+            return True
+        return self.cache.holds(block)
+
+    def keeps(self, e: int) -> bool:
+        """Whether the memory plan keeps entry ``e`` resident: a retained file, or anything when it all fits."""
+        if self.retainer is not None:
+            return self.retainer.is_target(int(self._block[e]), int(self._slot[e]))
+        return self.plan is None or self.plan.fits
+
+    def report(self, e: BaseException) -> int:
+        """The errno a failed request answers, and the error counted and logged as the error log says."""
+        if isinstance(e, (CorruptBlockError, BlockReadError)):
+            self.error_log.report(e)
+        if isinstance(e, BlockfsError):
+            return e.errno
+        if isinstance(e, OSError):
+            return e.errno or errno.EIO
+        return errno.EIO
+
+    # --- statistics ---------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Everything ``blockfs stats`` shows: the mount, the dataset, the memory plan and the cache."""
+        meta = self.ds.metadata
+        dataset_bytes = int(meta["file_bytes"])
+        budget = self.cache.budget_bytes
+        out = {
+            "mount": {
+                "dest": self.ds.location,
+                "mountpoint": self.mountpoint,
+                "pid": os.getpid(),
+                **self.adapter,
+                "threads": self.options.threads,
+                "control": self.control.name,
+                "started": self.started,
+            },
+            "dataset": {
+                "files": int(meta["n_files"]),
+                "file_bytes": dataset_bytes,
+                "blocks": int(meta["n_blocks"]),
+                "block_bytes": int(meta["block_bytes"]),
+            },
+            "plan": self.plan.to_dict() if self.plan is not None else {
+                "budget_bytes": budget,
+                "dataset_bytes": dataset_bytes,
+                "fits": dataset_bytes <= budget,
+                "expected_hit_rate": min(1.0, budget / dataset_bytes) if dataset_bytes else 1.0,
+            },
+            "retained": self.retainer.stats() if self.retainer is not None else None,
+            **self.cache.stats(),
+            "requests": dict(self.requests),
+            "errors": self.error_log.stats(),
+            "storage": self.ds.store.files.stats(),  # remote requests and the disk tier; {} for a local dataset
+        }
+        if self.extra_stats is not None:
+            out.update(self.extra_stats())
+        return out

@@ -18,7 +18,7 @@ from typing import Iterator
 from blockfs.errors import MountError
 from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
 
-BINDINGS = ("mfusepy", "fusepy")
+BINDINGS = ("kernel", "mfusepy", "fusepy")  # the FUSE routes (BLOCKFS_FUSE): the kernel protocol, libfuse 3, libfuse 2
 
 
 class Mount:

@@ -43,8 +43,8 @@ def edge_pack(tmp_path_factory):
 @pytest.fixture
 def fs(edge_pack, tmp_path):
     root, _ = edge_pack
-    with assembled(root / "packed", tmp_path / "mnt", MountOptions(cache_bytes=1 << 20, prefill=False,
-                                                                   lock_memory=False)) as mounted:  # fmt: skip
+    options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
+    with assembled(root / "packed", tmp_path / "mnt", options, route="mfusepy") as mounted:
         yield mounted
 
 
@@ -137,7 +137,7 @@ def test_a_damaged_block_fails_its_files_with_eio_and_one_log_line(edge_pack, tm
         f.seek(pos)
         f.write(bytes([byte[0] ^ 1]))
     options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
-    with caplog.at_level(logging.ERROR), assembled(tmp_path / "p", tmp_path / "mnt", options) as fs:
+    with caplog.at_level(logging.ERROR), assembled(tmp_path / "p", tmp_path / "mnt", options, route="mfusepy") as fs:
         for _ in range(3):
             assert errno_of(lambda: fs.read("/class_a/big.bin", 100, 0, None)) == errno.EIO
         assert fs.stats()["errors"] == {"damaged_files_read": 3, "damaged_blocks_reported": [block], "failed_reads": 0}

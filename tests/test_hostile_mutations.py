@@ -161,24 +161,31 @@ def _eio_lines(log: str, damaged: set[int]) -> None:
         assert any(f"block {b} " in line for b in damaged), line
 
 
+@pytest.mark.parametrize("route", ["kernel", "mfusepy"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(pristine, tmp_path, seed, caplog):
-    fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
+def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(pristine, tmp_path, seed, route, caplog):
+    """Both adapters, called as the kernel calls them: every file's exact bytes or EIO, one log line a block."""
     from blockfs.serve.server import MountOptions, assembled
+    from kernelcalls import KernelCalls
 
     dest = fresh_copy(pristine, tmp_path)
     damaged, steps = _damage_blocks(pristine, dest, seed)
     intact = _intact_file(pristine, damaged)
-    enc = fs_module.ENCODING
 
     def read(rel: bytes) -> bytes:
+        if route == "kernel":
+            return calls.read(rel)
         try:
-            return fs.read("/" + rel.decode(enc), 1 << 20, 0, None)
+            return fs.read("/" + rel.decode(fs_module.ENCODING), 1 << 20, 0, None)
         except fs_module.FuseOSError as e:
             raise OSError(e.errno, os.strerror(e.errno)) from None
 
     options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
-    with caplog.at_level(logging.INFO), assembled(dest, tmp_path / "mnt", options) as fs:
+    with caplog.at_level(logging.INFO), assembled(dest, tmp_path / "mnt", options, route=route) as fs:
+        if route == "kernel":
+            calls = KernelCalls(fs)
+        else:
+            fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
         counts = _read_all_in_threads(pristine, read)
         assert read(intact) == pristine.files[intact]  # still serving
     assert counts["eio"] > 0 and counts["exact"] > 0, (steps, counts)
@@ -189,10 +196,11 @@ def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(prist
 INDEX_FAMILIES = sorted(f for f in FAMILIES if not f.startswith("block-"))
 
 
+@pytest.mark.parametrize("route", ["kernel", "mfusepy"])
 @pytest.mark.parametrize("family", INDEX_FAMILIES)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False))
-def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, family, rnd):
+def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, family, route, rnd):
     """A damaged or forged index or metadata: the mount refuses to start with a BlockfsError, or every
     operation on the tree answers the source's bytes or an errno, never another exception."""
     fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
@@ -205,8 +213,11 @@ def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, f
         steps = FAMILIES[family].mutate(dest, rnd, pristine)
         options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
         try:
-            with assembled(dest, work / "mnt", options) as fs:
-                _walk_mount(fs, fs_module, pristine, FAMILIES[family].authentic, steps)
+            with assembled(dest, work / "mnt", options, route=route) as fs:
+                if route == "kernel":
+                    _walk_kernel(fs, pristine, FAMILIES[family].authentic, steps)
+                else:
+                    _walk_mount(fs, fs_module, pristine, FAMILIES[family].authentic, steps)
         except BlockfsError as e:
             assert len(str(e).splitlines()) == 1, (steps, str(e))
     finally:
@@ -238,6 +249,28 @@ def _walk_mount(fs, fs_module, p: Pristine, authentic: bool, steps: list[str]) -
                 pending.append(child)
     for rel, data in sorted(p.files.items()):
         got = answer(fs.read, "/" + rel.decode(enc), 1 << 20, 0, None)
+        if authentic:
+            assert got == data or got == errno.EIO, (rel, steps, got if isinstance(got, int) else len(got))
+        else:
+            assert got == data or isinstance(got, int), (rel, steps, len(got))
+
+
+def _walk_kernel(fs, p: Pristine, authentic: bool, steps: list[str]) -> None:
+    """What :func:`_walk_mount` does, through the kernel-route adapter's requests (by node id)."""
+    from kernelcalls import KernelCalls
+
+    calls = KernelCalls(fs)
+    pending = [1]
+    while pending:
+        err, listing = calls.listdir(pending.pop())
+        for _name, child, mode in listing:
+            if child and mode & 0o170000 == 0o040000:
+                pending.append(child)
+    for rel, data in sorted(p.files.items()):
+        try:
+            got = calls.read(rel)
+        except OSError as e:
+            got = e.errno
         if authentic:
             assert got == data or got == errno.EIO, (rel, steps, got if isinstance(got, int) else len(got))
         else:

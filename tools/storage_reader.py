@@ -3,7 +3,8 @@
     python tools/storage_reader.py ROOT LIST --threads 4 [--seconds 30]
 
 ``LIST`` holds one path per line, relative to ``ROOT``, already in the order to read (shuffled by the
-caller).  ``--threads T`` splits it as ``DataLoader`` workers split a sampler's order: thread ``i`` reads
+caller).  ``--list`` first lists every directory under ``ROOT`` (``os.walk``, as ``ImageFolder`` does before its
+first batch; timed apart, ``list_seconds``).  ``--threads T`` splits it as ``DataLoader`` workers split a sampler's order: thread ``i`` reads
 items ``i, i + T, i + 2T, ...``.  Each file is read whole with ``open().read()``.  ``--seconds`` stops a slow
 system early; the rate is then over the files read.  Prints one JSON line: files, bytes, seconds, errors.
 
@@ -37,6 +38,7 @@ def main() -> int:
     parser.add_argument("list")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
+    parser.add_argument("--list", action="store_true", help="list every directory first, as ImageFolder does")
     parser.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
     args = parser.parse_args()
     with open(args.list) as f:
@@ -45,6 +47,11 @@ def main() -> int:
     lock = threading.Lock()
     if args.wait_mount:
         wait_for_mount(args.wait_mount)
+    if args.list:
+        listed = time.monotonic()
+        for _dir, _dirs, _files in os.walk(args.root):
+            pass
+        totals["list_seconds"] = time.monotonic() - listed
     started = time.monotonic()
     deadline = started + args.seconds if args.seconds else None
     first_error: list[str] = []

@@ -82,10 +82,16 @@ class KernelFS:
         self.pushed = {"files_pushed": 0, "bytes_pushed": 0, "pushes_skipped": 0, "push_errors": 0}
         self.stopped = threading.Event()
         self.served = False
-        self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: INIT_FLAGS)
-        view.adapter = {"binding": "kernel", "open_mode": "enosys"}
+        # enosys (the default): no OPEN at all, pages kept across opens.  The other modes answer OPEN to
+        # say per file whether the kernel may keep its pages (--open-mode, as on the libfuse routes).
+        self.open_mode = view.options.open_mode_for(3)
+        flags = INIT_FLAGS if self.open_mode == "enosys" else INIT_FLAGS & ~wire.NO_OPEN_SUPPORT
+        self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: flags)
+        view.adapter = {"binding": "kernel", "open_mode": self.open_mode}
         view.extra_stats = self._stats
-        view.cache.on_load = lambda block, cached: self._pushes.put(("block", block))
+        self._pushing = self.open_mode in ("enosys", "keep_cache")  # pages kept: pushing them pays off
+        if self._pushing:
+            view.cache.on_load = lambda block, cached: self._pushes.put(("block", block))
         layout_off, layout_files = view.ds.layout
         self._block_off, self._block_files = layout_off, layout_files
         self._size = view.index.arrays["size"]
@@ -120,7 +126,7 @@ class KernelFS:
             wire.READDIR: self.readdir, wire.READ: self.read, wire.READLINK: self.readlink,
             wire.GETXATTR: self.getxattr, wire.LISTXATTR: self.listxattr, wire.STATFS: self.statfs,
             wire.FORGET: self.forget, wire.BATCH_FORGET: self.batch_forget, wire.SETATTR: refuse,
-            wire.DESTROY: self.destroy,
+            wire.DESTROY: self.destroy, **({wire.OPEN: self.open} if self.open_mode != "enosys" else {}),
         }  # fmt: skip
         # Everything else (OPEN, OPENDIR, FLUSH, RELEASE, ACCESS, INTERRUPT, LSEEK, locks) is answered
         # ENOSYS by the session, which the kernel remembers: it stops sending them.
@@ -205,12 +211,13 @@ class KernelFS:
             else:
                 child, name = children[i - 2], names[i - 2]
             a = self.view.attr(child)
+            linked = plus and i >= 2 and self._listable(child, a.size)
             if plus:
-                if i < 2:  # node id 0: the kernel takes no entry (and counts no lookup) for . and ..
-                    entry = wire.negative_entry(0)
-                else:
-                    entry = wire.entry_out(child + 1, wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns,
-                                                                self.view.uid, self.view.gid), self._valid)  # fmt: skip
+                # Node id 0: the kernel takes no attributes (and counts no lookup) for . and .., nor for an
+                # entry whose check failed: it will LOOKUP that one, and the lookup answers the error.
+                entry = wire.negative_entry(0) if not linked else wire.entry_out(
+                    child + 1, wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid),
+                    self._valid)  # fmt: skip
                 one = wire.direntplus(entry, a.ino, i + 1, name, a.mode)
             else:
                 one = wire.dirent(a.ino, i + 1, name, a.mode)
@@ -218,12 +225,24 @@ class KernelFS:
                 break
             out.append(one)
             used += len(one)
-            if plus and i >= 2:
+            if linked:
                 self._lookups[child] += 1
                 listed.append(child)
         if listed:
             self._push_later(listed)
         return b"".join(out)
+
+    def _listable(self, e: int, size: int) -> bool:
+        """Whether a listing may give ``e``'s attributes: an empty file only once its block confirms it
+        (the kernel never reads a file of size 0, so a size zeroed in a forged index must not get there)."""
+        if size:
+            return True
+        try:
+            self.view.check_present(e)
+        except Exception as err:  # noqa: BLE001 - answered by the lookup the kernel will send instead
+            self.view.report(err)
+            return False
+        return True
 
     def _list_control(self, path: bytes, offset: int, size: int, plus: bool) -> bytes:
         out: list[bytes] = []
@@ -333,6 +352,17 @@ class KernelFS:
 
     # --- data -------------------------------------------------------------------------------------------
     @answers
+    def open(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+        """Only with ``--open-mode`` other than enosys: whether the kernel keeps this file's pages."""
+        if nodeid >= CONTROL_NODES or self.open_mode == "keep_cache":
+            keep = True  # every control file's bytes are fixed (stats.json leads to a snapshot)
+        elif self.open_mode == "targets":
+            keep = self.view.keeps(nodeid - 1)
+        else:
+            keep = False
+        return wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if keep else 0, 0)
+
+    @answers
     def read(self, nodeid: int, body: memoryview, unique: int) -> Any:
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
         if nodeid >= CONTROL_NODES:
@@ -360,6 +390,8 @@ class KernelFS:
     # --- pushing pages ------------------------------------------------------------------------------------
     def _push_later(self, entries: list[int]) -> None:
         """Queue pushes of files the kernel just learned of whose blocks are already in memory."""
+        if not self._pushing:
+            return
         cache = self.view.cache
         wanted = [e for e in entries if not self._pushed[e] and self._size[e] > 0
                   and cache.holds(self.view.block_slot(e)[0])]  # fmt: skip

@@ -132,7 +132,17 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready values (without the per-file mask)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "retained"}
-        return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch}
+        return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch,
+                         "page_cache_bytes": self.page_cache_bytes}  # fmt: skip
+
+    @property
+    def page_cache_bytes(self) -> int:
+        """What the kernel route adds in the kernel's page cache, at most: a copy of every file of every
+        cached block (pushed as the block loads) and of every retained file (kept after its first read).
+        Evictable page cache, charged to the mount's readers' cgroup like any page cache, not to the budget."""
+        if self.fits:
+            return self.dataset_bytes
+        return min(self.dataset_bytes, self.block_cache_bytes + self.retained_bytes)
 
     def describe(self) -> str:
         """The plan in a few lines of text for people."""
@@ -157,6 +167,8 @@ class MemoryPlan:
                 f"(about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)",
             ]
         lines += [
+            f"page cache:       up to {size(self.page_cache_bytes)} more, kernel route: files pushed as their blocks "
+            "load, kept by the kernel while memory allows (evictable; not part of the budget)",
             f"expected hits per epoch (from the 2nd): {self.expected_file_hit_rate:.1%} of files, "
             f"{self.expected_byte_hit_rate:.1%} of bytes",
             f"storage read per epoch (from the 2nd): about {size(self.expected_storage_bytes_per_epoch)}",

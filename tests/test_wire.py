@@ -1,0 +1,48 @@
+"""blockfs.serve.wire: the FUSE kernel structures have the sizes and layout <linux/fuse.h> gives them."""
+
+from __future__ import annotations
+
+import stat
+
+from blockfs.serve import wire
+
+
+def test_structure_sizes_are_the_kernels():
+    assert wire.IN_HEADER.size == 40 and wire.OUT_HEADER.size == 16
+    assert wire.ATTR.size == 88 and wire.ENTRY_OUT_SIZE == 128
+    assert len(wire.attr_out(wire.attr(1, 2, stat.S_IFREG | 0o444, 1, 0, 0, 0), 1)) == 104
+    assert wire.INIT_OUT.size == 64 and wire.KSTATFS.size == 80
+    assert wire.READ_IN.size == 24 and wire.NOTIFY_STORE_OUT.size == 24
+
+
+def test_attr_splits_nanoseconds_and_counts_512_byte_blocks():
+    fields = wire.ATTR.unpack(wire.attr(7, 1025, stat.S_IFREG | 0o644, 2, 1_600_000_000_123_456_789, 5, 6))
+    ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode, nlink, uid, gid = fields[:13]
+    assert (ino, size, blocks, nlink, uid, gid) == (7, 1025, 3, 2, 5, 6)
+    assert atime == mtime == ctime == 1_600_000_000 and mtimensec == 123_456_789 == atimensec == ctimensec
+    assert stat.S_ISREG(mode)
+    dir_fields = wire.ATTR.unpack(wire.attr(1, 4096, stat.S_IFDIR | 0o755, 2, 0, 0, 0))
+    assert dir_fields[2] == 0  # a directory's size is not data
+
+
+def test_direntplus_records_are_8_byte_aligned_and_name_their_next_offset():
+    entry = wire.entry_out(5, wire.attr(5, 3, stat.S_IFREG | 0o444, 1, 0, 0, 0), 10)
+    for name in (b"a", b"abcdefg", b"abcdefgh", "é".encode()):
+        one = wire.direntplus(entry, 5, 9, name, stat.S_IFREG | 0o444)
+        assert len(one) % 8 == 0 and len(one) >= wire.DIRENTPLUS_FIXED + len(name)
+        ino, off, namelen, dtype = wire.DIRENT_HEAD.unpack_from(one, wire.ENTRY_OUT_SIZE)
+        assert (ino, off, namelen, dtype) == (5, 9, len(name), stat.S_IFREG >> 12)
+        assert one[wire.DIRENTPLUS_FIXED : wire.DIRENTPLUS_FIXED + len(name)] == name
+    assert len(wire.dirent(1, 1, b"abc", stat.S_IFDIR)) % 8 == 0
+
+
+def test_notify_store_header_counts_the_data_that_follows():
+    head = wire.notify_store_header(9, 4096, 100)
+    length, code, unique = wire.OUT_HEADER.unpack_from(head)
+    assert (code, unique) == (wire.NOTIFY_STORE, 0)
+    assert length == len(head) + 100
+    assert wire.NOTIFY_STORE_OUT.unpack_from(head, wire.OUT_HEADER.size) == (9, 4096, 100, 0)
+
+
+def test_a_negative_entry_names_node_zero():
+    assert wire.ENTRY_OUT_HEAD.unpack_from(wire.negative_entry(30))[:3] == (0, 0, 30)

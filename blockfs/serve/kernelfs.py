@@ -104,7 +104,7 @@ class KernelFS:
         self.session.mount(mountpoint, fsname, "blockfs", fuse_options)
         threading.Thread(target=self._push_loop, name="blockfs-push", daemon=True).start()
         try:
-            self.session.serve(READER_THREADS, on_ready=self._ready)
+            self.session.serve(READER_THREADS if self.view.options.threads else 1, on_ready=self._ready)
         finally:
             self.stopped.set()
             self._pushes.put(None)

@@ -79,8 +79,11 @@ class Session:
         self.requests: collections.Counter[int] = collections.Counter()  # by opcode; unlocked: a rare lost count
 
     # --- mounting ---------------------------------------------------------------------------------
-    def mount(self, mountpoint: str, fsname: str, subtype: str, options: Sequence[str] = ()) -> None:
-        """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...)."""
+    def mount(
+        self, mountpoint: str, fsname: str, subtype: str, options: Sequence[str] = (), *, fusermount: bool | None = None
+    ) -> None:
+        """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...).
+        ``fusermount``: mount through fusermount3 (default: only when not root)."""
         flags, values = set(), {}
         for item in options:
             key, eq, value = item.partition("=")
@@ -95,11 +98,11 @@ class Session:
                 )  # fmt: skip
         flags.add("default_permissions")
         self.mountpoint = mountpoint
-        if os.geteuid() == 0:
-            self.fd = self._mount_directly(mountpoint, fsname, subtype, flags, values)
-        else:
+        self._fusermount = os.geteuid() != 0 if fusermount is None else fusermount
+        if self._fusermount:
             self.fd = self._mount_with_fusermount(mountpoint, fsname, subtype, flags, values)
-            self._fusermount = True
+        else:
+            self.fd = self._mount_directly(mountpoint, fsname, subtype, flags, values)
 
     @staticmethod
     def _mount_directly(mountpoint: str, fsname: str, subtype: str, flags: set, values: dict) -> int:

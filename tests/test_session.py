@@ -1,0 +1,87 @@
+"""blockfs.serve.session: mounting (mount(2) and fusermount3), answering, deferring and unmounting, with a
+two-entry filesystem of handlers written here — no blockfs dataset involved."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+
+import pytest
+
+from blockfs.serve import wire
+from blockfs.serve.session import DEFERRED, MountFailed, Session
+from conftest import has_fuse, require
+from polling import wait_until
+
+pytestmark = pytest.mark.fuse
+
+DATA = b"hello from the kernel protocol\n"
+
+
+def tiny_fs(session_box: list, slow: threading.Event) -> dict:
+    """/ (node 1) holding "f" (node 2, DATA) and "slow" (node 3, answered once ``slow`` is set)."""
+    attrs = {1: wire.attr(1, 0, stat.S_IFDIR | 0o555, 2, 0, 0, 0),
+             2: wire.attr(2, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0),
+             3: wire.attr(3, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0)}  # fmt: skip
+    names = {b"f": 2, b"slow": 3}
+
+    def lookup(nodeid, body, unique):
+        node = names.get(bytes(body[:-1])) if nodeid == 1 else None
+        if node is None:
+            raise OSError(errno.ENOENT, "no such name")
+        return wire.entry_out(node, attrs[node], 1)
+
+    def getattr_(nodeid, body, unique):
+        return wire.attr_out(attrs[nodeid], 1)
+
+    def read(nodeid, body, unique):
+        _fh, offset, size, _ = wire.READ_IN.unpack_from(body)
+        if nodeid == 3:  # answered later, from another thread, once the test says so
+            threading.Thread(target=lambda: (slow.wait(30), session_box[0].reply(unique, DATA[offset:offset + size]))).start()
+            return DEFERRED
+        return DATA[offset : offset + size]
+
+    return {wire.LOOKUP: lookup, wire.GETATTR: getattr_, wire.READ: read}
+
+
+@pytest.mark.parametrize("via", ["mount(2)", "fusermount3"])
+def test_a_session_mounts_answers_defers_and_unmounts(tmp_path, via):
+    require(has_fuse(), "/dev/fuse")
+    require(os.geteuid() == 0 or via == "fusermount3", "root (mount(2))")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    box: list = []
+    slow = threading.Event()
+    session = Session(tiny_fs(box, slow), on_init=lambda minor, flags: wire.ASYNC_READ)
+    box.append(session)
+    session.mount(str(mnt), "tiny-test", "tinytest", fusermount=(via == "fusermount3"))
+    server = threading.Thread(target=session.serve, args=(2,), daemon=True)
+    server.start()
+    try:
+        assert (mnt / "f").read_bytes() == DATA
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append((mnt / "slow").read_bytes()))
+        reader.start()
+        # The other reader thread answers lookups while the slow read waits for its deferred answer.
+        wait_until(lambda: session.requests[wire.READ] >= 2, "the slow read to reach the server")
+        assert os.stat(mnt / "f").st_size == len(DATA) and not got
+        slow.set()
+        reader.join(10)
+        assert got == [DATA]
+        with open("/proc/self/mounts") as f:
+            line = next(line for line in f if str(mnt) in line)
+        assert "fuse.tinytest" in line and line.startswith("tiny-test ") and " ro," in line
+    finally:
+        session.unmount()
+        server.join(10)
+    assert not server.is_alive() and not os.path.ismount(mnt)
+
+
+def test_a_libfuse_only_option_is_refused_in_one_line(tmp_path):
+    session = Session({})
+    with pytest.raises(MountFailed) as raised:
+        session.mount(str(tmp_path), "x", "x", ["max_threads=4"])
+    assert "max_threads=4" in str(raised.value) and "--fuse mfusepy" in str(raised.value)
+    assert len(str(raised.value).splitlines()) == 1

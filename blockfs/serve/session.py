@@ -195,6 +195,7 @@ class Session:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         fd, handlers, unpack, requests = self.fd, self._handlers, wire.IN_HEADER.unpack_from, self.requests
+        ioctl, not_a_tty = wire.IOCTL, wire.OUT_HEADER.pack
         while True:
             try:
                 n = os.readv(fd, [buf])
@@ -208,13 +209,16 @@ class Session:
                 break
             _len, opcode, unique, nodeid, _uid, _gid, _pid, _ext, _pad = unpack(buf)
             requests[opcode] += 1
+            if opcode == ioctl:  # isatty() of every Python < 3.14 open(): answered as cheaply as can be
+                try:
+                    os.write(fd, not_a_tty(16, -errno.ENOTTY, unique))
+                except OSError:
+                    pass  # interrupted or unmounted: nobody waits for this answer
+                continue
             if opcode == wire.INIT:
                 self._init(unique, view[wire.IN_HEADER.size : n])
                 continue
             handler = handlers.get(opcode)
-            if opcode == wire.IOCTL:  # isatty() on every Python open(): as cheap an answer as there is
-                self.fail(unique, errno.ENOTTY)
-                continue
             if handler is None:
                 if opcode not in (wire.FORGET, wire.BATCH_FORGET):
                     self.fail(unique, errno.ENOSYS)

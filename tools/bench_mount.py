@@ -11,7 +11,7 @@ file (what PIL and numpy do), a new order every epoch, over:
 * the mount: epoch 1 cold (blocks read from disk), epoch 2 warm (the kernel page cache serves it), then
   with the page cache dropped (every read served from blockfs memory) and with every kernel cache dropped
   (lookups too go through Python);
-* tools/null_fs.py, a FUSE server with the same binding and options that does no work per read, read the
+* tools/null_fs.py, a FUSE server on the same route (``BLOCKFS_FUSE``, default kernel) that does no work per read, read the
   same ways as the mount's memory: the ceiling the FUSE round trips leave on this machine;
 * ratarmount on a tar of the same tree (when it is installed), cold and warm;
 * mount-option variants on the tiny tree (open ENOSYS / keep_cache / none, thread pool or single thread,
@@ -207,7 +207,8 @@ def bench_null(tree: dict, work: Path, repeats: int) -> dict:
     mnt = work / "nullmnt"
     mnt.mkdir(parents=True, exist_ok=True)
     with open(work / "nullmnt.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, str(HERE / "null_fs.py"), str(tree["src"]), str(mnt)],
+        route = os.environ.get("BLOCKFS_FUSE") or "kernel"  # the route the mount rows are served by
+        proc = subprocess.Popen([sys.executable, str(HERE / "null_fs.py"), str(tree["src"]), str(mnt), "--fuse", route],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_until_mounted(mnt, proc, 60, str(work / "nullmnt.log"))
@@ -262,10 +263,12 @@ def bench_ratarmount(tree: dict, work: Path, repeats: int) -> dict | None:
 
 
 VARIANTS = (
-    ("enosys, thread pool (default, libfuse 3)", ("--open-mode", "enosys"), None),
-    ("enosys, single thread", ("--open-mode", "enosys", "--single-threaded"), None),
-    ("keep_cache per open, thread pool", ("--open-mode", "keep_cache"), None),
-    ("no page-cache reuse, thread pool", ("--open-mode", "none"), None),
+    ("kernel route, enosys, 2 reader threads (default)", ("--open-mode", "enosys"), "kernel"),
+    ("kernel route, enosys, 1 reader thread", ("--open-mode", "enosys", "--single-threaded"), "kernel"),
+    ("mfusepy/libfuse 3, enosys, thread pool", ("--open-mode", "enosys"), "mfusepy"),
+    ("mfusepy/libfuse 3, enosys, single thread", ("--open-mode", "enosys", "--single-threaded"), "mfusepy"),
+    ("mfusepy/libfuse 3, keep_cache per open", ("--open-mode", "keep_cache"), "mfusepy"),
+    ("mfusepy/libfuse 3, no page-cache reuse", ("--open-mode", "none"), "mfusepy"),
     ("fusepy/libfuse 2, keep_cache (default)", ("--open-mode", "keep_cache"), "fusepy"),
     ("fusepy/libfuse 2, enosys", ("--open-mode", "enosys"), "fusepy"),
 )

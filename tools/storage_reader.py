@@ -38,7 +38,8 @@ def main() -> int:
     parser.add_argument("list")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
-    parser.add_argument("--list", action="store_true", help="list every directory first, as ImageFolder does")
+    parser.add_argument("--list", dest="list_first", action="store_true",
+                        help="list every directory first, as ImageFolder does")
     parser.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
     args = parser.parse_args()
     with open(args.list) as f:
@@ -47,7 +48,7 @@ def main() -> int:
     lock = threading.Lock()
     if args.wait_mount:
         wait_for_mount(args.wait_mount)
-    if args.list:
+    if args.list_first:
         listed = time.monotonic()
         for _dir, _dirs, _files in os.walk(args.root):
             pass

@@ -3,6 +3,10 @@
     python tools/bench_fuse_routes.py [--files 20000] [--size 4096] [--routes kernel,mfusepy,pyfuse3]
                                       [--pyfuse3-python PATH] [--repeats 3] [--json OUT]
 
+Routes: ``kernel`` (blockfs.serve.session), ``lowlevel`` (libfuse 3's low-level API through ctypes),
+``mfusepy`` (libfuse 3's high-level API: today's adapter), ``pyfuse3``; ``ROUTE:N`` runs it with N server
+threads (``kernel:1``, ``lowlevel:1`` for libfuse's single-threaded loop).
+
 For each route, a fresh mount of ``tools/null_fs.py`` over one generated tree, read as an ImageFolder-style
 script reads it: list every directory (``os.scandir``, what ``os.walk`` and ``ImageFolder`` do), then
 open/read/close every file in a random order with 1 or 4 reader threads (``tools/storage_reader.py``), then
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROUTES = ("kernel", "mfusepy", "pyfuse3")
+ROUTES = ("kernel", "lowlevel", "mfusepy", "pyfuse3")
 
 
 def make_tree(root: Path, files: int, size: int) -> list[str]:
@@ -88,7 +92,9 @@ def read_pass(root: Path, order_file: Path, threads: int) -> float:
 
 
 def one_mount(route: str, python: str, src: Path, mnt: Path, order_file: Path, n: int, threads: int) -> dict:
-    proc = subprocess.Popen([python, str(HERE / "null_fs.py"), str(src), str(mnt), "--fuse", route],
+    route, _, server_threads = route.partition(":")  # "lowlevel:1": that route with that many server threads
+    extra = ["--threads", server_threads] if server_threads else []
+    proc = subprocess.Popen([python, str(HERE / "null_fs.py"), str(src), str(mnt), "--fuse", route, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         wait_mounted(mnt, proc)
@@ -106,13 +112,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=20000)
     parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--routes", default="kernel,mfusepy,pyfuse3")
+    parser.add_argument("--routes", default="kernel,lowlevel,mfusepy,pyfuse3")
     parser.add_argument("--pyfuse3-python", default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    routes = [r for r in args.routes.split(",") if r != "pyfuse3" or args.pyfuse3_python]
+    routes = [r for r in args.routes.split(",") if not r.startswith("pyfuse3") or args.pyfuse3_python]
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-routes-"))
     src, mnt = work / "src", work / "mnt"
     mnt.mkdir(parents=True, exist_ok=True)
@@ -124,7 +130,7 @@ def main() -> int:
     for threads in (1, 4):
         for repeat in range(args.repeats):
             for route in routes:  # interleaved, so drift on a shared machine hits every route alike
-                python = args.pyfuse3_python if route == "pyfuse3" else sys.executable
+                python = args.pyfuse3_python if route.startswith("pyfuse3") else sys.executable
                 got = one_mount(route, python, src, mnt, order_file, len(names), threads)
                 for key, value in got.items():
                     results.setdefault(f"{route}/{threads}", {}).setdefault(key, []).append(value)

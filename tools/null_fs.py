@@ -11,6 +11,8 @@ per second is what the FUSE round trip and the route cost; ``tools/bench_mount.p
   ``blockfs mount`` asks of it: READDIRPLUS listings with attributes, no OPEN/OPENDIR round trips;
 * ``mfusepy`` — libfuse 3's high-level API through mfusepy, with the same options and per-thread trick as the
   mfusepy adapter (:mod:`blockfs.serve.fs`): open answered ENOSYS, a LOOKUP per file;
+* ``lowlevel`` — libfuse 3's low-level API through a ctypes binding written here: node ids in every callback,
+  READDIRPLUS and no open (what the kernel route does), but each request still a ctypes callback;
 * ``pyfuse3`` — libfuse 3's low-level API through pyfuse3 (when installed): readdir with attributes, but it
   must implement ``open`` (its ``read`` sees only a file handle), so an OPEN and a RELEASE per file.
 """
@@ -102,6 +104,134 @@ def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
     session.mount(mountpoint, src.replace(",", "_"), "nullfs")
     session.serve(threads)
     print({wire.OPCODE_NAMES.get(k, k): v for k, v in session.requests.items()}, file=sys.stderr)
+
+
+def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
+    """The no-work server on libfuse 3's low-level API through ctypes (a binding of our own): node ids in
+    every callback, READDIRPLUS, open and opendir left to libfuse (ENOSYS with NO_OPEN_SUPPORT), libfuse's
+    multi-threaded loop (``--threads 1``: its single-threaded one); each callback is a ctypes call into Python,
+    as in mfusepy."""
+    import ctypes
+    import ctypes.util
+
+    from blockfs.serve.fs import keep_thread_state
+
+    lib = ctypes.CDLL(ctypes.util.find_library("fuse3"))
+    stats, children = walk(src)
+    paths = sorted(stats)
+    node_of = {p: i + 1 for i, p in enumerate(paths)}
+
+    class Stat(ctypes.Structure):  # x86_64 struct stat
+        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_nlink", ctypes.c_uint64),
+                    ("st_mode", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
+                    ("pad0", ctypes.c_int), ("st_rdev", ctypes.c_uint64), ("st_size", ctypes.c_int64),
+                    ("st_blksize", ctypes.c_int64), ("st_blocks", ctypes.c_int64),
+                    ("st_atime", ctypes.c_int64), ("st_atime_ns", ctypes.c_int64),
+                    ("st_mtime", ctypes.c_int64), ("st_mtime_ns", ctypes.c_int64),
+                    ("st_ctime", ctypes.c_int64), ("st_ctime_ns", ctypes.c_int64),
+                    ("reserved", ctypes.c_int64 * 3)]  # fmt: skip
+
+    class EntryParam(ctypes.Structure):
+        _fields_ = [("ino", ctypes.c_uint64), ("generation", ctypes.c_uint64), ("attr", Stat),
+                    ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]  # fmt: skip
+
+    def entry(node: int) -> EntryParam:
+        st = stats[paths[node - 1]]
+        e = EntryParam()
+        e.ino, e.attr.st_ino, e.attr.st_mode = node, node, st.st_mode & ~0o222
+        e.attr.st_nlink, e.attr.st_size, e.attr.st_mtime = st.st_nlink, st.st_size, st.st_mtime_ns // 10**9
+        e.attr_timeout = e.entry_timeout = 86400.0
+        return e
+
+    entries = [entry(n) for n in range(1, len(paths) + 1)]
+    req, ino_t, vp = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p
+    lib.fuse_reply_entry.argtypes = (req, ctypes.POINTER(EntryParam))
+    lib.fuse_reply_attr.argtypes = (req, ctypes.POINTER(Stat), ctypes.c_double)
+    lib.fuse_reply_buf.argtypes = (req, ctypes.c_char_p, ctypes.c_size_t)
+    lib.fuse_reply_err.argtypes = (req, ctypes.c_int)
+    lib.fuse_add_direntry_plus.argtypes = (req, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
+                                           ctypes.POINTER(EntryParam), ctypes.c_int64)  # fmt: skip
+    lib.fuse_add_direntry_plus.restype = ctypes.c_size_t
+
+    def lookup(r, parent, name):
+        keep_thread_state()
+        p = paths[parent - 1]
+        node = node_of.get(os.path.join(p, name) if p else name)
+        if node is None:
+            lib.fuse_reply_err(r, errno.ENOENT)
+        else:
+            lib.fuse_reply_entry(r, ctypes.byref(entries[node - 1]))
+
+    def getattr_(r, ino, fi):
+        keep_thread_state()
+        lib.fuse_reply_attr(r, ctypes.byref(entries[ino - 1].attr), 86400.0)
+
+    def read(r, ino, size, off, fi):
+        keep_thread_state()
+        end = min(off + size, entries[ino - 1].attr.st_size)
+        lib.fuse_reply_buf(r, ZEROS, max(0, end - off))
+
+    def readdirplus(r, ino, size, off, fi):
+        keep_thread_state()
+        p = paths[ino - 1]
+        names = children[p]
+        buf = ctypes.create_string_buffer(size)
+        base = ctypes.addressof(buf)
+        used = 0
+        for i in range(off, len(names)):
+            node = node_of[os.path.join(p, names[i]) if p else names[i]]
+            n = lib.fuse_add_direntry_plus(r, base + used, size - used, names[i],
+                                           ctypes.byref(entries[node - 1]), i + 1)  # fmt: skip
+            if n > size - used:
+                break
+            used += n
+        lib.fuse_reply_buf(r, buf, used)
+
+    def init(userdata, conn):
+        want = ctypes.cast(conn, ctypes.POINTER(ctypes.c_uint * 10)).contents
+        want[6] = (want[6] | (1 << 17) | (1 << 24) | (1 << 13)) & ~(1 << 14)  # no open/opendir, always plus
+
+    names = ("init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir symlink rename link "
+             "open read write flush release fsync opendir readdir releasedir fsyncdir statfs setxattr getxattr "
+             "listxattr removexattr access create getlk setlk bmap ioctl poll write_buf retrieve_reply "
+             "forget_multi flock fallocate readdirplus copy_file_range lseek").split()  # fmt: skip
+    types = {
+        "init": ctypes.CFUNCTYPE(None, vp, vp), "lookup": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_char_p),
+        "getattr": ctypes.CFUNCTYPE(None, req, ino_t, vp),
+        "read": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_size_t, ctypes.c_int64, vp),
+        "readdirplus": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_size_t, ctypes.c_int64, vp),
+    }  # fmt: skip
+    funcs = {"init": init, "lookup": lookup, "getattr": getattr_, "read": read, "readdirplus": readdirplus}
+
+    class Ops(ctypes.Structure):
+        _fields_ = [(n, types.get(n, ctypes.c_void_p)) for n in names]
+
+    ops = Ops(**{n: types[n](f) for n, f in funcs.items()})
+    argv = (ctypes.c_char_p * 4)(b"nullfs", b"-o", b"ro,fsname=nullfs,subtype=nullfs", None)
+
+    class Args(ctypes.Structure):
+        _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)), ("allocated", ctypes.c_int)]
+
+    args = Args(3, argv, 0)
+    lib.fuse_session_new.restype = vp
+    lib.fuse_session_new.argtypes = (ctypes.POINTER(Args), ctypes.POINTER(Ops), ctypes.c_size_t, vp)
+    se = lib.fuse_session_new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
+    lib.fuse_session_mount.argtypes = (vp, ctypes.c_char_p)
+    if not se or lib.fuse_session_mount(se, os.fsencode(mountpoint)) != 0:
+        raise SystemExit("libfuse could not mount")
+    lib.fuse_set_signal_handlers.argtypes = (vp,)
+    lib.fuse_set_signal_handlers(se)
+    lib.fuse_loop_cfg_create.restype = vp
+    lib.fuse_session_loop_mt_32.argtypes = (vp, vp)
+    lib.fuse_session_loop.argtypes = (vp,)
+    try:
+        if threads == 1:
+            lib.fuse_session_loop(se)
+        else:
+            lib.fuse_session_loop_mt_32(se, lib.fuse_loop_cfg_create())
+    finally:
+        lib.fuse_session_unmount.argtypes = (vp,)
+        lib.fuse_session_unmount(se)
 
 
 def serve_pyfuse3(src: str, mountpoint: str) -> None:
@@ -225,8 +355,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="a FUSE server that does no work")
     parser.add_argument("src")
     parser.add_argument("mountpoint")
-    parser.add_argument("--fuse", choices=("kernel", "mfusepy", "pyfuse3"), default="mfusepy")
-    parser.add_argument("--threads", type=int, default=2, help="reader threads of the kernel route")
+    parser.add_argument("--fuse", choices=("kernel", "mfusepy", "lowlevel", "pyfuse3"), default="mfusepy")
+    parser.add_argument("--threads", type=int, default=2, help="threads of the kernel route (lowlevel: 1 = libfuse's single-threaded loop)")
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")
@@ -235,6 +365,8 @@ def main() -> int:
         serve_kernel(src, mountpoint, args.threads)
     elif args.fuse == "pyfuse3":
         serve_pyfuse3(src, mountpoint)
+    elif args.fuse == "lowlevel":
+        serve_lowlevel(src, mountpoint, args.threads)
     else:
         serve_mfusepy(src, mountpoint)
     return 0

@@ -16,6 +16,7 @@ import errno
 import os
 import resource
 import threading
+from typing import Callable
 
 
 def raise_open_file_limit() -> None:
@@ -86,8 +87,9 @@ class _Descriptors:
     or, once the kernel reuses the number for another file, make it read the wrong file.
     """
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self._paths = paths
+        self._opener = opener or (lambda block: os.open(paths[block], os.O_RDONLY | os.O_CLOEXEC))
         self._open: dict[int, _Descriptor] = {}
         self._lock = threading.Lock()
 
@@ -102,11 +104,11 @@ class _Descriptors:
 
     def _open_file(self, block: int) -> int:
         try:
-            return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)
+            return self._opener(block)
         except OSError as e:
             if e.errno != errno.EMFILE or not self._close_idle_locked():
                 raise
-        return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)  # once more, with descriptors freed
+        return self._opener(block)  # once more, with descriptors freed
 
     def release(self, d: _Descriptor) -> None:
         with self._lock:
@@ -150,11 +152,12 @@ WILLNEED_FROM = 1 << 20  # reads this big tell the kernel their whole range firs
 
 
 class LocalBlockFiles(BlockFiles):
-    """Block files in a local directory (``paths[b]`` is block ``b``'s file)."""
+    """Block files in a local directory (``paths[b]`` is block ``b``'s file).  ``opener(b)``, when given,
+    opens block ``b`` instead of its path (the disk tier opens its copies relative to its directory)."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self.names = paths
-        self._fds = _Descriptors(paths)
+        self._fds = _Descriptors(paths, opener)
         raise_open_file_limit()
 
     def _acquire(self, block: int):

@@ -24,7 +24,7 @@ class TieredBlockFiles(BlockFiles):
         self.remote = remote
         self.tier = tier
         self.names = remote.names
-        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))])
+        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))], tier.open_copy)
         self._lock = threading.Lock()
         self._counts = {"disk_reads": 0, "disk_bytes": 0, "remote_reads": 0, "remote_bytes": 0}
         # A tier that holds the whole dataset copies every block, so a remount reads nothing remote.  A

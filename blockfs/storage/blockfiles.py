@@ -49,7 +49,13 @@ class BlockFiles:
         raise NotImplementedError
 
     def discard(self, block: int) -> None:
-        """A read of ``block`` failed: forget any state (a descriptor), so the next read starts afresh."""
+        """A read of ``block`` failed, or its bytes failed a check: forget any state (a descriptor, bytes
+        kept from a fetch), so the next read starts afresh."""
+
+    def version(self, block: int):
+        """What identifies the stored block now (hashable), so damage is remembered for that version only;
+        None when it cannot be told (then the damage stays remembered)."""
+        return None
 
     # --- tiers that keep copies (the defaults: none) --------------------------------------------------
     def wants_copy(self, block: int) -> bool:
@@ -62,6 +68,12 @@ class BlockFiles:
     def drop_copy(self, block: int) -> bool:
         """A kept copy of ``block`` failed a check: delete it; whether there was one (then read again)."""
         return False
+
+    def refuse_copy(self, block: int) -> None:
+        """``block`` is damaged: stop asking for its copy (a whole fetch each read would cost the block)."""
+
+    def allow_copy(self, block: int) -> None:
+        """``block`` was replaced since :meth:`refuse_copy`: a copy may be asked for again."""
 
     def stats(self) -> dict:
         """Counters for ``stats.json`` (tiers and remote requests); empty for local files."""
@@ -217,6 +229,13 @@ class LocalBlockFiles(BlockFiles):
 
     def discard(self, block: int) -> None:
         self._fds.discard(block)
+
+    def version(self, block: int):
+        try:
+            st = os.stat(self.names[block])  # the path, not the descriptor: a rename puts a new file there
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def close(self) -> None:
         self._fds.close()

@@ -45,7 +45,7 @@ SOURCE_FILE = "source"  # the redacted URL this key's dataset came from
 _BLOCK_NAME = re.compile(r"^(\d{8})\.blk$")
 _KEY_NAME = re.compile(r"^[0-9a-f]{20}$")
 WHAT = "--disk-cache directory"
-FIX = "or choose another --disk-cache DIR"
+FIX = "choose another --disk-cache DIR"
 _OPEN_COPY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO cannot hang an open
 
 
@@ -96,8 +96,8 @@ class DiskTier:
         self._dir_fd = self._root_fd = self._blocks_fd = -1
         try:
             self._dir_fd = open_owned_dir(self.directory, WHAT, FIX)
-            self._root_fd = open_owned_subdir(self._dir_fd, key, self.root, WHAT, f"remove it, {FIX}")
-            self._blocks_fd = open_owned_subdir(self._root_fd, BLOCKS, self._blocks_path, WHAT, f"remove it, {FIX}")
+            self._root_fd = open_owned_subdir(self._dir_fd, key, self.root, WHAT, f"remove it, or {FIX}")
+            self._blocks_fd = open_owned_subdir(self._root_fd, BLOCKS, self._blocks_path, WHAT, f"remove it, or {FIX}")
             self._forget_older_packs(key, source)
             self.keep(SOURCE_FILE, source.encode())
             for name in os.listdir(self._blocks_fd):

@@ -165,3 +165,46 @@ def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tr
         assert fetched < 4 * dataset_bytes, (fetched, dataset_bytes)
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_sends_nothing(tree, tmp_path):
+    """Lookups, attributes, listings and the control files never wait behind data reads (F9): 40 readers
+    wait on a store holding every block answer; ``stat``, ``ls`` and ``stats.json`` still answer."""
+    import threading
+    import time
+
+    _, contents = tree
+    names = sorted(contents)
+    readers, later = names[:40], names[40:]
+    with serving(served_copy(tree, tmp_path)) as (base, faults):
+        faults.hold = is_block
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", "--no-prefill") as m:
+            threads = [threading.Thread(target=read_every_file, args=(m.path, {rel: contents[rel]}), daemon=True)
+                       for rel in readers]  # fmt: skip
+            try:
+                for t in threads:
+                    t.start()
+                wait_until(lambda: faults.held >= 10, "libfuse's default 10 threads to be waiting on the store")
+                timings = {}
+
+                def metadata() -> None:
+                    for what, op in (
+                        ("stat", lambda: os.stat(os.path.join(m.path, later[0]))),
+                        ("ls", lambda: os.listdir(os.path.join(m.path, "c1"))),
+                        ("lstat", lambda: os.lstat(os.path.join(m.path, later[1]))),
+                        ("stats.json", lambda: read_stats(m.path)),
+                    ):
+                        started = time.monotonic()
+                        op()
+                        timings[what] = time.monotonic() - started
+
+                worker = threading.Thread(target=metadata, daemon=True)
+                worker.start()
+                worker.join(15)
+                held = faults.held
+            finally:
+                faults.released.set()
+                for t in threads:
+                    t.join(30)
+        assert held >= 10 and len(timings) == 4, (held, timings)
+        assert max(timings.values()) < 1.0, timings

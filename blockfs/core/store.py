@@ -40,7 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from . import format as fmt
-from ..errors import BlockReadError, CorruptBlockError, IndexFormatError
+from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 
 VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
@@ -170,6 +170,14 @@ class BlockStore:
         except CorruptBlockError as e:
             e.block = block
             raise
+        except UnsupportedVersionError:
+            # The index, which this blockfs reads, was written with its blocks: a block claiming a newer
+            # format is damaged (one flipped bit in its version field) or not this dataset's.
+            raise CorruptBlockError(
+                f"{self.where(block)}: damaged or not this dataset's: its header claims a block format this "
+                "blockfs does not read, while the dataset's index is one it reads; run 'blockfs verify'",
+                block=block,
+            ) from None
 
     def file_size(self, block: int, slot: int) -> int:
         """The size of the file in ``slot`` as the block's checked header gives it (a read's own check)."""
@@ -256,6 +264,20 @@ class BlockStore:
         crcs[slots] = self._index["crc"][ids]
         return crcs
 
+    def _verified_header_bytes(self, block: int, head: fmt.BlockHeader) -> bytes | None:
+        """The header as stored, for a tier's copy: fetched again, so checked again (its CRC, and that it
+        is the header already checked); None when this fetch fails (no copy is kept this time)."""
+        raw = self.header_bytes(block)
+        try:
+            again = fmt.decode_header(raw, self.where(block))
+        except (CorruptBlockError, UnsupportedVersionError):
+            self._files.discard(block)
+            return None
+        if again.data_crc != head.data_crc or again.data_start != head.data_start:
+            self._files.discard(block)
+            return None
+        return raw
+
     def header_bytes(self, block: int) -> bytes:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
         return self._pread(block, self.header(block).data_start, 0)
@@ -279,7 +301,9 @@ class BlockStore:
 
             crcs = self._checked(block, read)
             if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
-                self._files.keep_copy(block, self.header_bytes(block), view)
+                header = self._verified_header_bytes(block, head)
+                if header is not None:
+                    self._files.keep_copy(block, header, view)
             return crcs
         finally:
             view.release()

@@ -139,6 +139,28 @@ def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cach
             "cached_blocks"] == 6, "the replaced block to be cached")  # fmt: skip
 
 
+def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tmp_path):
+    """Damage is remembered for the object's version (ETag): once the object is restored, its block is
+    loaded and cached again, not served file by file for the mount's life."""
+    _, contents = tree
+    www = served_copy(tree, tmp_path)
+    path = www / "packed" / "blocks" / "00000001.blk"
+    whole = path.read_bytes()
+    damaged = bytearray(whole)
+    damaged[-1] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with serving(www) as (base, faults):
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill",
+                     "--open-mode", "none") as m:  # fmt: skip
+            failed = read_every_file(m.path, contents)
+            assert len(failed) == 1 and read_stats(m.path)["cache"]["cached_blocks"] == 5
+            temp = path.with_name("restored")
+            temp.write_bytes(whole)
+            os.rename(temp, path)  # a new version: another ETag
+            wait_until(lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"][
+                "cached_blocks"] == 6, "the restored block to be cached")  # fmt: skip
+
+
 def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tree, tmp_path):
     require(os.geteuid() == 0, "root (to mount a tmpfs)")
     import subprocess

@@ -178,3 +178,104 @@ def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _
             judge.problems.append(f"unpack made {rel!r}, which the source does not have")
     return judge("unpack", o, lambda o: [] if not authentic or tree_snapshot(out) == p.snapshot else
                  ["unpack: exit 0 but the tree differs from the source"])  # fmt: skip
+
+
+# --- reads through a disk tier and flaky fetches (issue 21) -------------------------------------------
+def read_through(p: Pristine, store, *, cached: bool) -> tuple[list[str], dict[str, int]]:
+    """Read every file of the tree through ``store`` (alone, or through a cache-once BlockCache as the
+    mount does): each gives the source's exact bytes or a CorruptBlockError / BlockReadError, nothing
+    else.  Returns the violations and a count of outcomes."""
+    from blockfs.core.dataset import PackedDataset
+    from blockfs.errors import BlockReadError, CorruptBlockError
+    from blockfs.serve.cache import BlockCache
+
+    reader = store
+    if cached:
+        reader = BlockCache(store, 1 << 20, "cache-once", readahead=0, loaders=1, lock_memory=False, share=False)
+    problems, tally = [], {"exact": 0, "error": 0}
+    try:
+        with PackedDataset(p.pack) as ds:
+            a = ds.index.arrays
+            where = {rel: (int(a["block"][e]), int(a["slot"][e]), int(a["crc"][e]))
+                     for rel in sorted(p.files) for e in (ds.lookup(rel),)}  # fmt: skip
+        for rel, (block, slot, crc) in where.items():
+            try:
+                data = reader.read_file(block, slot, crc)
+            except (CorruptBlockError, BlockReadError):
+                tally["error"] += 1
+                continue
+            except Exception as e:  # noqa: BLE001 - anything else is a violation, named
+                problems.append(f"{rel!r}: {type(e).__name__}: {e}")
+                continue
+            if data != p.files[rel]:
+                problems.append(f"{rel!r}: wrong bytes ({len(data)} of {len(p.files[rel])})")
+            else:
+                tally["exact"] += 1
+    finally:
+        if cached:
+            reader.close()
+    return problems, tally
+
+
+def wrong_copies(p: Pristine, tier_root: Path) -> list[str]:
+    """The tier's copies that are not their block byte for byte (a copy must be written from verified bytes)."""
+    from blockfs.core import format as fmt
+
+    blocks = tier_root / fmt.BLOCKS_DIR
+    return [name for name in sorted(os.listdir(blocks))
+            if (blocks / name).read_bytes() != (p.pack / fmt.BLOCKS_DIR / name).read_bytes()]  # fmt: skip
+
+
+def check_flaky_fetches(p: Pristine, work: Path, rnd) -> list[str]:
+    """Fetches flip bits at random (rate drawn from ``rnd``), through a disk tier, read alone or through a
+    cache: every read is exact or an error, the tier keeps only exact copies, and once the store is
+    healthy every file reads back exactly through the same store (transient is not damaged)."""
+    from mutations import tiered_store
+
+    rate, cached = rnd.choice((0.05, 0.2, 0.5, 0.8)), rnd.random() < 0.5
+    case = f"rate {rate}, {'cached' if cached else 'alone'}"
+    store, fetches, tier = tiered_store(p, work / "disk", rnd, rate)
+    try:
+        problems, _ = read_through(p, store, cached=cached)
+        problems += [f"a wrong copy in the tier: {name}" for name in wrong_copies(p, Path(tier.root))]
+        fetches.rate = 0.0
+        healthy_problems, healthy = read_through(p, store, cached=cached)
+        problems += healthy_problems
+        if healthy["error"]:
+            problems.append(f"{healthy['error']} files still fail once the store is healthy")
+    finally:
+        store.close()
+        tier.close()
+    return [f"{case}: {line}" for line in problems]
+
+
+def check_damaged_copies(p: Pristine, work: Path, rnd) -> list[str]:
+    """The tier's copies damaged after a healthy fill (``mutations.mutate_tier_copies``): with the dataset's
+    own blocks healthy every file still reads exactly, and the file a planted link points to is untouched."""
+    from mutations import mutate_tier_copies, tiered_store
+
+    outside = work / "outside"
+    outside.write_bytes(b"not the tier's")
+    store, _, tier = tiered_store(p, work / "disk", rnd, 0.0)
+    try:
+        problems, tally = read_through(p, store, cached=False)
+    finally:
+        store.close()
+        tier.close()
+    if problems or tally["error"]:
+        return [f"the healthy fill failed: {problems} {tally}"]
+    steps = mutate_tier_copies(Path(tier.root), rnd, p, outside)
+    store, _, tier = tiered_store(p, work / "disk", rnd, 0.0)
+    try:
+        problems, tally = read_through(p, store, cached=rnd.random() < 0.5)
+    finally:
+        store.close()
+        tier.close()
+    if tally["error"]:
+        problems.append(f"{tally['error']} files failed though the dataset's blocks are healthy")
+    if outside.read_bytes() != b"not the tier's":
+        problems.append("the file a planted link points to was changed")
+    return [f"{'; '.join(steps)}: {line}" for line in problems]
+
+
+TIER_CASES = {"fetched-bytes": check_flaky_fetches, "tier-copies": check_damaged_copies}

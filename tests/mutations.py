@@ -402,3 +402,91 @@ FAMILIES = {
         Family("block-foreign", lambda d, r, p: mutate_block_foreign(d, r, p.other), authentic=True),
     )
 }
+
+
+# --- the disk tier's copies and fetched bytes (issue 21) ----------------------------------------------
+# A remote store hands over bytes that may have changed in transit, and a disk tier keeps copies that may
+# rot or be replaced on disk.  Here the "remote" is the pristine pack read through :class:`FlakyFetches`
+# (each fetch flips one bit with some probability); the tier is a real DiskTier in a scratch directory.
+TIER_KEY = "0123456789abcdef0123"
+
+
+class FlakyFetches:
+    """The pristine pack's blocks as a remote store would fetch them: each fetch (a ``pread`` or a
+    ``read_into``) has one bit flipped with probability ``rate``.  Quacks like RemoteBlockFiles."""
+
+    def __init__(self, pack: Path, n_blocks: int, rnd: random.Random, rate: float) -> None:
+        from blockfs.storage.blockfiles import LocalBlockFiles
+
+        self._files = LocalBlockFiles([fmt.block_path(pack, b) for b in range(n_blocks)])
+        self.names = self._files.names
+        self.rnd, self.rate = rnd, rate
+        self.fetches = self.flips = 0
+
+    def _flip(self, buf) -> None:
+        self.fetches += 1
+        if len(buf) and self.rnd.random() < self.rate:
+            i = self.rnd.randrange(len(buf))
+            buf[i] ^= 1 << self.rnd.randrange(8)
+            self.flips += 1
+
+    def size(self, block: int) -> int:
+        return self._files.size(block)
+
+    def pread(self, block: int, size: int, offset: int) -> bytes:
+        data = bytearray(self._files.pread(block, size, offset))
+        self._flip(data)
+        return bytes(data)
+
+    def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        self._files.read_into(block, view, offset)
+        self._flip(view)
+
+    def discard(self, block: int) -> None:
+        self._files.discard(block)
+
+    def version(self, block: int):
+        return self._files.version(block)
+
+    def stats(self) -> dict:
+        return {"remote": {"fetches": self.fetches, "flips": self.flips}}
+
+    def close(self) -> None:
+        self._files.close()
+
+
+def tiered_store(p: Pristine, tier_dir: Path, rnd: random.Random, rate: float, budget: int = 1 << 30):
+    """(store, fetches, tier): the pristine pack behind flaky fetches, with a disk tier in ``tier_dir``."""
+    from blockfs.core.dataset import PackedDataset
+    from blockfs.core.store import BlockStore
+    from blockfs.storage.disk_tier import DiskTier
+    from blockfs.storage.tiered import TieredBlockFiles
+
+    with PackedDataset(p.pack) as ds:
+        arrays = {k: np.array(v) for k, v in ds.index.arrays.items()}  # kept past the dataset's close
+    fetches = FlakyFetches(p.pack, len(arrays["block_sizes"]), rnd, rate)
+    tier = DiskTier(tier_dir, budget, TIER_KEY, "test://pristine")
+    return BlockStore(TieredBlockFiles(fetches, tier), arrays), fetches, tier
+
+
+def mutate_tier_copies(tier_root: Path, rnd: random.Random, p: Pristine, outside: Path) -> list[str]:
+    """Damage the tier's copies as a disk (or another process) might: the block mutations above, and a
+    copy replaced by a link to a file outside the tier, or by a FIFO."""
+    if not (tier_root / fmt.BLOCKS_DIR).is_dir() or not any((tier_root / fmt.BLOCKS_DIR).iterdir()):
+        return ["no copies to damage"]
+    how = rnd.randrange(6)
+    if how == 0:
+        return mutate_block_header(tier_root, rnd)
+    if how == 1:
+        return mutate_block_data(tier_root, rnd)
+    if how == 2:
+        return mutate_block_length(tier_root, rnd)
+    if how == 3:
+        return mutate_block_foreign(tier_root, rnd, p.other)
+    block = _pick_block(tier_root, rnd)
+    block.unlink()
+    if how == 4:
+        os.symlink(outside, block)
+        return [f"{block.name}: replaced by a link to {outside}"]
+    os.mkfifo(block)
+    return [f"{block.name}: replaced by a FIFO"]

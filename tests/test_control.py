@@ -224,3 +224,88 @@ def test_the_name_avoids_the_datasets_entries(tmp_path):
     with PackedDataset(tmp_path / "p") as ds:
         assert control_name_for(ds) == ".blockfs-2"
         assert control_name_for(ds, "ctl") == "ctl"
+
+
+# --- another user under --allow-other -----------------------------------------------------------------
+NOBODY_READS = r"""
+import errno, json, os, sys
+fd = int(sys.argv[1])
+os.setgid(65534)
+os.setuid(65534)
+out = {}
+for rel in sys.argv[2:]:
+    try:
+        f = os.open(rel, os.O_RDONLY, dir_fd=fd)
+        os.read(f, 16)
+        os.close(f)
+        out[rel] = 0
+    except OSError as e:
+        out[rel] = e.errno
+print(json.dumps(out))
+"""
+
+
+def _as_nobody(root: Path, rels: list[str]) -> dict:
+    """What a process of user 65534 gets reading each of ``rels`` under ``root`` (0 or an errno)."""
+    import os
+    import subprocess
+    import sys
+
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)  # opened as root: the mount point's parents may be 0700
+    try:
+        done = subprocess.run([sys.executable, "-c", NOBODY_READS, str(fd), *rels], pass_fds=(fd,),
+                              capture_output=True, text=True)  # fmt: skip
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_under_allow_other_another_user_cannot_read_a_private_files_bytes_through_the_control_files(tmp_path):
+    import os
+
+    from conftest import has_fuse, require
+    from mountutil import mounted
+
+    require(has_fuse(), "/dev/fuse")
+    require(os.geteuid() == 0, "root (to read as another user)")
+    src = tmp_path / "src"
+    (src / "open").mkdir(parents=True)
+    (src / "open" / "public.txt").write_bytes(b"anyone\n")
+    (src / "secret.txt").write_bytes(b"owner only\n")
+    (src / "secret.txt").chmod(0o600)
+    for d in (src, src / "open"):
+        d.chmod(0o755)
+    blockfs.pack(src, tmp_path / "packed", fsync=False)
+    public = tmp_path / "public"
+    (public / "d").mkdir(parents=True)
+    (public / "d" / "a.txt").write_bytes(b"a\n")
+    public.chmod(0o755)
+    blockfs.pack(public, tmp_path / "packed-public", fsync=False)
+    control = protocol.DEFAULT_CONTROL
+    private_files = [f"{control}/{protocol.INDEX_FILE}", f"{control}/{protocol.BLOCKS_DIR}/00000000"]
+    with mounted(tmp_path / "packed", tmp_path / "mnt", "--allow-other") as m:
+        seen = _as_nobody(m.path, ["open/public.txt", "secret.txt", f"{control}/{protocol.METADATA_FILE}",
+                                   f"{control}/{protocol.STATS_FILE}", *private_files])  # fmt: skip
+        assert seen["open/public.txt"] == 0 and seen["secret.txt"] == errno.EACCES
+        assert seen[f"{control}/{protocol.METADATA_FILE}"] == 0 and seen[f"{control}/{protocol.STATS_FILE}"] == 0
+        assert all(seen[rel] == errno.EACCES for rel in private_files), seen
+        for rel in private_files:  # the owner still reads them (the loader does)
+            assert (m.path / rel).read_bytes()[:4]
+    with mounted(tmp_path / "packed-public", tmp_path / "mnt2", "--allow-other") as m:
+        seen = _as_nobody(m.path, ["d/a.txt", *private_files])
+        assert all(v == 0 for v in seen.values()), seen  # a tree everyone may read hides nothing from them
+
+
+def test_the_control_files_that_reveal_the_tree_grant_only_what_every_entry_grants():
+    import numpy as np
+
+    from blockfs.core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+    from blockfs.serve.control import reveal_mode
+
+    kinds = np.array([KIND_DIR, KIND_FILE, KIND_SYMLINK], dtype=np.uint8)
+    arrays = lambda d, f: {"kind": kinds, "mode": np.array([d, f, 0o777], dtype=np.uint32)}  # noqa: E731
+    assert reveal_mode(arrays(0o755, 0o644)) == 0o444
+    assert reveal_mode(arrays(0o750, 0o640)) == 0o440
+    assert reveal_mode(arrays(0o755, 0o600)) == 0o400
+    assert reveal_mode(arrays(0o711, 0o644)) == 0o400  # a directory others may not list: its names are private

@@ -21,7 +21,7 @@ from conftest import has_fuse, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from indexutil import entry_of, rewrite_index
-from invariant import check_readers
+from invariant import TIER_CASES, check_readers
 from mountutil import mounted
 from mutations import (
     FAMILIES,
@@ -296,6 +296,22 @@ def test_a_real_mount_answers_exact_bytes_or_eio_under_block_damage_and_stays_up
         log = m.log_text()
     assert counts["eio"] > 0 and counts["exact"] > 0, (steps, counts)
     _eio_lines(log, damaged)
+
+
+# --- the disk tier and fetched bytes (issue 21) --------------------------------------------------------
+@pytest.mark.parametrize("case", sorted(TIER_CASES))
+@settings(max_examples=EXAMPLES_PER_FAMILY, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rnd=st.randoms(use_true_random=False))
+def test_the_disk_tier_and_fetched_bytes_keep_the_invariant(pristine, case, rnd):
+    """fetched-bytes: bits flipped in transit never serve wrong bytes, never reach a tier's copy and never
+    outlive the flaky store; tier-copies: rotten, cut, foreign, linked or FIFO copies never fail a read
+    while the dataset's blocks are healthy, and nothing outside the tier is touched (invariant.py)."""
+    work = _scratch(pristine)
+    try:
+        problems = TIER_CASES[case](pristine, work, rnd)
+        assert not problems, "\n".join(problems)
+    finally:
+        remove_tree(work)
 
 
 # --- regressions the mutations found -------------------------------------------------------------------

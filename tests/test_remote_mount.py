@@ -206,3 +206,28 @@ def test_a_background_mount_fetches_the_index_once_and_leaves_no_copy(url, edge,
     finally:
         blockfs_cli("umount", str(mnt))
     assert os.listdir(env["TMPDIR"]) == []
+
+
+def test_a_background_mount_keeps_its_secrets_out_of_its_command_line_and_environment(s3, url, edge, tmp_path):
+    """Storage options reach the serving process through a pipe: ``/proc/PID/cmdline`` (readable by every
+    user) and ``/proc/PID/environ`` hold no secret, and the mount reads with them."""
+    from s3server import ACCESS_KEY
+
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", url, str(mnt), "--no-prefill", "--log", str(tmp_path / "log"),
+               "--storage-option", f"key={ACCESS_KEY}", f"--storage-opt=secret={SECRET}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    try:
+        pid = read_stats(mnt)["mount"]["pid"]
+        for name in ("cmdline", "environ"):
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                seen = f.read()
+            assert SECRET.encode() not in seen and ACCESS_KEY.encode() not in seen, name
+        assert b"--storage-opt" not in open(f"/proc/{pid}/cmdline", "rb").read()
+        assert regular_files(os.fsencode(mnt)) == regular_files(os.fsencode(edge[1]))
+        assert SECRET not in done.stdout + done.stderr + (tmp_path / "log").read_text()
+    finally:
+        blockfs_cli("umount", str(mnt))

@@ -327,3 +327,49 @@ def test_no_secret_in_any_output_even_on_errors(s3, tmp_path):
     for name, run in runs.items():
         assert SECRET not in run.stdout + run.stderr, name
     assert json.loads(s3.client().get_object(Bucket=bucket, Key="ds/blockfs.json")["Body"].read())["n_files"] == 4
+
+
+def test_a_key_ending_in_a_slash_that_holds_bytes_is_named_plainly(s3, tmp_path):
+    bucket = s3.new_bucket()
+    s3.client().put_object(Bucket=bucket, Key="raw/a/", Body=b"xyz")
+    s3.client().put_object(Bucket=bucket, Key="raw/b.txt", Body=b"hello")
+    with pytest.raises(PackError) as raised:
+        blockfs.pack(f"s3://{bucket}/raw", tmp_path / "out", fsync=False)
+    text = str(raised.value)
+    assert "raw/a/ is a key ending in '/' that holds 3 bytes" in text and "--skip-unreadable" in text, text
+    assert "permissions" not in text and "\n" not in text
+    result = blockfs.pack(f"s3://{bucket}/raw", tmp_path / "out", fsync=False, skip_unreadable=True)
+    assert result.skipped_unreadable == ["a"] and result.n_files == 1
+
+
+def test_a_name_longer_than_name_max_is_refused_or_listed_and_skipped(s3, tmp_path):
+    bucket = s3.new_bucket()
+    long = "n" * 256
+    s3.client().put_object(Bucket=bucket, Key=f"raw/{long}", Body=b"long")
+    s3.client().put_object(Bucket=bucket, Key=f"raw/d{long}/under.txt", Body=b"beneath")
+    s3.client().put_object(Bucket=bucket, Key="raw/ok.txt", Body=b"ok")
+    with pytest.raises(PackError) as raised:
+        blockfs.pack(f"s3://{bucket}/raw", tmp_path / "out", fsync=False)
+    assert "bytes, over the 255" in str(raised.value) and "--skip-unreadable" in str(raised.value)
+    assert not (tmp_path / "out").exists()
+    result = blockfs.pack(f"s3://{bucket}/raw", tmp_path / "out", fsync=False, skip_unreadable=True)
+    assert sorted(result.skipped_unreadable) == sorted([long, f"d{long}", f"d{long}/under.txt"])
+    assert result.n_files == 1
+    with blockfs.open_dataset(tmp_path / "out") as ds:
+        unpack(ds, tmp_path / "back")
+    assert os.listdir(tmp_path / "back") == ["ok.txt"]
+
+
+def test_a_tar_member_name_longer_than_name_max_is_refused(tmp_path):
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "src.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in ((f"d/{'m' * 300}.bin", b"long"), ("d/ok.bin", b"ok")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(PackError, match="304 bytes, over the 255"):
+        blockfs.pack(tmp_path / "src.tar", tmp_path / "out", fsync=False)
+    result = blockfs.pack(tmp_path / "src.tar", tmp_path / "out", fsync=False, skip_unreadable=True)
+    assert result.n_files == 1 and len(result.skipped_unreadable) == 1

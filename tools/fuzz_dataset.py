@@ -8,6 +8,7 @@ reproduced by its family and number alone::
 
     python3 tools/fuzz_dataset.py --mutations 3000 --seed 0
     python3 tools/fuzz_dataset.py --seed 0 --family block-header --only 123   # one mutation, verbosely
+    python3 tools/fuzz_dataset.py --tier --mutations 2000    # the disk tier's copies and fetched bytes
 
 Exits 1 when any mutation broke the invariant.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from invariant import check_readers
+from invariant import TIER_CASES, check_readers
 from mutations import (
     FAMILIES,
     Pristine,
@@ -54,7 +55,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", choices=sorted(FAMILIES), action="append", help="only these (repeatable)")
     ap.add_argument("--only", type=int, help="run only mutation number ONLY (of each chosen family), verbosely")
+    ap.add_argument("--tier", action="store_true", help="fuzz the disk tier and fetched bytes instead: bits "
+                    f"flipped in transit, damaged or replaced tier copies ({', '.join(TIER_CASES)})")
     args = ap.parse_args()
+    if args.tier:
+        return _run_tier(args)
     families = args.family or list(FAMILIES)
     with tempfile.TemporaryDirectory(prefix="blockfs-fuzz-") as tmp:
         scratch = Path(tmp)
@@ -95,6 +100,36 @@ def _run(p: Pristine, families: list[str], args: argparse.Namespace, scratch: Pa
               f"{time.monotonic() - t0:>8.1f}", flush=True)  # fmt: skip
     total = per_family * len(families)
     print(f"{total} mutations, {violations} broke the invariant, {time.monotonic() - started:.0f} s")
+    return 1 if violations else 0
+
+
+def _run_tier(args: argparse.Namespace) -> int:
+    """Each case of :data:`invariant.TIER_CASES` ``--mutations / 2`` times, case ``i`` drawn from
+    ``random.Random(f"{seed}:{case}:{i}")`` (``--only i`` runs one)."""
+    import logging
+
+    logging.getLogger("blockfs").setLevel(logging.ERROR)  # a dropped copy is expected here, and said once each
+    per_case = max(1, args.mutations // len(TIER_CASES))
+    started, violations = time.monotonic(), 0
+    with tempfile.TemporaryDirectory(prefix="blockfs-fuzz-") as tmp:
+        scratch = Path(tmp)
+        p = make_pristine(scratch / "pristine")
+        for case, check in TIER_CASES.items():
+            t0, bad = time.monotonic(), 0
+            for i in ([args.only] if args.only is not None else range(per_case)):
+                work = Path(tempfile.mkdtemp(dir=scratch))
+                try:
+                    problems = check(p, work, random.Random(f"{args.seed}:{case}:{i}"))
+                finally:
+                    remove_tree(work)
+                if problems:
+                    bad += 1
+                    print(f"VIOLATION {case} #{i} (reproduce: --tier --seed {args.seed} --only {i}):\n    "
+                          + "\n    ".join(problems[:5]), flush=True)  # fmt: skip
+            violations += bad
+            print(f"{case:<16} {per_case if args.only is None else 1:>7} cases {bad:>5} violations "
+                  f"{time.monotonic() - t0:>7.1f} s", flush=True)  # fmt: skip
+    print(f"{violations} cases broke the invariant, {time.monotonic() - started:.0f} s")
     return 1 if violations else 0
 
 

@@ -137,10 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
     p.add_argument("--allow-other", action="store_true", help="let other users see the mount (FUSE allow_other)")
     p.add_argument("-o", action="append", metavar="FUSE_OPTIONS", help="extra libfuse options, comma-separated")
-    p.add_argument("--log", help="log file (default for a background mount: one in the temp directory)")
+    p.add_argument("--log", help="log file (default for a background mount: one in a private directory, "
+                   "$XDG_RUNTIME_DIR/blockfs, /run/blockfs for root, else ~/.cache/blockfs/logs)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
+    p.add_argument("--handoff-fd", type=int, help=argparse.SUPPRESS)  # a background mount's: its secrets' pipe
     add_storage_arguments(p, disk_tier=True)
     tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
     tuning.add_argument("--fuse", choices=FUSE_ROUTES, default="auto",

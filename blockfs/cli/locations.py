@@ -32,8 +32,10 @@ def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -
 def disk_cache_size(directory: str, text: str) -> int:
     if text != "auto":
         return parse_size(text)
-    os.makedirs(directory, exist_ok=True)
-    return int(shutil.disk_usage(directory).free * DISK_AUTO_FRACTION)
+    existing = os.path.abspath(directory)  # the tier creates DIR (0700) and checks it; measure where it will be
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    return int(shutil.disk_usage(existing).free * DISK_AUTO_FRACTION)
 
 
 def storage_options(args: argparse.Namespace) -> StorageOptions:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..storage.location import absolute, is_remote
+from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
 from ..serve.plan import parse_size
 from .output import human, progress_bar
@@ -125,9 +125,43 @@ def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
     return head + f"about {size / dataset:.0%} of it stays in memory (the hit rate to expect from the 2nd epoch)"
 
 
+def _secret_free(argv: list[str], dest: str) -> list[str]:
+    """``argv`` without its ``--storage-option`` values (argparse's abbreviations included) and with the
+    dataset's URL redacted: what a serving process may show in ``/proc/PID/cmdline`` to every user."""
+    out, skip, options = [], False, True
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if options and token == "--":
+            options = False
+        name = token.partition("=")[0]
+        if options and len(name) > 2 and name.startswith("--") and "--storage-option".startswith(name):
+            skip = "=" not in token  # the value is the next token
+            continue
+        out.append(redact(token) if token == dest and is_remote(dest) else token)
+    return out
+
+
+def _handoff(args: argparse.Namespace) -> bytes:
+    """What a serving process gets through a pipe instead of its command line: the storage options and the
+    dataset's URL as given (it may carry a user and a token)."""
+    return json.dumps({"storage_option": list(args.storage_option or []), "dest": args.dest}).encode()
+
+
+def _take_handoff(args: argparse.Namespace) -> None:
+    """In a serving process: put back what :func:`_handoff` sent through ``--handoff-fd``."""
+    from ..serve.process import read_handoff
+
+    given = json.loads(read_handoff(args.handoff_fd))
+    args.storage_option, args.dest, args.handoff_fd = given["storage_option"], given["dest"], None
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from ..serve import process as mnt
 
+    if args.handoff_fd is not None:
+        _take_handoff(args)
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
     args.dest, args.mountpoint = absolute(args.dest), os.path.abspath(args.mountpoint)
     mnt.check_mountpoint(args.mountpoint)
@@ -148,17 +182,20 @@ def cmd_mount(args: argparse.Namespace) -> int:
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
         # The serving process gets the user's own command line: every option is declared once, in the parser.
         # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
-        command = [sys.executable, "-m", "blockfs", *args.argv, "--foreground", "--budget-bytes", str(size)]
+        # Secrets (storage options, a URL's user and token) go through a pipe, never the command line.
+        argv = _secret_free(args.argv, args.dest)
+        command = [sys.executable, "-m", "blockfs", *argv, "--foreground", "--budget-bytes", str(size)]
         command += [] if args.log else ["--log", log_path]
         command += ["--fetched-dir", fetched] if fetched else []
         # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
         timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
-        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout)
+        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args))
     except BaseException:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
         raise
-    print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
+    shown = redact(args.dest) if is_remote(args.dest) else args.dest
+    print(f"mounted {shown} at {args.mountpoint} (pid {pid}, log {log_path}); "
           f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
     return 0
 
@@ -192,12 +229,14 @@ def _mount_options(args: argparse.Namespace, size: int):
 
 def _serve_here(args: argparse.Namespace, size: int) -> int:
     """Serve in this process until unmounted (``--foreground``)."""
+    from ..serve.process import open_log
     from ..serve.server import serve
 
     if args.log:
+        stream = open(open_log(args.log), "a", encoding="utf-8", errors="backslashreplace")  # never via a link
         logging.basicConfig(
-            filename=args.log, level=logging.DEBUG if args.verbose else logging.INFO, force=True,
-            format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
+            handlers=[logging.StreamHandler(stream)], level=logging.DEBUG if args.verbose else logging.INFO,
+            force=True, format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
         )  # fmt: skip
     options = _mount_options(args, size)
     bar = progress_bar(1, "B", "preload") if args.preload else None

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
-from ..storage.disk_tier import DiskTier, write_atomically
+from ..storage.disk_tier import DiskTier
+from ..storage.owned import DIR_FLAGS, write_file_at
 from ..storage.location import is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
@@ -72,6 +73,8 @@ class DatasetLocation:
         return remote if self.tier is None else TieredBlockFiles(remote, self.tier)
 
     def close(self) -> None:
+        if self.tier is not None:
+            self.tier.close()
         if self._temporary:
             shutil.rmtree(self.root, ignore_errors=True)
             self._temporary = False
@@ -119,33 +122,53 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
     else:
         root, temporary = tempfile.mkdtemp(prefix="blockfs-remote-"), True
     located = DatasetLocation(remote.display, root, remote, tier, temporary)
+    files = _TierFiles(tier) if tier is not None else _DirFiles(root)
     try:
-        _keep(root, METADATA_NAME, meta_bytes)
+        files.keep(METADATA_NAME, meta_bytes)
         try:
             meta = json.loads(meta_bytes)
             expected_crc = meta["index"]["crc32"]
             side_files = [meta["source"]["labels_file"]] if "labels_file" in (meta.get("source") or {}) else []
         except (ValueError, KeyError, TypeError):
             return located  # read_metadata names what is wrong with it
-        if _file_crc(os.path.join(root, INDEX_NAME)) != expected_crc:
-            _keep(root, INDEX_NAME, remote.get(INDEX_NAME))
+        if files.crc(INDEX_NAME) != expected_crc:
+            files.keep(INDEX_NAME, remote.get(INDEX_NAME))
         for name in side_files:
             plain = isinstance(name, str) and "/" not in name and name not in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR)
-            if plain and not os.path.exists(os.path.join(root, name)):
-                _keep(root, name, remote.get(name))
+            if plain and not files.has(name):
+                files.keep(name, remote.get(name))
         return located
     except BaseException:
         located.close()
         raise
 
 
-def _file_crc(path: str) -> int | None:
-    """The file's CRC-32, or None when there is no such file to reuse."""
-    try:
-        return file_crc(path)
-    except OSError:
-        return None
+class _TierFiles:
+    """The dataset's own files in the disk tier's key directory (written through its descriptor)."""
+
+    def __init__(self, tier: DiskTier) -> None:
+        self.keep, self.crc, self.has = tier.keep, tier.file_crc, tier.has_file
 
 
-def _keep(root: str, name: str, data: bytes) -> None:
-    write_atomically(os.path.join(root, name), (data,))
+class _DirFiles:
+    """The dataset's own files in a private directory of this process's (a temporary one)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def keep(self, name: str, data: bytes) -> None:
+        fd = os.open(self.root, DIR_FLAGS)
+        try:
+            write_file_at(fd, name, (data,), mode=0o644)
+        finally:
+            os.close(fd)
+
+    def crc(self, name: str) -> int | None:
+        """The file's CRC-32, or None when there is no such file to reuse."""
+        try:
+            return file_crc(os.path.join(self.root, name))
+        except OSError:
+            return None
+
+    def has(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.root, name))

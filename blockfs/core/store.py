@@ -17,12 +17,15 @@ them) and trusts none of them.
   CRC-32 from the index (so a file is never served by reading its whole block and throwing the rest away),
   a range of a huge file by its chunk CRCs (WIDE blocks) or by one streamed pass over the file first.
 * **Two kinds of failure, kept apart**: :class:`CorruptBlockError` says the block is damaged or foreign,
-  which stays true until the file is replaced; :class:`BlockReadError` says this read failed (a missing
+  which stays true until the file is replaced (a new :meth:`~BlockStore.version`); :class:`BlockReadError` says this read failed (a missing
   file, a short read, EMFILE, EIO, a remote request that failed after its retries): the store drops the
   block's descriptor, so the next read opens the file afresh and tries again.
-* **A tier's copy is not the block**: a copy kept on a local disk that fails a check is deleted and the
-  block read again from where the dataset lives; only then is the block called damaged.  A block verified
-  whole is offered to such a tier; a file read of a block the tier wants fetches the block whole first.
+* **A tier's copy is not the block, one fetch is not the block**: a copy kept on a local disk that fails a
+  check is deleted and the block read again from where the dataset lives; a fetch that fails its check is
+  dropped whole (descriptor, remote head) and fetched once more; only then is the block called damaged,
+  and only for its current :meth:`~BlockStore.version`.  A block verified whole is offered to such a
+  tier; a file read of a block the tier wants fetches the block whole first, and if that fails its check
+  the file is read alone (the tier stops asking for that block).
 
 Headers are parsed once per block and kept (12 bytes per file).
 """
@@ -37,7 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from . import format as fmt
-from ..errors import BlockReadError, CorruptBlockError, IndexFormatError
+from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 
 VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
@@ -107,24 +110,45 @@ class BlockStore:
         except OSError as e:
             raise self._failed(block, e) from e
 
-    def _from_a_good_copy(self, block: int, read):
-        """``read()``, once more from the remote if it found a tier's copy of ``block`` damaged: a copy on
-        a local disk can rot, the dataset's own block is what decides."""
-        try:
-            return read()
-        except CorruptBlockError:
-            if not self._files.drop_copy(block):
-                raise
-            self._headers.pop(block, None)
-            self._sizes.pop(block, None)
-            return read()
+    def _checked(self, block: int, read):
+        """``read()``; after a failed check, ``read()`` again from a fresh fetch before the block is called
+        damaged.  A failed check drops every piece of what was fetched (a remote head kept from that fetch,
+        the descriptor of a file since replaced): a bit flipped in transit, a file replaced by rename or a
+        tier's rotten copy (deleted, then the dataset's own block read) is not the block's damage.  Only a
+        second failure is, and only for this version of the block (:meth:`version`)."""
+        retried = False
+        while True:
+            try:
+                return read()
+            except CorruptBlockError:
+                self._files.discard(block)
+                if self._files.drop_copy(block):
+                    self._headers.pop(block, None)
+                    self._sizes.pop(block, None)
+                    continue  # a tier's copy can rot: the dataset's own block decides
+                if retried:
+                    self._files.refuse_copy(block)  # damaged: no tier fetches it whole again
+                    raise
+                retried = True
+
+    def version(self, block: int):
+        """What identifies the stored block now (a file's device, inode, size and mtime; an object's ETag
+        and size), so that damage is remembered for that version only; None when it cannot be told."""
+        return self._files.version(block)
+
+    def renew(self, block: int) -> None:
+        """The block was replaced since it was found damaged: forget every state of the old one."""
+        self._files.discard(block)
+        self._files.allow_copy(block)
+        self._headers.pop(block, None)
+        self._sizes.pop(block, None)
 
     # --- headers, checked against the file and the index ---------------------------------------------
     def header(self, block: int) -> fmt.BlockHeader:
         """The block's parsed header, once it is shown to be this index's block ``block``."""
         head = self._headers.get(block)
         if head is None:
-            head = self._from_a_good_copy(block, lambda: self.adopt_header(block, self.unchecked_header(block)))
+            head = self._checked(block, lambda: self.adopt_header(block, self.unchecked_header(block)))
         return head
 
     def adopt_header(self, block: int, head: fmt.BlockHeader) -> fmt.BlockHeader:
@@ -146,6 +170,14 @@ class BlockStore:
         except CorruptBlockError as e:
             e.block = block
             raise
+        except UnsupportedVersionError:
+            # The index, which this blockfs reads, was written with its blocks: a block claiming a newer
+            # format is damaged (one flipped bit in its version field) or not this dataset's.
+            raise CorruptBlockError(
+                f"{self.where(block)}: damaged or not this dataset's: its header claims a block format this "
+                "blockfs does not read, while the dataset's index is one it reads; run 'blockfs verify'",
+                block=block,
+            ) from None
 
     def file_size(self, block: int, slot: int) -> int:
         """The size of the file in ``slot`` as the block's checked header gives it (a read's own check)."""
@@ -232,6 +264,20 @@ class BlockStore:
         crcs[slots] = self._index["crc"][ids]
         return crcs
 
+    def _verified_header_bytes(self, block: int, head: fmt.BlockHeader) -> bytes | None:
+        """The header as stored, for a tier's copy: fetched again, so checked again (its CRC, and that it
+        is the header already checked); None when this fetch fails (no copy is kept this time)."""
+        raw = self.header_bytes(block)
+        try:
+            again = fmt.decode_header(raw, self.where(block))
+        except (CorruptBlockError, UnsupportedVersionError):
+            self._files.discard(block)
+            return None
+        if again.data_crc != head.data_crc or again.data_start != head.data_start:
+            self._files.discard(block)
+            return None
+        return raw
+
     def header_bytes(self, block: int) -> bytes:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
         return self._pread(block, self.header(block).data_start, 0)
@@ -253,9 +299,11 @@ class BlockStore:
                 self._read_into(block, view, head.data_start)
                 return fmt.check_data(head, view, self.where(block))
 
-            crcs = self._from_a_good_copy(block, read)
+            crcs = self._checked(block, read)
             if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
-                self._files.keep_copy(block, self.header_bytes(block), view)
+                header = self._verified_header_bytes(block, head)
+                if header is not None:
+                    self._files.keep_copy(block, header, view)
             return crcs
         finally:
             view.release()
@@ -278,12 +326,14 @@ class BlockStore:
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
         """Bytes ``[offset, offset + size)`` of one file, verified before they are returned.
 
-        A block that a tier wants a copy of is fetched whole into it first (then read from there)."""
-        if not self._files.keeps_copies:  # local files: the read path as it always was
-            return self._read_file(block, slot, crc, offset, size)
-        if self._files.wants_copy(block):
-            self.copy_into_tier(block)
-        return self._from_a_good_copy(block, lambda: self._read_file(block, slot, crc, offset, size))
+        A block that a tier wants a copy of is fetched whole into it first (then read from there); if that
+        fetch fails its check, the file is read alone, so only files whose own bytes are damaged fail."""
+        if self._files.keeps_copies and self._files.wants_copy(block):
+            try:
+                self.copy_into_tier(block)
+            except CorruptBlockError:
+                pass  # the tier no longer asks for this block (see _checked); the file's own read decides
+        return self._checked(block, lambda: self._read_file(block, slot, crc, offset, size))
 
     def _read_file(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
         head = self.header(block)
@@ -293,10 +343,10 @@ class BlockStore:
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
             # bytes to this dataset (checked once per file, as for a big file in a narrow block).
-            self.verify_file(block, slot, crc)
+            self._verify_file(block, slot, crc)
             return self._read_chunked(block, head, start + offset, size)
         if length > VERIFY_PIECE and size < length:  # a piece of a big file: verify it once, then read pieces
-            self.verify_file(block, slot, crc)
+            self._verify_file(block, slot, crc)
             return self._pread(block, size, head.data_start + start + offset)
         data = self._pread(block, length, head.data_start + start)
         self._check_file(block, slot, crc, fmt.crc32(data))
@@ -305,6 +355,9 @@ class BlockStore:
     def verify_file(self, block: int, slot: int, crc: int) -> int:
         """Stream one file through its CRC-32 in pieces (remembered for the last few files, so a file read
         in pieces is checked once); return the bytes read for it (0 when it was already verified)."""
+        return self._checked(block, lambda: self._verify_file(block, slot, crc))
+
+    def _verify_file(self, block: int, slot: int, crc: int) -> int:
         key = (block, slot, crc)
         with self._verified_lock:
             if key in self._verified:

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
+from ..errors import PackError
 from ..storage.location import is_remote
 from .containers import open_source, spool_dir_for
 from .destination import Destination, LocalDestination, dataset_metadata, write_index
@@ -43,6 +44,7 @@ __all__ = ["PackOptions", "PackResult", "ProgressCallback", "pack", "plan_blocks
 log = logging.getLogger(__name__)
 
 LISTING_STEP = 10_000  # entries between two listing(n) calls
+NAME_MAX = 255  # bytes in one path component: what Linux filesystems allow, so what unpack can write
 
 
 def pack(
@@ -71,11 +73,12 @@ def pack(
     target = _destination(os.fspath(dest), options, storage_options)
     try:
         source = _open(src, target.directory, options, storage_options)
-        entries = _list_entries(source, listing)
+        entries, too_long = _names_that_fit(_list_entries(source, listing), source, options.skip_unreadable)
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
         target.claim(_source_location(source), options.force)
         plan = make_plan(entries, options)
         crcs, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
+        unreadable |= too_long
         block_sizes = target.block_sizes(plan.n_blocks)
         write_index(target.directory, index, plan_pos, crcs, block_sizes)
         metadata = dataset_metadata(target.directory, cols, block_sizes, classes, labels, options)
@@ -125,6 +128,25 @@ def _list_entries(source: Source, listing: Callable[[int], None] | None) -> list
     if not entries or entries[0].path != b"":
         entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
     return entries
+
+
+def _names_that_fit(entries: list[SourceEntry], source: Source, skip: bool) -> tuple[list[SourceEntry], frozenset]:
+    """``entries`` without those whose path has a name over :data:`NAME_MAX` bytes (an object key or an
+    archive member may; no filesystem can hold it, so unpack could not write it): an error naming the
+    first, or with --skip-unreadable, left out (with everything beneath) and returned to be listed."""
+    long = [e.path for e in entries if any(len(part) > NAME_MAX for part in e.path.split(b"/"))]
+    if not long:
+        return entries, frozenset()
+    if not skip:
+        name = next(part for part in long[0].split(b"/") if len(part) > NAME_MAX)
+        raise PackError(
+            f"{os.fsdecode(long[0])!r} in {source.description!r} has a name of {len(name)} bytes, over the "
+            f"{NAME_MAX} a filesystem allows (unpack could not write it): rename it, or pass --skip-unreadable "
+            "to leave it out"
+        )
+    cut = tuple(p + b"/" for p in long)
+    left = frozenset(long)
+    return [e for e in entries if e.path not in left and not e.path.startswith(cut)], left
 
 
 def _choose_labels(source: Source, entries: list[SourceEntry], labels: str) -> tuple[str, list[str] | None]:

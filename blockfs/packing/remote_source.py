@@ -21,6 +21,7 @@ A small object is fetched whole, so one whose size changed since the listing is 
 
 from __future__ import annotations
 
+import errno
 import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -121,7 +122,10 @@ class RemotePrefixSource(Source):
         if length == 0:
             return 0
         if entry.size > READ_AHEAD_LARGEST:
-            self.remote.get_into(entry.path.decode(), offset, buf[:length])
+            try:
+                self.remote.get_into(entry.path.decode(), offset, buf[:length])
+            except RemoteError as e:
+                raise self._unreadable(entry, e) from None
             return length
         ahead = self._ahead
         future = ahead.take(entry) if ahead is not None else None
@@ -136,13 +140,28 @@ class RemotePrefixSource(Source):
         return length
 
     def _fetch_whole(self, entry: SourceEntry) -> bytes:
-        data = self.remote.get(entry.path.decode())
+        try:
+            data = self.remote.get(entry.path.decode())
+        except RemoteError as e:
+            raise self._unreadable(entry, e) from None
         if len(data) != entry.size:
             raise SourceChangedError(
                 f"{self.remote.where(entry.path.decode())} changed while packing ({len(data)} bytes, listed with "
                 f"{entry.size}); pack a prefix that is not being written to (or pass --skip-unreadable)"
             )
         return data
+
+    def _unreadable(self, entry: SourceEntry, e: RemoteError) -> OSError:
+        """``e``, said plainly where a listed object with bytes has no object of its name: the client lists
+        a key ``name/`` (a folder placeholder) as ``name``, and a placeholder that holds bytes is no file."""
+        if e.errno != errno.ENOENT or entry.size == 0:
+            return e
+        name = entry.path.decode()
+        return SourceChangedError(
+            f"{self.remote.where(name)}/ is a key ending in '/' that holds {entry.size} bytes (or {name!r} was "
+            "deleted since the listing): a folder placeholder cannot be a file; rename the key without its '/' "
+            "or delete it, or pass --skip-unreadable to leave it out"
+        )
 
     def close(self) -> None:
         self.remote.close()

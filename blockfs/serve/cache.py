@@ -12,9 +12,10 @@ What it promises (the mount's serving rules):
   one file: the file alone is read and verified by its own CRC (:mod:`blockfs.serve.uncached`).
 * Blocks are also loaded before they are asked for (:mod:`blockfs.serve.background`): prefill, read-ahead
   when reads move through blocks in order, and the blocks a loader announces.
-* A damaged block — its data checksum fails, its header is wrong, or it is not this dataset's — is never
-  cached, and that is remembered; its files are then read one by one, each verified by its own CRC, so
-  only the files whose bytes are damaged fail.  A *failed read* (missing file, EMFILE, EIO) is not
+* A damaged block — its data checksum fails, its header is wrong, or it is not this dataset's, on two
+  fetches (:meth:`BlockStore._checked`) — is never cached, and that is remembered for its stored version;
+  its files are then read one by one, each verified by its own CRC, so only the files whose bytes are
+  damaged fail.  Once the stored block is another version (replaced, restored), it is read and cached anew.  A *failed read* (missing file, EMFILE, EIO) is not
   damage: it fails the reads waiting on it and nothing is remembered, so the next read tries again.
 * A cached block's memory is a sealed memfd where the process has descriptors to spare, so that
   :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it (:mod:`blockfs.serve.share`).
@@ -31,6 +32,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -48,6 +50,8 @@ from .uncached import UncachedFiles
 log = logging.getLogger(__name__)
 
 __all__ = ["READAHEAD_BLOCKS", "BlockCache", "NotShared"]
+
+DAMAGE_RECHECK_S = 2.0  # how often a damaged block's stored version is looked at again (a stat, or a HEAD)
 
 
 class NotShared(Exception):
@@ -110,7 +114,9 @@ class BlockCache:
         self._lock = threading.Lock()
         self._blocks: dict[int, _CachedBlock] = {}
         self._loading: dict[int, Future] = {}
-        self._damaged: set[int] = set()  # never cached; their files are served one by one
+        # Damaged blocks -> (the stored version found damaged, when it was last looked at): never cached,
+        # their files served one by one, until the stored block is another version (replaced, restored).
+        self._damaged: dict[int, tuple[object, float]] = {}
         self.closed = False
         # Called with (block, the cached block) each time a block is published; the kernel adapter pushes
         # its files into the page cache from there.  Runs in the loading thread: it must only queue work.
@@ -160,6 +166,7 @@ class BlockCache:
             self._background.read_ahead(block)
 
     def _read_miss(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
+        self._is_damaged(block)  # a damaged block replaced since is forgotten here, before its header is read
         head = self._header(block)  # small; raises for a missing, foreign or damaged header
         with self._lock:
             cached = self._blocks.get(block)
@@ -190,11 +197,34 @@ class BlockCache:
             raise
 
     def _mark_damaged(self, block: int) -> None:
+        version = self._store.version(block)
         with self._lock:
             if block in self._damaged:
                 return
-            self._damaged.add(block)
+            self._damaged[block] = (version, time.monotonic())
         self._counters.add("damaged_blocks")
+
+    def _is_damaged(self, block: int) -> bool:
+        """Whether ``block`` is known damaged.  At most every :data:`DAMAGE_RECHECK_S` the stored block's
+        version is looked at again: a block replaced since (a file renamed over it, an object restored) is
+        forgotten as damaged and read anew."""
+        with self._lock:
+            known = self._damaged.get(block)
+        if known is None:
+            return False
+        version, checked = known
+        now = time.monotonic()
+        if now - checked < DAMAGE_RECHECK_S:
+            return True
+        current = self._store.version(block)
+        with self._lock:
+            if current is None or current == version:
+                self._damaged[block] = (version, now)
+                return True
+            self._damaged.pop(block, None)
+        self._store.renew(block)
+        log.info("block %d was replaced since it was found damaged: reading it anew", block)
+        return False
 
     # --- sharing ----------------------------------------------------------------------------------
     def share(self, block: int) -> int:
@@ -239,7 +269,7 @@ class BlockCache:
         future = self._loading.get(block)
         if future is not None:
             return future, False
-        if block in self._damaged or self.closed:
+        if self.closed or self._is_damaged_locked(block):
             return None, False
         evicted = self._policy.admit(block, head.data_size)  # reserves the room before any byte is read
         if evicted is None:
@@ -258,9 +288,13 @@ class BlockCache:
             self._counters.add("load_waits")
         return future.result()
 
+    def _is_damaged_locked(self, block: int) -> bool:
+        """:meth:`_is_damaged` from under the lock: without a new look at the version (that is I/O)."""
+        return block in self._damaged
+
     def wanted(self, block: int) -> bool:
         """Whether a background load of ``block`` could help: not cached, loading or known damaged."""
-        return block not in self._blocks and block not in self._loading and block not in self._damaged
+        return block not in self._blocks and block not in self._loading and not self._is_damaged(block)
 
     @property
     def full(self) -> bool:
@@ -272,7 +306,7 @@ class BlockCache:
     def copy_ahead(self, block: int) -> bool:
         """Fetch ``block`` into the disk tier before a read needs it (a loader announced it, and memory
         will not hold it); whether it was copied.  A failure is left for the read to report."""
-        if block in self._damaged or not self._store.files.wants_copy(block):
+        if self._is_damaged(block) or not self._store.files.wants_copy(block):
             return False
         try:
             self._store.copy_into_tier(block)
@@ -298,8 +332,10 @@ class BlockCache:
             head = self._header(block)
         except (CorruptBlockError, BlockReadError):
             return None  # reported when a file of it is read
+        damaged = self._is_damaged(block)  # outside the lock: it may look at the stored version
         with self._lock:
-            if not self.wanted(block) or block in self._policy or self.closed:
+            wanted = block not in self._blocks and block not in self._loading and not damaged
+            if not wanted or block in self._policy or self.closed:
                 return None
             room = self._policy.budget_bytes - self._policy.used_bytes
             if (fill_only and head.data_size > room) or not self._policy.would_admit(block, head.data_size):

@@ -16,6 +16,14 @@ of a handle opened through the link reads the snapshot it was opened on, whateve
 snapshot is dropped once it is not among the :data:`SNAPSHOTS_KEPT` most recently read and has not been
 read for :data:`SNAPSHOT_IDLE_S` (or past :data:`SNAPSHOTS_MAX`); a read of it then fails with ENOENT,
 never with other bytes, and its path is handed to the adapter to drop from the kernel's cache.
+
+**No more than the tree's own permissions allow.**  ``blocks/*`` hold every file's bytes and ``index.bfi``
+every path: under ``--allow-other`` (with ``default_permissions``, so the kernel checks modes), another user
+who may not read a 0600 file by its path must not read its bytes out of its block, nor the names inside a
+0700 directory out of the index.  So they are readable by the mount's owner only (``blocks/`` 0500, its
+files and the index 0400) unless every file and directory of the tree grants the same read to the group
+or to everyone (:func:`reveal_mode`).  The statistics and metadata reveal no file's bytes or path and stay
+readable by all.
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ import threading
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import protocol
 from ..core.dataset import PackedDataset
 from ..core.format import METADATA_NAME
+from ..core.index import KIND_DIR, KIND_FILE
 from ..errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
 
 SNAPSHOTS_KEPT = 64  # kept however idle; past that, a snapshot unread for SNAPSHOT_IDLE_S goes
@@ -45,6 +56,19 @@ METADATA = os.fsencode(protocol.METADATA_FILE)
 INDEX = os.fsencode(protocol.INDEX_FILE)
 BLOCKS = os.fsencode(protocol.BLOCKS_DIR)
 LISTED_FILES = (BLOCKS, INDEX, METADATA, STATS)  # the snapshots' directory is reached through the link only
+
+
+def reveal_mode(arrays: dict) -> int:
+    """The permission bits of files that reveal the whole tree (block files, the index): the owner's read,
+    plus the group's or everyone's where every file of the tree grants them read (every directory, read
+    and search) — then the control files tell them nothing they could not read by path."""
+    kind, mode = arrays["kind"], arrays["mode"].astype(np.uint32)
+    files, dirs = kind == KIND_FILE, kind == KIND_DIR
+    bits = 0o400
+    for read, search in ((0o040, 0o010), (0o004, 0o001)):
+        if np.all(mode[files] & read) and np.all(mode[dirs] & (read | search) == (read | search)):
+            bits |= read
+    return bits
 
 
 def control_name_for(ds: PackedDataset, preferred: str = protocol.DEFAULT_CONTROL) -> str:
@@ -80,6 +104,7 @@ class ControlDirectory:
         self._first_snapshot_ino = self._first_block_ino + len(self._block_sizes)
         self._mtime_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
+        self._reveal = reveal_mode(arrays)  # of blocks/* and index.bfi; blocks/ adds search where read is given
         # generation -> (bytes, when last read), least recently read first
         self._snapshots: collections.OrderedDict[int, tuple[bytes, float]] = collections.OrderedDict()
         self._generation = 0
@@ -126,24 +151,26 @@ class ControlDirectory:
                   "st_atime": self._mtime_ns, "st_ctime": self._mtime_ns, "st_mtime": self._mtime_ns}  # fmt: skip
         if leaf in (b"", BLOCKS, SNAPSHOTS):
             ino = self._ino if not leaf else self._ino + self._file_inos[leaf]
-            return {**common, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0, "st_ino": ino}
+            perm = self._reveal | self._reveal >> 2 if leaf == BLOCKS else 0o555  # r -> r-x
+            return {**common, "st_mode": stat.S_IFDIR | perm, "st_nlink": 2, "st_size": 0, "st_ino": ino}
         if leaf == STATS:
             size = len(self._snapshot_name(0))
             return {**common, "st_mode": stat.S_IFLNK | 0o777, "st_size": size, "st_ino": self._ino + 1}
         block = self._block_of(leaf)
         if block is not None:
-            return self._file_attr(common, self._first_block_ino + block, int(self._block_sizes[block]))
+            return self._file_attr(common, self._first_block_ino + block, int(self._block_sizes[block]), self._reveal)
         generation = self._snapshot_of(leaf)
         if generation is not None:
             with self._lock:
                 size = len(self._snapshots.get(generation, (b"", 0.0))[0])
             return self._file_attr(common, self._first_snapshot_ino + generation, size)
-        size = len(self._metadata) if leaf == METADATA else len(self._index)
-        return self._file_attr(common, self._ino + self._file_inos[leaf], size)
+        if leaf == METADATA:
+            return self._file_attr(common, self._ino + self._file_inos[leaf], len(self._metadata))
+        return self._file_attr(common, self._ino + self._file_inos[leaf], len(self._index), self._reveal)
 
     @staticmethod
-    def _file_attr(common: dict[str, Any], ino: int, size: int) -> dict[str, Any]:
-        return {**common, "st_mode": stat.S_IFREG | 0o444, "st_ino": ino, "st_size": size,
+    def _file_attr(common: dict[str, Any], ino: int, size: int, perm: int = 0o444) -> dict[str, Any]:
+        return {**common, "st_mode": stat.S_IFREG | perm, "st_ino": ino, "st_size": size,
                 "st_blocks": (size + 511) // 512}  # fmt: skip
 
     def readdir(self, raw: bytes) -> list[tuple[str, int, int]]:

@@ -23,8 +23,10 @@ Open modes (the data never changes, so the kernel may keep what it read; the REA
 * ``targets``: a Python ``open`` per file that keeps the pages of the memory plan's retained files only;
 * ``none``: pages dropped at every open, every read reaches Python.
 
-The thread pool serves a cached file while another waits on storage; each libfuse thread keeps its Python
-thread state (:func:`keep_thread_state`), which otherwise costs more than most requests.
+The thread pool serves a cached file while another waits on storage, and holds enough threads that
+lookups, attributes, listings and the control files never wait behind reads waiting on a slow store
+(:mod:`blockfs.serve.fusethreads`); each libfuse thread keeps its Python thread state
+(:func:`keep_thread_state`), which otherwise costs more than most requests.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
+from .fusethreads import MAX_THREADS, max_threads_applied
 from .view import MountView
 
 log = logging.getLogger(__name__)
@@ -284,13 +287,17 @@ class BlockFS(binding.Operations):
 def run(fs: BlockFS, mountpoint: str, fuse_options: dict[str, Any]) -> None:
     """Mount ``fs`` at ``mountpoint`` with libfuse and serve until unmounted (or SIGINT/SIGTERM)."""
     try:
-        binding.FUSE(
-            fs,
-            os.fsencode(mountpoint).decode(ENCODING),
-            raw_fi=fs.open_mode != "enosys",
-            encoding=ENCODING,
-            **fuse_options,
-        )
+        with max_threads_applied(binding) as applied:
+            options = dict(fuse_options)
+            if applied and not options.get("nothreads"):  # metadata must not wait behind reads (fusethreads.py)
+                options.setdefault("max_threads", str(MAX_THREADS))
+            binding.FUSE(
+                fs,
+                os.fsencode(mountpoint).decode(ENCODING),
+                raw_fi=fs.open_mode != "enosys",
+                encoding=ENCODING,
+                **options,
+            )
     except RuntimeError as e:
         if not fs.served:
             raise MountError(f"libfuse could not mount {mountpoint!r} (status {e}); see the messages above") from e

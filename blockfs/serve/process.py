@@ -8,17 +8,24 @@ statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is import
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import subprocess
+import threading
 import time
 from typing import Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
+from ..storage.owned import open_owned_dir
 
-__all__ = ["check_mountpoint", "default_log_path", "is_mounted", "mount_entry",
+__all__ = ["check_mountpoint", "default_log_path", "is_mounted", "log_directory", "mount_entry", "open_log",
            "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+
+LOG_KEEP_DAYS = 14  # a default log not written for this long is removed when the next mount starts
+LOGS_KEPT = 64  # and only this many, the most recently written, are kept
 
 
 def _unescape(field: str) -> str:
@@ -108,15 +115,35 @@ def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:
 
 
 def start_background(
-    command: Sequence[str], mountpoint: str | os.PathLike, log_path: str, timeout: float = 30.0
+    command: Sequence[str], mountpoint: str | os.PathLike, log_path: str, timeout: float = 30.0,
+    handoff: bytes | None = None, handoff_option: str = "--handoff-fd",
 ) -> int:
     """Run ``command`` (a foreground serving process) detached, logging to ``log_path``; return its pid once
-    ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail."""
-    with open(log_path, "ab") as log_file:
-        offset = log_file.tell()
-        proc = subprocess.Popen(
-            list(command), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True
-        )
+    ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail.
+
+    ``handoff``: bytes (secrets) the process reads from an inherited pipe named by ``handoff_option FD``, so
+    they appear in no command line or environment another user can read (``/proc/PID/cmdline``)."""
+    command = list(command)
+    read_end = None
+    if handoff is not None:
+        read_end, write_end = os.pipe()
+        command += [handoff_option, str(read_end)]
+    log_fd = open_log(log_path)
+    try:
+        offset = os.lseek(log_fd, 0, os.SEEK_END)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                start_new_session=True, pass_fds=() if read_end is None else (read_end,))  # fmt: skip
+    except BaseException:
+        if read_end is not None:
+            os.close(read_end)
+            os.close(write_end)
+        raise
+    finally:
+        os.close(log_fd)
+    if read_end is not None:
+        os.close(read_end)
+        # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child reads.
+        threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
     try:
         wait_until_mounted(mountpoint, proc, timeout, log_path, offset)
     except MountError:
@@ -130,12 +157,93 @@ def start_background(
     return proc.pid
 
 
-def default_log_path(mountpoint: str | os.PathLike) -> str:
-    """Where a background mount logs unless told: one file per user and mount point, in the temp dir."""
-    import tempfile
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # the child died before reading: its exit is reported by wait_until_mounted
+    finally:
+        os.close(fd)
 
+
+def read_handoff(fd: int) -> bytes:
+    """What :func:`start_background` handed this process through the pipe ``fd`` (closed afterwards)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def open_log(path: str | os.PathLike) -> int:
+    """A descriptor to append to the log file ``path``: created 0600, never through a symbolic link."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise MountError(f"log file {path!r} is a symbolic link: give the file itself with --log, or remove "
+                             "the link") from None  # fmt: skip
+        raise MountError(f"cannot open the log file {path!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise MountError(f"log file {path!r} is not a regular file: give another with --log")
+    return fd
+
+
+def log_directory() -> str:
+    """Where background mounts log unless told: a directory of this user's alone, never the shared temp
+    directory (where another user could plant a link at a predictable name)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "blockfs")
+    if os.geteuid() == 0:
+        return "/run/blockfs"
+    return os.path.join(os.path.expanduser("~"), ".cache", "blockfs", "logs")
+
+
+def default_log_path(mountpoint: str | os.PathLike) -> str:
+    """The log file of a background mount of ``mountpoint``: one per mount point, in :func:`log_directory`
+    (created 0700 and checked: this user's, not a link, writable by no one else).  Logs not written for
+    :data:`LOG_KEEP_DAYS` days, and all but the newest :data:`LOGS_KEPT`, are removed."""
+    directory = log_directory()
+    fd = open_owned_dir(directory, "log directory", "set XDG_RUNTIME_DIR to a private directory, or pass --log FILE")
     tag = "".join(c if c.isalnum() else "_" for c in _canonical(mountpoint).strip("/"))[-80:]
-    return os.path.join(tempfile.gettempdir(), f"blockfs-{os.getuid()}-{tag}.log")
+    name = f"blockfs-{tag}.log"
+    try:
+        _remove_old_logs(fd)
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=fd)  # our own name in our own directory: the link goes, never its target
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(fd)
+    return os.path.join(directory, name)
+
+
+def _remove_old_logs(dir_fd: int) -> None:
+    logs = []
+    for name in os.listdir(dir_fd):
+        if name.startswith("blockfs-") and name.endswith(".log"):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                logs.append((st.st_mtime, name))
+    logs.sort(reverse=True)
+    cutoff = time.time() - LOG_KEEP_DAYS * 86400
+    for k, (mtime, name) in enumerate(logs):
+        if k >= LOGS_KEPT or mtime < cutoff:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
 
 
 def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | None:

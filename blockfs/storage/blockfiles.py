@@ -16,6 +16,7 @@ import errno
 import os
 import resource
 import threading
+from typing import Callable
 
 
 def raise_open_file_limit() -> None:
@@ -48,7 +49,13 @@ class BlockFiles:
         raise NotImplementedError
 
     def discard(self, block: int) -> None:
-        """A read of ``block`` failed: forget any state (a descriptor), so the next read starts afresh."""
+        """A read of ``block`` failed, or its bytes failed a check: forget any state (a descriptor, bytes
+        kept from a fetch), so the next read starts afresh."""
+
+    def version(self, block: int):
+        """What identifies the stored block now (hashable), so damage is remembered for that version only;
+        None when it cannot be told (then the damage stays remembered)."""
+        return None
 
     # --- tiers that keep copies (the defaults: none) --------------------------------------------------
     def wants_copy(self, block: int) -> bool:
@@ -61,6 +68,12 @@ class BlockFiles:
     def drop_copy(self, block: int) -> bool:
         """A kept copy of ``block`` failed a check: delete it; whether there was one (then read again)."""
         return False
+
+    def refuse_copy(self, block: int) -> None:
+        """``block`` is damaged: stop asking for its copy (a whole fetch each read would cost the block)."""
+
+    def allow_copy(self, block: int) -> None:
+        """``block`` was replaced since :meth:`refuse_copy`: a copy may be asked for again."""
 
     def stats(self) -> dict:
         """Counters for ``stats.json`` (tiers and remote requests); empty for local files."""
@@ -86,8 +99,9 @@ class _Descriptors:
     or, once the kernel reuses the number for another file, make it read the wrong file.
     """
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self._paths = paths
+        self._opener = opener or (lambda block: os.open(paths[block], os.O_RDONLY | os.O_CLOEXEC))
         self._open: dict[int, _Descriptor] = {}
         self._lock = threading.Lock()
 
@@ -102,11 +116,11 @@ class _Descriptors:
 
     def _open_file(self, block: int) -> int:
         try:
-            return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)
+            return self._opener(block)
         except OSError as e:
             if e.errno != errno.EMFILE or not self._close_idle_locked():
                 raise
-        return os.open(self._paths[block], os.O_RDONLY | os.O_CLOEXEC)  # once more, with descriptors freed
+        return self._opener(block)  # once more, with descriptors freed
 
     def release(self, d: _Descriptor) -> None:
         with self._lock:
@@ -150,11 +164,12 @@ WILLNEED_FROM = 1 << 20  # reads this big tell the kernel their whole range firs
 
 
 class LocalBlockFiles(BlockFiles):
-    """Block files in a local directory (``paths[b]`` is block ``b``'s file)."""
+    """Block files in a local directory (``paths[b]`` is block ``b``'s file).  ``opener(b)``, when given,
+    opens block ``b`` instead of its path (the disk tier opens its copies relative to its directory)."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self.names = paths
-        self._fds = _Descriptors(paths)
+        self._fds = _Descriptors(paths, opener)
         raise_open_file_limit()
 
     def _acquire(self, block: int):
@@ -214,6 +229,13 @@ class LocalBlockFiles(BlockFiles):
 
     def discard(self, block: int) -> None:
         self._fds.discard(block)
+
+    def version(self, block: int):
+        try:
+            st = os.stat(self.names[block])  # the path, not the descriptor: a rename puts a new file there
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def close(self) -> None:
         self._fds.close()

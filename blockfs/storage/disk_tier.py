@@ -12,52 +12,73 @@
   lost rename only costs fetching the block again.  Left-over temporary files are removed at open.
 * **Trusted only after a check.**  The block store checks a copy like any block (header against the
   index, then every byte by CRC); a copy that fails is deleted and the block read from the remote.
+* **Nothing outside DIR is touched.**  ``DIR`` and each key directory must be this user's alone
+  (:mod:`blockfs.storage.owned`: not a link, owned by the effective user, writable by no one else); every
+  file is opened relative to a directory descriptor with ``O_NOFOLLOW``, and only names the tier makes
+  (block copies, its temporary files, its metadata files) are ever deleted.
+* **A full disk stops copying** (the budget shrinks to what the tier holds), said once, naming ``DIR``.
 
 The budget is counted per process: two mounts sharing one ``DIR`` may together exceed it.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
-import shutil
+import stat
 import threading
+
+from .owned import (
+    is_temp_name,
+    open_owned_dir,
+    open_owned_subdir,
+    read_file_at,
+    write_file_at,
+)
 
 log = logging.getLogger(__name__)
 
 BLOCKS = "blocks"
 SOURCE_FILE = "source"  # the redacted URL this key's dataset came from
 _BLOCK_NAME = re.compile(r"^(\d{8})\.blk$")
+_KEY_NAME = re.compile(r"^[0-9a-f]{20}$")
+WHAT = "--disk-cache directory"
+FIX = "choose another --disk-cache DIR"
+_OPEN_COPY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO cannot hang an open
 
 
-def _tree_bytes(path: str) -> int:
+def _tree_bytes(dir_fd: int) -> int:
+    """Bytes of the regular files under ``dir_fd``, links never followed."""
     total = 0
-    for dirpath, _dirs, files in os.walk(path):
+    for _root, _dirs, files, root_fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
             except OSError:
-                pass
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
     return total
 
 
-def write_atomically(path: str, pieces: tuple) -> None:
-    """Write ``pieces`` to ``path`` under a temporary name, ``fsync``, rename: never seen half-written."""
-    temp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        for piece in pieces:
-            view = memoryview(piece)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(temp)
-        raise
-    os.close(fd)
-    os.rename(temp, path)
+def _remove_ours(dir_fd: int, keep=lambda name: False) -> bool:
+    """Delete, in ``dir_fd``, the block copies and temporary files the tier made; whether it is now empty.
+    An entry of another kind (a link, a directory) is left where it is: it is not the tier's."""
+    empty = True
+    for name in os.listdir(dir_fd):
+        if keep(name):
+            empty = False
+            continue
+        if _BLOCK_NAME.match(name) or is_temp_name(name):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+                continue
+            except OSError:
+                pass
+        empty = False
+    return empty
 
 
 class DiskTier:
@@ -67,41 +88,131 @@ class DiskTier:
         self.directory = os.path.abspath(os.fspath(directory))
         self.budget = budget
         self.root = os.path.join(self.directory, key)
-        self._blocks_dir = os.path.join(self.root, BLOCKS)
-        os.makedirs(self._blocks_dir, exist_ok=True)
-        self._forget_older_packs(key, source)
-        with open(os.path.join(self.root, SOURCE_FILE), "w", encoding="utf-8") as f:
-            f.write(source)
+        self._blocks_path = os.path.join(self.root, BLOCKS)
         self._lock = threading.Lock()
         self._present: set[int] = set()
-        for name in os.listdir(self._blocks_dir):
-            m = _BLOCK_NAME.match(name)
-            if m:
-                self._present.add(int(m.group(1)))
-            else:  # a copy a crash left half-written
-                try:
-                    os.unlink(os.path.join(self._blocks_dir, name))
-                except OSError:
-                    pass
-        self._used = _tree_bytes(self.directory)
         self._counts = {"copies_written": 0, "bytes_written": 0, "copies_dropped": 0, "write_failures": 0}
+        self._failures_said: set[int | None] = set()  # each kind of failed write is logged once
+        self._dir_fd = self._root_fd = self._blocks_fd = -1
+        try:
+            self._dir_fd = open_owned_dir(self.directory, WHAT, FIX)
+            self._root_fd = open_owned_subdir(self._dir_fd, key, self.root, WHAT, f"remove it, or {FIX}")
+            self._blocks_fd = open_owned_subdir(self._root_fd, BLOCKS, self._blocks_path, WHAT, f"remove it, or {FIX}")
+            self._forget_older_packs(key, source)
+            self.keep(SOURCE_FILE, source.encode())
+            for name in os.listdir(self._blocks_fd):
+                m = _BLOCK_NAME.match(name)
+                if m:
+                    self._present.add(int(m.group(1)))
+            _remove_ours(self._blocks_fd, keep=lambda name: bool(_BLOCK_NAME.match(name)))  # crashed writes
+            _remove_ours(self._root_fd, keep=lambda name: not is_temp_name(name))
+            self._used = _tree_bytes(self._dir_fd)
+        except BaseException:
+            self.close()
+            raise
 
     def _forget_older_packs(self, key: str, source: str) -> None:
-        for other in os.listdir(self.directory):
-            path = os.path.join(self.directory, other)
-            if other == key or not os.path.isdir(path):
+        for other in os.listdir(self._dir_fd):
+            if other == key or not _KEY_NAME.match(other):
                 continue
             try:
-                with open(os.path.join(path, SOURCE_FILE), encoding="utf-8") as f:
-                    same = f.read() == source
+                fd = os.open(other, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
             except OSError:
-                continue
-            if same:
-                log.info("disk tier: removing %s, an older pack of %s", path, source)
-                shutil.rmtree(path, ignore_errors=True)
+                continue  # not a directory (a link is never followed)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.geteuid():
+                    continue
+                try:
+                    same = read_file_at(fd, SOURCE_FILE).decode("utf-8", "replace") == source
+                except OSError:
+                    continue
+                if same:
+                    log.info("disk tier: removing %s, an older pack of %s", os.path.join(self.directory, other), source)
+                    self._remove_pack(fd, other)
+            finally:
+                os.close(fd)
 
+    def _remove_pack(self, fd: int, name: str) -> None:
+        """Delete an older key directory: its copies and the files the tier wrote there, then itself."""
+        try:
+            blocks = os.open(BLOCKS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            blocks = None
+        if blocks is not None:
+            try:
+                if _remove_ours(blocks):
+                    os.rmdir(BLOCKS, dir_fd=fd)
+            except OSError:
+                pass
+            finally:
+                os.close(blocks)
+        for entry in os.listdir(fd):
+            try:
+                if stat.S_ISREG(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(entry, dir_fd=fd)  # the metadata, index and side files the tier fetched
+            except OSError:
+                pass
+        try:
+            os.rmdir(name, dir_fd=self._dir_fd)
+        except OSError as e:
+            log.info("disk tier: left %s in place (%s)", os.path.join(self.directory, name), e.strerror or e)
+
+    # --- the dataset's own files in the key directory (metadata, index) -------------------------------
+    def keep(self, name: str, data: bytes) -> None:
+        """Write ``name`` (a plain name) into the key directory, atomically, never through a link."""
+        try:
+            write_file_at(self._root_fd, name, (data,), mode=0o644)
+        except OSError as e:
+            raise self._phrased(e, os.path.join(self.root, name)) from None
+
+    def file_crc(self, name: str) -> int | None:
+        """The CRC-32 of the key directory's regular file ``name``; None when there is none to reuse."""
+        import zlib
+
+        try:
+            fd = os.open(name, _OPEN_COPY, dir_fd=self._root_fd)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            crc = 0
+            while chunk := os.read(fd, 1 << 20):
+                crc = zlib.crc32(chunk, crc)
+            return crc
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def has_file(self, name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=self._root_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+
+    @staticmethod
+    def _phrased(e: OSError, path: str) -> OSError:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(e.errno, f"{path}: {e.strerror}: free space there, or point --disk-cache elsewhere")
+        return OSError(e.errno, f"{path}: {e.strerror or e}")
+
+    # --- block copies ---------------------------------------------------------------------------------
     def path(self, block: int) -> str:
-        return os.path.join(self._blocks_dir, f"{block:08d}.blk")
+        return os.path.join(self._blocks_path, self.name(block))
+
+    @staticmethod
+    def name(block: int) -> str:
+        return f"{block:08d}.blk"
+
+    def open_copy(self, block: int) -> int:
+        """A read descriptor of the block's copy: a regular file in the tier's own directory, never a link."""
+        fd = os.open(self.name(block), _OPEN_COPY, dir_fd=self._blocks_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fd
 
     def has(self, block: int) -> bool:
         return block in self._present
@@ -111,20 +222,29 @@ class DiskTier:
             return self._used + size <= self.budget
 
     def put_block(self, block: int, header: bytes, data: memoryview) -> bool:
-        """Keep a verified block if the budget has room; whether it was kept.  A failed write (a full
-        disk) is logged and costs nothing but the copy."""
+        """Keep a verified block if the budget has room; whether it was kept.  A failed write costs nothing
+        but the copy; a full disk shrinks the budget to what the tier holds, so copying stops (said once)."""
         size = len(header) + len(data)
         with self._lock:
             if block in self._present or self._used + size > self.budget:
                 return False
             self._used += size  # reserved before writing, so concurrent copies cannot overshoot
         try:
-            write_atomically(self.path(block), (header, data))
+            write_file_at(self._blocks_fd, self.name(block), (header, data))
         except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             with self._lock:
                 self._used -= size
                 self._counts["write_failures"] += 1
-            log.warning("disk tier: cannot keep block %d in %s: %s", block, self.root, e.strerror or e)
+                if full:  # what fits is what the tier holds now: no copy more, and no line more
+                    self.budget = min(self.budget, self._used)
+                first = e.errno not in self._failures_said
+                self._failures_said.add(e.errno)
+            if full and first:
+                log.warning("disk tier: %s is full (%s): keeping the %d bytes it holds and copying no more; free "
+                            "space there or lower --disk-cache-size", self.directory, e.strerror, self._used)  # fmt: skip
+            elif first:
+                log.warning("disk tier: cannot keep block %d in %s: %s (said once)", block, self.root, e.strerror or e)
             return False
         with self._lock:
             self._present.add(block)
@@ -134,10 +254,11 @@ class DiskTier:
 
     def remove(self, block: int) -> None:
         """Delete a copy that failed a check (the budget it held is freed)."""
-        path = self.path(block)
+        name = self.name(block)
         try:
-            size = os.path.getsize(path)
-            os.unlink(path)
+            st = os.stat(name, dir_fd=self._blocks_fd, follow_symlinks=False)
+            os.unlink(name, dir_fd=self._blocks_fd)
+            size = st.st_size if stat.S_ISREG(st.st_mode) else 0
         except OSError:
             size = 0
         with self._lock:
@@ -154,3 +275,10 @@ class DiskTier:
                 "blocks": len(self._present),
                 **self._counts,
             }
+
+    def close(self) -> None:
+        for attr in ("_blocks_fd", "_root_fd", "_dir_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, attr, -1)

@@ -365,6 +365,13 @@ class RemoteStore:
             raise
         return True
 
+    def version(self, name: str) -> tuple:
+        """(ETag, size) of the object now: what tells a restored or replaced object from the one before."""
+        import obstore
+
+        meta = self._call("HEAD", name, lambda: obstore.head(self._store, name))
+        return (meta.get("e_tag"), meta.get("version"), int(meta["size"]))
+
     def put_bytes(self, name: str, data: bytes) -> None:
         import obstore
 

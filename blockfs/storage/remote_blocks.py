@@ -71,6 +71,13 @@ class RemoteBlockFiles(BlockFiles):
         with self._heads_lock:
             self._heads.pop(block, None)
 
+    def version(self, block: int):
+        """The object's ETag and size (one HEAD); None when the store does not answer."""
+        try:
+            return self.remote.version(self._objects[block])
+        except RemoteError:
+            return None
+
     def stats(self) -> dict:
         return {"remote": self.remote.counters.snapshot()}
 

@@ -24,8 +24,9 @@ class TieredBlockFiles(BlockFiles):
         self.remote = remote
         self.tier = tier
         self.names = remote.names
-        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))])
+        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))], tier.open_copy)
         self._lock = threading.Lock()
+        self._refused: set[int] = set()  # damaged blocks: fetched file by file, never whole for a copy
         self._counts = {"disk_reads": 0, "disk_bytes": 0, "remote_reads": 0, "remote_bytes": 0}
         # A tier that holds the whole dataset copies every block, so a remount reads nothing remote.  A
         # smaller one leaves out blocks memory holds for good: their copies would never be read in this
@@ -74,8 +75,19 @@ class TieredBlockFiles(BlockFiles):
         self._local.discard(block)
         self.remote.discard(block)
 
+    def version(self, block: int):
+        return self.remote.version(block)  # a copy that fails a check is deleted: the remote's block decides
+
     def wants_copy(self, block: int) -> bool:
-        return not self.tier.has(block) and self.tier.room_for(self.remote.size(block))
+        return block not in self._refused and not self.tier.has(block) and self.tier.room_for(self.remote.size(block))
+
+    def refuse_copy(self, block: int) -> None:
+        with self._lock:
+            self._refused.add(block)
+
+    def allow_copy(self, block: int) -> None:
+        with self._lock:
+            self._refused.discard(block)
 
     def keep_copy(self, block: int, header: bytes, data: memoryview) -> None:
         self.tier.put_block(block, header, data)

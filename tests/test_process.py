@@ -1,0 +1,110 @@
+"""A background mount's process under other users: its log goes to a private directory, never through a link
+another user planted (in that directory or in the shared temp directory where logs used to go), old logs
+are removed, and its secrets reach it through a pipe, never its command line."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import blockfs
+from blockfs.errors import MountError
+from blockfs.serve import process
+from blockfs.storage.owned import UnsafeDirectoryError
+from conftest import has_fuse, require
+from mountutil import release
+
+
+@pytest.fixture
+def private(tmp_path, monkeypatch):
+    """``XDG_RUNTIME_DIR`` pointed at a fresh directory: where the default log directory goes."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A file a link will point at: it must stay as it is."""
+    path = tmp_path / "victim"
+    path.write_bytes(b"untouched\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_the_default_log_directory_is_private_and_a_planted_link_is_never_followed(tmp_path, private, target):
+    mnt = tmp_path / "mnt"
+    first = process.default_log_path(mnt)
+    directory = os.path.dirname(first)
+    assert directory == str(private / "blockfs")
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    os.symlink(target, first)
+    path = process.default_log_path(mnt)  # our own name in our own directory: the link is removed
+    fd = process.open_log(path)
+    try:
+        os.write(fd, b"a line\n")
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+    finally:
+        os.close(fd)
+    assert not os.path.islink(path) and target.read_bytes() == b"untouched\n"
+
+
+def test_a_log_path_that_is_a_link_is_refused_in_one_line(tmp_path, target):
+    link = tmp_path / "given.log"
+    os.symlink(target, link)
+    with pytest.raises(MountError) as raised:
+        process.open_log(link)
+    assert "symbolic link" in str(raised.value) and "\n" not in str(raised.value)
+    assert target.read_bytes() == b"untouched\n"
+
+
+def test_a_log_directory_of_another_user_is_refused(tmp_path, private):
+    require(os.geteuid() == 0, "root (to give a directory to another user)")
+    (private / "blockfs").mkdir()
+    os.chown(private / "blockfs", 65534, 65534)
+    with pytest.raises(UnsafeDirectoryError, match="uid 65534"):
+        process.default_log_path(tmp_path / "mnt")
+
+
+def test_old_logs_are_removed(tmp_path, private):
+    directory = private / "blockfs"
+    directory.mkdir(mode=0o700)
+    old, recent, other = directory / "blockfs-old.log", directory / "blockfs-recent.log", directory / "notes.txt"
+    for path in (old, recent, other):
+        path.write_text("x")
+    long_ago = time.time() - (process.LOG_KEEP_DAYS + 1) * 86400
+    os.utime(old, (long_ago, long_ago))
+    os.utime(other, (long_ago, long_ago))
+    process.default_log_path(tmp_path / "mnt")
+    assert not old.exists() and recent.exists() and other.exists()
+
+
+def test_a_background_mount_logs_in_private_and_not_through_the_old_temp_name(tmp_path, private, target):
+    require(has_fuse(), "/dev/fuse")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"hello\n")
+    blockfs.pack(tmp_path / "src", tmp_path / "packed", fsync=False)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    tag = "".join(c if c.isalnum() else "_" for c in str(mnt).strip("/"))[-80:]
+    os.symlink(target, temp / f"blockfs-{os.getuid()}-{tag}.log")  # where the log used to go, predictably
+    env = dict(os.environ, TMPDIR=str(temp))
+    done = subprocess.run([sys.executable, "-m", "blockfs", "mount", str(tmp_path / "packed"), str(mnt)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (mnt / "a.txt").read_bytes() == b"hello\n"
+        logs = os.listdir(private / "blockfs")
+        assert len(logs) == 1 and f"log {private / 'blockfs' / logs[0]}" in done.stdout
+    finally:
+        release(mnt)
+    assert target.read_bytes() == b"untouched\n"
+    assert "serving" in (private / "blockfs" / logs[0]).read_text()

@@ -1,0 +1,232 @@
+"""Transient is not damaged: a bit flipped in transit, a block file cut short and then replaced, a full disk
+tier — each costs at most the reads it touches, never the mount's life, and never more than one log line.
+Real mounts over a real HTTP server (:mod:`httpserver`, which flips bits on demand) and a local dataset."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+
+import pytest
+
+import blockfs
+from blockfs.client import read_stats
+from blockfs.errors import CorruptBlockError
+from conftest import has_fuse, require
+from httpserver import serving
+from mountutil import mounted
+from polling import wait_until
+
+FILES = 120
+
+
+@pytest.fixture(autouse=True)
+def _fuse():
+    require(has_fuse(), "/dev/fuse")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """(root, {relative path: bytes}): a tree packed into 6 blocks of 20 files, each block under 64 KiB."""
+    root = tmp_path_factory.mktemp("transient")
+    rng = random.Random(21)
+    contents = {}
+    for i in range(FILES):
+        rel = f"c{i % 3}/f{i:03d}.bin"
+        (root / "src" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        contents[rel] = rng.randbytes(rng.randint(300, 2500))
+        (root / "src" / rel).write_bytes(contents[rel])
+    blockfs.pack(root / "src", root / "packed", files_per_block=20, fsync=False)
+    return root, contents
+
+
+def read_every_file(mnt, contents) -> dict[str, int]:
+    """Read each file once: {path: errno} of those that failed; a wrong byte fails the test."""
+    failed = {}
+    for rel, data in contents.items():
+        try:
+            with open(os.path.join(mnt, rel), "rb") as f:
+                assert f.read() == data, rel
+        except OSError as e:
+            failed[rel] = e.errno
+    return failed
+
+
+def served_copy(tree, tmp_path):
+    """A copy of the packed dataset for an HTTP server to serve (a test may damage or replace its files)."""
+    shutil.copytree(tree[0] / "packed", tmp_path / "www" / "packed")
+    return tmp_path / "www"
+
+
+def is_block(path: str) -> bool:
+    return "/blocks/" in path
+
+
+def test_a_bit_flipped_in_transit_once_per_block_fails_no_file(tree, tmp_path):
+    _, contents = tree
+    with serving(served_copy(tree, tmp_path)) as (base, faults):
+        faults.corrupt = lambda path, nth: is_block(path) and nth == 1  # every block's first answer
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", "--no-prefill") as m:
+            assert read_every_file(m.path, contents) == {}
+            errors = read_stats(m.path)["errors"]
+            assert not errors["damaged_blocks_reported"] and not errors["damaged_files_read"]
+        assert faults.gets and all(n >= 2 for p, n in faults.gets.items() if is_block(p))  # each fetched again
+
+
+def test_after_the_store_flips_bits_for_a_while_every_file_reads_right_once_it_is_healthy(tree, tmp_path):
+    _, contents = tree
+    with serving(served_copy(tree, tmp_path)) as (base, faults):
+        faults.corrupt = lambda path, nth: is_block(path)
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill",
+                     "--open-mode", "none") as m:  # fmt: skip
+            failed = read_every_file(m.path, contents)
+            assert failed and set(failed.values()) == {errno.EIO}
+            faults.corrupt = None
+            assert read_every_file(m.path, contents) == {}
+
+
+def test_with_a_disk_tier_a_damaged_block_fails_only_its_damaged_file_with_bounded_traffic(tree, tmp_path):
+    contents = tree[1]
+    www = served_copy(tree, tmp_path)
+    path = www / "packed" / "blocks" / "00000001.blk"
+    body = bytearray(path.read_bytes())
+    body[-1] ^= 0x40  # the last byte of block 1: one file's
+    path.write_bytes(bytes(body))
+    with blockfs.open_dataset(www / "packed") as ds:
+        in_block = [os.fsdecode(p) for p in ds.files_in_block(1)]
+        damaged = []
+        for rel in in_block:
+            try:
+                ds.read(rel)
+            except CorruptBlockError:
+                damaged.append(rel)
+    assert len(damaged) == 1 and len(in_block) > 1
+    victim = damaged[0]
+    with serving(www) as (base, faults):
+        args = ("--cache-size", "0", "--no-prefill", "--open-mode", "none", "--disk-cache", str(tmp_path / "disk"),
+                "--disk-cache-size", "1GiB")  # fmt: skip
+        with mounted(f"{base}/packed", tmp_path / "mnt", *args) as m:
+            for _ in range(3):
+                assert read_every_file(m.path, contents) == {victim: errno.EIO}
+            tier = read_stats(m.path)["storage"]["disk_tier"]
+    # The damaged block is fetched a few times per pass (its damaged file's reads), not once or twice per
+    # file of it; every other block once into the tier, then read from there.
+    assert faults.gets["packed/blocks/00000001.blk"] < len(in_block), faults.gets
+    assert all(n <= 2 for p, n in faults.gets.items() if is_block(p) and not p.endswith("01.blk")), faults.gets
+    assert tier["blocks"] == 5 and tier["write_failures"] == 0, tier
+
+
+def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cached_again(tree, tmp_path):
+    _, contents = tree
+    packed = tmp_path / "packed"
+    shutil.copytree(tree[0] / "packed", packed)
+    block = packed / "blocks" / "00000001.blk"
+    whole = block.read_bytes()
+    os.truncate(block, len(whole) // 2)  # as a copy in progress leaves it
+    with mounted(packed, tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill", "--open-mode", "none") as m:
+        failed = read_every_file(m.path, contents)
+        with blockfs.open_dataset(tree[0] / "packed") as ds:
+            in_block = {os.fsdecode(p) for p in ds.files_in_block(1)}
+        assert set(failed) == in_block and set(failed.values()) == {errno.EIO}
+        temp = block.with_name("00000001.blk.partial")
+        temp.write_bytes(whole)
+        os.rename(temp, block)  # what rsync and cp + mv do
+        assert read_every_file(m.path, contents) == {}  # at once: the failed reads kept no descriptor
+        # and, once the mount looks at the replaced file again, its block is cached like the others
+        wait_until(lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"][
+            "cached_blocks"] == 6, "the replaced block to be cached")  # fmt: skip
+
+
+def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tmp_path):
+    """Damage is remembered for the object's version (ETag): once the object is restored, its block is
+    loaded and cached again, not served file by file for the mount's life."""
+    _, contents = tree
+    www = served_copy(tree, tmp_path)
+    path = www / "packed" / "blocks" / "00000001.blk"
+    whole = path.read_bytes()
+    damaged = bytearray(whole)
+    damaged[-1] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with serving(www) as (base, faults):
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill",
+                     "--open-mode", "none") as m:  # fmt: skip
+            failed = read_every_file(m.path, contents)
+            assert len(failed) == 1 and read_stats(m.path)["cache"]["cached_blocks"] == 5
+            temp = path.with_name("restored")
+            temp.write_bytes(whole)
+            os.rename(temp, path)  # a new version: another ETag
+            wait_until(lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"][
+                "cached_blocks"] == 6, "the restored block to be cached")  # fmt: skip
+
+
+def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tree, tmp_path):
+    require(os.geteuid() == 0, "root (to mount a tmpfs)")
+    import subprocess
+
+    _, contents = tree
+    disk = tmp_path / "small"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0700", "tmpfs", str(disk)], capture_output=True, text=True)
+    require(done.returncode == 0, f"mount -t tmpfs ({done.stderr.strip()})")
+    try:
+        with serving(served_copy(tree, tmp_path)) as (base, faults):
+            args = ("--cache-size", "0", "--no-prefill", "--open-mode", "none", "--disk-cache", str(disk),
+                    "--disk-cache-size", "1GiB")  # fmt: skip
+            with mounted(f"{base}/packed", tmp_path / "mnt", *args) as m:
+                for _ in range(2):
+                    assert read_every_file(m.path, contents) == {}
+                tier = read_stats(m.path)["storage"]["disk_tier"]
+                log = m.log_text()
+            fetched = faults.bytes
+        dataset_bytes = sum(len(d) for d in contents.values())
+        assert 0 < tier["blocks"] < 6 and tier["budget"] == tier["used"], tier
+        full_lines = [line for line in log.splitlines() if "is full" in line]
+        assert len(full_lines) == 1 and str(disk) in full_lines[0], log
+        assert fetched < 4 * dataset_bytes, (fetched, dataset_bytes)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_sends_nothing(tree, tmp_path):
+    """Lookups, attributes, listings and the control files never wait behind data reads (F9): 40 readers
+    wait on a store holding every block answer; ``stat``, ``ls`` and ``stats.json`` still answer."""
+    import threading
+    import time
+
+    _, contents = tree
+    names = sorted(contents)
+    readers, later = names[:40], names[40:]
+    with serving(served_copy(tree, tmp_path)) as (base, faults):
+        faults.hold = is_block
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", "--no-prefill") as m:
+            threads = [threading.Thread(target=read_every_file, args=(m.path, {rel: contents[rel]}), daemon=True)
+                       for rel in readers]  # fmt: skip
+            try:
+                for t in threads:
+                    t.start()
+                wait_until(lambda: faults.held >= 10, "libfuse's default 10 threads to be waiting on the store")
+                timings = {}
+
+                def metadata() -> None:
+                    for what, op in (
+                        ("stat", lambda: os.stat(os.path.join(m.path, later[0]))),
+                        ("ls", lambda: os.listdir(os.path.join(m.path, "c1"))),
+                        ("lstat", lambda: os.lstat(os.path.join(m.path, later[1]))),
+                        ("stats.json", lambda: read_stats(m.path)),
+                    ):
+                        started = time.monotonic()
+                        op()
+                        timings[what] = time.monotonic() - started
+
+                worker = threading.Thread(target=metadata, daemon=True)
+                worker.start()
+                worker.join(15)
+                held = faults.held
+            finally:
+                faults.released.set()
+                for t in threads:
+                    t.join(30)
+        assert held >= 10 and len(timings) == 4, (held, timings)
+        assert max(timings.values()) < 1.0, timings

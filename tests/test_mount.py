@@ -321,6 +321,20 @@ def test_a_root_entry_named_like_the_control_dir_is_not_shadowed(tmp_path):
         assert "counters" in read_stats(m.path)
 
 
+def test_a_non_ascii_dataset_path_keeps_the_mount_table_utf8(tmp_path):
+    # libfuse writes the fsname into /proc/mounts byte for byte: a latin-1 'ü' (0xFC) there made every
+    # reader of the mount table raise UnicodeDecodeError for as long as the mount lived.
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    (tmp_path / "src" / "c" / "a.txt").write_bytes(b"a")
+    dest = tmp_path / "d ü" / "x.blockfs"
+    blockfs.pack(tmp_path / "src", dest, fsync=False)
+    with mounted(dest, tmp_path / "mnt") as m:
+        with open("/proc/mounts", "rb") as f:
+            table = f.read().decode("utf-8")  # strict: fails on the bug
+        mine = [line for line in table.splitlines() if line.split(" ")[1] == str(m.path)]
+        assert len(mine) == 1 and mine[0].split(" ")[0] == str(dest).replace(" ", "\\040"), mine
+
+
 # --- concurrency, memory, hit rates -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

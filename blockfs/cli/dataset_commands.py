@@ -15,7 +15,7 @@ from ..core.dataset import PackedDataset
 from .locations import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
-from ..serve.plan import parse_size
+from ..sizes import parse_size
 from ..storage.remote import parse_options
 from .output import human, progress_bar
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..storage.location import absolute, is_remote
 from .locations import open_from_args, storage_options
-from ..serve.plan import parse_size
+from ..sizes import parse_size
 from .output import human, progress_bar
 
 

@@ -89,9 +89,11 @@ class MountOptions:
 
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     """The binding's keyword options for this mount (``-o`` options plus foreground/nothreads)."""
-    from .fs import ENCODING
     source = redact(dest) if is_remote(dest) else os.path.abspath(dest)  # /proc/mounts shows it to everyone
     fsname = "".join(c if c.isprintable() and c not in ",\\=" else "_" for c in source)
+    # The binding hands str options to libfuse as latin-1, one byte per character: give it the path's own
+    # bytes (UTF-8 for 'ü') through that channel, so the mount table holds the name as the file system does.
+    fsname = os.fsencode(fsname).decode("latin-1")
     timeout = f"{options.timeout_s:g}"
     kwargs: dict[str, Any] = {
         "foreground": True,
@@ -99,7 +101,7 @@ def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
         "ro": True,
         "default_permissions": True,
         "use_ino": True,
-        "fsname": fsname.encode(ENCODING, "replace").decode(ENCODING),
+        "fsname": fsname,
         "subtype": "blockfs",
         "entry_timeout": timeout,
         "attr_timeout": timeout,

@@ -17,7 +17,7 @@ import numpy as np
 from ..storage.location import absolute, is_remote
 from .locations import open_from_args, storage_options
 from ..sizes import parse_size
-from .output import human, progress_bar
+from .output import human, log_level, progress_bar
 
 
 log = logging.getLogger("blockfs")
@@ -140,9 +140,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
     try:
         with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
-            print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
-            if args.policy != "none":
-                print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
+            if args.budget_bytes is None and not args.quiet:  # a background mount's server: its parent printed it
+                print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
+                if args.policy != "none":
+                    print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
         if args.foreground:
             return _serve_here(args, size)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
@@ -158,8 +159,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
         raise
-    print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
-          f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
+    if not args.quiet:
+        print(f"mounted {args.dest} at {args.mountpoint} (pid {pid}, log {log_path}); "
+              f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
     return 0
 
 
@@ -195,7 +197,7 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
 
     if args.log:
         logging.basicConfig(
-            filename=args.log, level=logging.DEBUG if args.verbose else logging.INFO, force=True,
+            filename=args.log, level=log_level(args), force=True,
             format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
         )  # fmt: skip
     options = _mount_options(args, size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 
 
@@ -22,3 +24,10 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def log_level(args: argparse.Namespace) -> int:
+    """The logging level the options ask for: --log-level, else -v (debug) or -q (warning), else info."""
+    if args.log_level:
+        return getattr(logging, args.log_level.upper())
+    return logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import resource
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -26,8 +27,11 @@ from ..core.location import StorageOptions
 from ..core.partition import partition_blocks
 from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
+from ..errors import MountError
 from .announce import PrefetchListener
 from .cache import READAHEAD_BLOCKS, BlockCache
+from .libfuse_messages import StderrCapture, distill
+from .notify import notify
 from .plan import MemoryPlan
 from .policies import DEFAULT_POLICY
 from .retain import RetainingReader, plan_dataset
@@ -180,7 +184,7 @@ def assembled(
             ds.index.arrays, options.cache_bytes, strategy=options.retain_strategy,
             threshold=options.retain_threshold, retain=retain,
         )  # fmt: skip
-        log.info("memory plan:\n%s", plan.describe())
+        log.debug("memory plan:\n%s", plan.describe())  # the command printed it
         cache = BlockCache(
             ds.store, plan.block_cache_bytes if retain else options.cache_bytes, options.policy,
             readahead=options.readahead, lock_memory=options.lock_memory, n_files=len(sizes), share=options.share,
@@ -221,6 +225,34 @@ def serve(
 
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
-    with assembled(dest, mountpoint, options, on_progress) as fs:
-        run(fs, mountpoint, fuse_kwargs(options, dest))
+    with assembled(dest, mountpoint, options, on_progress) as fs, StderrCapture() as libfuse_said:
+        watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint, libfuse_said), daemon=True)
+        watcher.start()
+        try:
+            run(fs, mountpoint, fuse_kwargs(options, dest))
+        except MountError as e:
+            if fs.served:
+                raise
+            libfuse_said.release(replay=False)
+            text = libfuse_said.text()
+            log.debug("libfuse wrote:\n%s", text.rstrip())
+            why = distill(text)
+            if why is None:
+                os.write(2, text.encode())
+                raise
+            raise MountError(f"cannot mount {mountpoint!r}: {why}") from e
+        finally:
+            fs.stopped.set()
+            watcher.join()
+    notify("STOPPING=1")
     log.info("unmounted %s", mountpoint)
+
+
+def _when_serving(fs: BlockFS, mountpoint: str, libfuse_said: StderrCapture) -> None:
+    """Once the mount answers: stderr back from libfuse's capture, and READY=1 to systemd (Type=notify)."""
+    while not fs.stopped.wait(0.01):
+        if fs.served and os.path.ismount(mountpoint):
+            libfuse_said.release()
+            notify(f"READY=1\nSTATUS=serving {mountpoint}")
+            return
+    libfuse_said.release(replay=False)  # the caller reads it

@@ -49,8 +49,9 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
         head = ds.store.unchecked_header(b)
         file_crcs = ds.store.read_data_into(b, head, bytearray(head.data_size))
     except BlockfsError as err:  # the block as a whole is lost: every file in it
-        if _store_cannot_answer(err.__cause__):
-            raise err.__cause__ from None
+        cause = _store_cannot_answer(err)
+        if cause is not None:
+            raise cause from None
         return Problem(f"block {b}", str(err), _names(ds, entries))
     slots = a["slot"][entries]
     bad = entries[(file_crcs[slots] != a["crc"][entries]) | (head.sizes[slots] != a["size"][entries])]
@@ -63,11 +64,16 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     return None
 
 
-def _store_cannot_answer(cause: BaseException | None) -> bool:
-    """Whether a block read failed because of the store, whatever the block holds: a server that cannot
-    serve byte ranges, or credentials refused.  Then verify stops with that error instead of calling every
-    block damaged."""
-    return isinstance(cause, RangeNotServedError) or (isinstance(cause, RemoteError) and cause.errno == errno.EACCES)
+def _store_cannot_answer(err: BaseException) -> RemoteError | None:
+    """The store's error behind a failed block read when it is about the store, whatever the block holds: a
+    server that cannot serve byte ranges, or credentials refused.  Then verify stops with that error
+    instead of calling every block damaged."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, RangeNotServedError) or (isinstance(cause, RemoteError) and cause.errno == errno.EACCES):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _names(ds: PackedDataset, entries: np.ndarray) -> list[str]:

@@ -66,6 +66,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
             if shown is not None:
                 shown.close()
     rate = result.file_bytes / max(result.seconds, 1e-9) / 1e6
+    if args.quiet:
+        return 0
     print(
         f"packed {result.n_files} files ({human(result.file_bytes)}), {result.n_dirs} directories, "
         f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {result.dest} "

@@ -230,13 +230,13 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
-        f"reads      {k['reads']:,} reads, {k['files_served']:,} files served, {human(k['bytes_served'])}; "
-        f"{k.get('blocks_shared', 0):,} blocks shared with loaders (their files are not counted here)",
+        f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
+        + _shared_note(k.get("blocks_shared", 0)),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
-        "epochs     " + ("  ".join(f"{e['hit_rate']:.1%} of {e['files']:,}" for e in s["epochs"][-8:]) or "-"),
+        _epochs_line(s["epochs"], d["files"]),
     ]
     r = s.get("retained")
     if r:
@@ -271,6 +271,25 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         mbs = (k["bytes_served"] - p["bytes_served"]) / seconds / 1e6
         lines.append(f"rate       {files:,.0f} files/s, {mbs:,.1f} MB/s served")
     return "\n".join(lines)
+
+
+def _shared_note(blocks: int) -> str:
+    if not blocks:
+        return ""
+    return (f"; {blocks:,} blocks mapped by BlockLoaders, whose reads of them skip FUSE and are not "
+            "counted here")  # fmt: skip
+
+
+def _epochs_line(epochs: list[dict], n_files: int, shown: int = 6) -> str:
+    """The file hit rate of each pass over the dataset (an epoch: as many files served as it holds)."""
+    if not epochs or not epochs[0]["files"]:
+        return "epochs     no file read yet"
+    first = max(1, len(epochs) - shown + 1)  # the statistics keep the last epochs only
+    parts = []
+    for number, e in enumerate(epochs[-shown:], start=first):
+        done = e["files"] >= n_files
+        parts.append(f"#{number} {e['hit_rate']:.1%}" + ("" if done else f" (so far: {e['files']:,} files)"))
+    return f"epochs     files from memory, per pass over the {n_files:,} files: " + ", ".join(parts)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import has_fuse, require
+from polling import wait_until
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 sys.path.insert(0, str(TOOLS))
@@ -47,15 +48,15 @@ def http_server(tmp_path):
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while True:
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            return True
         except OSError:
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the proxy did not listen"
-            time.sleep(0.02)
+            return False
+
+    wait_until(listening, "the proxy to listen", timeout=30)
 
 
 def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests_and_bytes(tmp_path, http_server):
@@ -75,10 +76,7 @@ def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests
         # Each request waits at least one round trip for its answer (a lower bound: no timing upper bound).
         assert time.monotonic() - started >= 3 * 0.040
         proxy.send_signal(__import__("signal").SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not stats.exists():
-            assert time.monotonic() < deadline, "the proxy wrote no counters"
-            time.sleep(0.01)
+        wait_until(stats.exists, "the proxy's counters")
         counters = json.loads(stats.read_text())
         assert counters["requests"] == 3
         assert counters["connections"] == 4  # the three requests' and the one that saw the port open
@@ -140,6 +138,7 @@ def _blkio() -> bool:
     return os.geteuid() == 0 and (storage_emulation.BLKIO / "blkio.throttle.read_iops_device").exists()
 
 
+@pytest.mark.fuse
 def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path):
     require(has_fuse(), "/dev/fuse")
     require(_blkio(), "root and a cgroup v1 blkio controller")

@@ -227,10 +227,7 @@ def test_control_files_are_hidden_and_carry_index_metadata_and_live_stats(edge_m
     assert text["dataset"]["files"] == after["dataset"]["files"]
     # The file is live too: every open reads a new snapshot.
     first = json.loads(Path(ctl, "stats.json").read_text())["uptime_s"]
-    deadline = time.monotonic() + 10
-    while json.loads(Path(ctl, "stats.json").read_text())["uptime_s"] <= first and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert json.loads(Path(ctl, "stats.json").read_text())["uptime_s"] > first
+    wait_until(lambda: json.loads(Path(ctl, "stats.json").read_text())["uptime_s"] > first, "a newer snapshot")
 
 
 def test_concurrent_stats_readers_each_read_one_whole_snapshot(edge_mount):
@@ -654,14 +651,14 @@ def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
                 assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
             assert view.announce(np.array([5, 2, 7, 0, 1]))
 
-            def loaded() -> bool:  # a prefetch load is counted when it starts: wait until all three are cached
+            def settled() -> bool:
+                # A prefetch load is counted when its room is claimed, before it starts: wait until the three
+                # are cached and nothing is loading.  The budget is then full, and a load needs room claimed
+                # first, so no wrong fourth load can start later: no sleep is needed to give it time to show.
                 s = read_stats(m.path)
-                return s["counters"]["prefetch_loads"] >= 3 and s["cache"]["cached_blocks"] >= 3
+                return s["cache"]["cached_blocks"] >= 3 and s["cache"]["loading_blocks"] == 0
 
-            deadline = time.monotonic() + 10
-            while not loaded() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.2)  # room for a wrong fourth load to show
+            wait_until(settled, "the three announced blocks to be cached")
             counters = read_stats(m.path)["counters"]
             assert counters["announcements"] == 1  # the malformed one was dropped
             assert counters["prefetch_loads"] == 3 and counters["block_loads"] == 3  # 0 and 1 did not fit

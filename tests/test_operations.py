@@ -105,6 +105,33 @@ def test_the_readme_fstab_line_mounts(dataset, tmp_path):
 
 
 @pytest.mark.fuse
+def test_the_readme_fstab_line_for_a_remote_dataset_mounts(s3, tmp_path):
+    """The README's S3 line, against the test's S3 server (credentials from the environment, as root's)."""
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    (src / "a.txt").write_text("remote a\n")
+    url = f"s3://{s3.new_bucket()}/imagenet.blockfs"
+    blockfs.pack(tmp_path / "src", url, fsync=False)
+    readme = (REPO / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if "fuse.blockfs" in ln and ln.startswith("s3://"))
+    assert "_netdev" in line and "x-systemd.automount" in line
+    mnt = tmp_path / "imagenet-s3"
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line.replace("s3://my-bucket/imagenet.blockfs", url).replace("/mnt/imagenet-s3", str(mnt))
+                     .replace("/var/cache/blockfs", str(tmp_path / "disk")) + "\n")  # fmt: skip
+    with helper_installed(tmp_path):
+        try:
+            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert (mnt / "cat" / "a.txt").read_text() == "remote a\n"
+            assert any((tmp_path / "disk").iterdir())  # disk_cache= reached the mount
+        finally:
+            release(mnt)
+
+
+@pytest.mark.fuse
 def test_a_foreground_mount_tells_systemd_it_is_ready_once_it_answers(dataset, tmp_path):
     require(has_fuse(), "/dev/fuse")
     mnt = tmp_path / "mnt"

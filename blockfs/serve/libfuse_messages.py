@@ -55,7 +55,10 @@ class StderrCapture:
 
     def __enter__(self) -> StderrCapture:
         sys.stderr.flush()
-        self._saved = os.dup(2)
+        try:
+            self._saved = os.dup(2)
+        except OSError:  # no stderr at all (closed by whoever started us): nothing to capture or restore
+            return self
         os.dup2(self._file.fileno(), 2)
         return self
 

@@ -729,6 +729,26 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
         release(tmp_path / "mnt")
 
 
+def test_a_clean_background_mount_leaves_no_log_in_the_temp_directory(tiny, tmp_path, monkeypatch, capsys):
+    from blockfs.serve.process import default_log_path
+
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the default log's directory, this test's own
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # (this process has read TMPDIR already)
+    (tmp_path / "tmp").mkdir()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        assert cli.main(["mount", str(tiny / "packed"), str(mnt), "--cache-size", "1MiB"]) == 0
+        log = Path(default_log_path(mnt))
+        assert log.parent == tmp_path / "tmp" and log.exists() and str(log) in capsys.readouterr().out
+        assert cli.main(["umount", str(mnt)]) == 0
+        wait_until(lambda: not log.exists(), "the clean mount's log to be removed")
+    finally:
+        release(mnt)
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_unmount_cleanly(tiny, tmp_path, sig, binding):

@@ -210,7 +210,25 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
     serve(args.dest, args.mountpoint, options, progress if bar else None)
     if bar:
         bar.close()
+    _drop_clean_default_log(args)
     return 0
+
+
+def _drop_clean_default_log(args: argparse.Namespace) -> None:
+    """After a clean unmount, remove a background mount's default log (in the temp directory) when it holds
+    no warning, error or traceback: the logs of many mount points do not pile up there, and a log with
+    something to read stays."""
+    from ..serve.process import default_log_path
+
+    if not args.log or os.path.abspath(args.log) != default_log_path(args.mountpoint):
+        return  # a log the user named is theirs
+    try:
+        with open(args.log, "rb") as f:
+            text = f.read()
+        if not any(word in text for word in (b" WARNING: ", b" ERROR: ", b" CRITICAL: ", b"Traceback", b"error:")):
+            os.unlink(args.log)
+    except OSError:
+        pass
 
 
 def cmd_umount(args: argparse.Namespace) -> int:

@@ -43,9 +43,10 @@ def to_bytes(size: int | str, name: str = "size") -> int:
     return size
 
 
-def format_size(nbytes: float) -> str:
-    """A size for people, in powers of 1024: ``"9.50 GiB"``; :func:`parse_size` reads it back."""
+def format_size(nbytes: float, decimals: int = 2) -> str:
+    """A size for people, in powers of 1024: ``"9.50 GiB"`` (``decimals=1``: ``"9.5 GiB"``, for a line
+    of the command's output); :func:`parse_size` reads it back."""
     value, power = float(nbytes), 0
     while abs(value) >= 1024 and power < len(_BINARY_UNITS) - 1:
         value, power = value / 1024, power + 1
-    return f"{nbytes:.0f} B" if power == 0 else f"{value:.2f} {_BINARY_UNITS[power]}"
+    return f"{nbytes:.0f} B" if power == 0 else f"{value:.{decimals}f} {_BINARY_UNITS[power]}"

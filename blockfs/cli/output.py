@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from ..sizes import format_size
+
 
 def progress_bar(total: int | None, unit: str, desc: str):
     """A tqdm bar on a terminal (a counter when ``total`` is None); None (quiet) when stderr is not one."""
@@ -18,12 +20,8 @@ def progress_bar(total: int | None, unit: str, desc: str):
 
 
 def human(n: float) -> str:
-    """A size in powers of 1024, short: ``"9.5 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    """A size in powers of 1024, short: ``"9.5 GiB"`` (:func:`blockfs.sizes.format_size`, one decimal)."""
+    return format_size(n, decimals=1)
 
 
 def log_level(args: argparse.Namespace) -> int:

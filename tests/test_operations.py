@@ -38,6 +38,9 @@ def test_mount_options_become_blockfs_options():
         blockfs_argv("/d", "/m", ["cache_size"])
     with pytest.raises(ValueError, match="foreground"):
         blockfs_argv("/d", "/m", ["foreground"])
+    for secret in ("storage.secret_access_key=x", "storage.secret=x", "storage.account_key=x"):
+        with pytest.raises(ValueError, match="is a credential: fstab is readable by every user"):
+            blockfs_argv("/d", "/m", [secret])
 
 
 @pytest.fixture

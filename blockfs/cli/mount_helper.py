@@ -42,6 +42,13 @@ def _mount_options() -> dict[str, bool]:
     return options
 
 
+def _is_secret(key: str) -> bool:
+    from ..storage.remote import ALIASES, SECRET_OPTIONS
+
+    key = ALIASES.get(key, key)
+    return key in SECRET_OPTIONS or "secret" in key or key.endswith("_key")
+
+
 def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[str]:
     """``blockfs``'s command line for mount(8)'s ``DATASET MNT -o a,b=c`` (``options``: the ``-o`` values)."""
     known = _mount_options()
@@ -51,7 +58,11 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[
             continue
         name, eq, value = item.partition("=")
         if name.startswith("storage."):
-            argv += ["--storage-option", f"{name[len('storage.'):]}={value}"]
+            key = name[len("storage."):]
+            if _is_secret(key):
+                raise ValueError(f"option {name!r} is a credential: fstab is readable by every user; give it "
+                                 "through the environment, a profile or an instance role instead")  # fmt: skip
+            argv += ["--storage-option", f"{key}={value}"]
         elif name in ("foreground", "o"):
             raise ValueError(f"option {name!r} cannot be given in fstab: mount(8) needs the mount in the background")
         elif name in known:

@@ -63,8 +63,8 @@ def test_a_bad_fuse_option_is_one_line_and_the_plan_is_printed_once(packed, tmp_
 
 
 def test_libfuse_and_fusermount_messages_become_the_cause_and_the_fix():
-    # Their own words (libfuse 3.14, fusermount3), as they reach a serving process's stderr.  Not run for
-    # real: root always may allow_other and open /dev/fuse, and this venv's python is not readable by nobody.
+    # Their own words (libfuse 3.14, fusermount3), as they reach a serving process's stderr; the test
+    # below meets one of them for real, whichever this machine gives a user.
     assert "modprobe fuse" in distill("fuse: device not found, try 'modprobe fuse' first\n")
     assert "--device /dev/fuse" in distill("fusermount3: failed to open /dev/fuse: Permission denied\n")
     said = "fusermount3: option allow_other only allowed if 'user_allow_other' is set in /etc/fuse.conf\n"
@@ -72,6 +72,71 @@ def test_libfuse_and_fusermount_messages_become_the_cause_and_the_fix():
     assert "CAP_SYS_ADMIN" in distill("fusermount3: mount failed: Operation not permitted\n")
     assert distill("fuse: something new\n") == "fuse: something new"  # unknown: libfuse's line, verbatim
     assert distill("unrelated noise\n") is None
+
+
+@pytest.mark.fuse
+def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
+    """Mount as the user nobody with --allow-other, in a forked child (this interpreter's files may not be
+    readable by nobody, so nothing is imported after the fork).  What libfuse refuses depends on the
+    machine: /dev/fuse closed to other users (crw-------), or allow_other without user_allow_other in
+    /etc/fuse.conf; where it allows both, the mount must work."""
+    import shutil
+    import stat
+    import tempfile
+
+    import blockfs.cli.mount_commands  # noqa: F401  (everything the child runs, imported before the fork)
+    import blockfs.serve.fs  # noqa: F401
+    import blockfs.serve.server  # noqa: F401
+    from blockfs.serve.process import is_mounted
+    from polling import wait_until
+
+    require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (to become nobody)")
+    dev_open = stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 == 0o006
+    conf = Path("/etc/fuse.conf")
+    allowed = conf.exists() and "user_allow_other" in [ln.strip() for ln in conf.read_text().splitlines()]
+    base = Path(tempfile.mkdtemp(prefix="blockfs-nobody-", dir="/tmp"))  # not under root's 0700 pytest dir
+    try:
+        shutil.copytree(packed, base / "p")
+        (base / "mnt").mkdir()
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, running the command in this process
+            status = 99
+            try:
+                os.dup2(err_w, 2)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                # pytest replaced sys.stdout and sys.stderr with its own capture: back to the descriptors
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                status = main(["mount", str(base / "p"), str(base / "mnt"), "--foreground", "--allow-other",
+                               "--cache-size", "1MiB", "--no-mlock"])  # fmt: skip
+            finally:
+                sys.stderr.flush()
+                os._exit(status)
+        os.close(err_w)
+        try:
+            if dev_open and allowed:  # this machine lets nobody mount with allow_other: it must serve
+                wait_until(lambda: is_mounted(base / "mnt"), "nobody's mount")
+                subprocess.run(["fusermount3", "-u", str(base / "mnt")], check=True, timeout=60)
+        finally:
+            with os.fdopen(err_r, "rb") as f:
+                err = f.read().decode()
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if dev_open and allowed:
+            assert status == 0, err
+        else:
+            assert status == 2 and err.count("\n") == 1, err
+            if not dev_open:
+                assert "/dev/fuse is not accessible to this user" in err and "ls -l /dev/fuse" in err
+            else:
+                assert "user_allow_other" in err and "/etc/fuse.conf" in err
+    finally:
+        release(base / "mnt")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # --- where a dataset is -------------------------------------------------------------------------------

@@ -53,6 +53,13 @@ def dataset(tmp_path) -> Path:
     return tmp_path / "ds.blockfs"
 
 
+def own_tmp(tmp_path: Path) -> dict[str, str]:
+    """The environment for mount(8), with the test's own temp directory: a mount through the helper logs
+    to the default log there, not in the machine's /tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+
+
 @contextlib.contextmanager
 def helper_installed(tmp_path: Path) -> Iterator[None]:
     """/sbin/mount.fuse.blockfs running this checkout's helper with this interpreter, for the test only."""
@@ -76,7 +83,8 @@ def test_mount_t_fuse_blockfs_mounts_and_umount_unmounts(dataset, tmp_path):
     with helper_installed(tmp_path):
         try:
             done = subprocess.run(["mount", "-t", "fuse.blockfs", str(dataset), str(mnt), "-o",
-                                   "ro,cache_size=16MiB,_netdev"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                                   "ro,cache_size=16MiB,_netdev"], capture_output=True, text=True, timeout=120,
+                                  env=own_tmp(tmp_path))  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             assert (mnt / "cat" / "7.txt").read_text() == "file 7\n"
             with open("/proc/self/mounts") as f:
@@ -100,7 +108,7 @@ def test_the_readme_fstab_line_mounts(dataset, tmp_path):
     with helper_installed(tmp_path):
         try:
             done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
-                                  timeout=120)  # fmt: skip
+                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             assert sorted(os.listdir(mnt / "cat"))[:2] == ["0.txt", "1.txt"]
         finally:
@@ -126,7 +134,7 @@ def test_the_readme_fstab_line_for_a_remote_dataset_mounts(s3, tmp_path):
     with helper_installed(tmp_path):
         try:
             done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
-                                  timeout=120)  # fmt: skip
+                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             assert (mnt / "cat" / "a.txt").read_text() == "remote a\n"
             assert any((tmp_path / "disk").iterdir())  # disk_cache= reached the mount

@@ -7,6 +7,7 @@ use it without the mount and the loader importing each other.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Any
@@ -19,11 +20,20 @@ def control_dir(mountpoint: str | os.PathLike) -> str:
     """The path of the mount's control directory; NotADatasetError saying why ``mountpoint`` is not a mount."""
     root = os.path.abspath(os.fspath(mountpoint))
     hint = f"mount a packed dataset there first: blockfs mount DATASET {root}"
+    gone = NotADatasetError(f"{root!r} is a mount whose server is gone (transport endpoint is not connected): "
+                            f"run 'blockfs umount {root}', then mount the dataset again")  # fmt: skip
+    try:
+        os.stat(root)  # may answer from the kernel's cache of a dead mount: the getxattr below does not
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise gone from None
     if not os.path.isdir(root):
         raise NotADatasetError(f"{root!r} is not a blockfs mount: it is not a directory ({hint})")
     try:
         name = os.fsdecode(os.getxattr(root, protocol.CONTROL_XATTR))
     except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise gone from None
         if os.path.exists(os.path.join(root, "blockfs.json")):
             hint = f"it is a packed dataset, not its mount: blockfs mount {root} MOUNTPOINT"
         raise NotADatasetError(

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import has_fuse, require
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_remote.py"
 
 
+@pytest.mark.fuse
 def test_a_quick_mount_run_reports_every_scenario_and_a_remount_with_no_remote_block_bytes(tmp_path):
     require(has_fuse(), "/dev/fuse")
     require(importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,

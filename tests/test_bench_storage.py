@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import has_fuse, require
+from polling import wait_until
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 sys.path.insert(0, str(TOOLS))
@@ -47,15 +48,15 @@ def http_server(tmp_path):
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while True:
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            return True
         except OSError:
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the proxy did not listen"
-            time.sleep(0.02)
+            return False
+
+    wait_until(listening, "the proxy to listen", timeout=30)
 
 
 def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests_and_bytes(tmp_path, http_server):
@@ -75,10 +76,7 @@ def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests
         # Each request waits at least one round trip for its answer (a lower bound: no timing upper bound).
         assert time.monotonic() - started >= 3 * 0.040
         proxy.send_signal(__import__("signal").SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not stats.exists():
-            assert time.monotonic() < deadline, "the proxy wrote no counters"
-            time.sleep(0.01)
+        wait_until(stats.exists, "the proxy's counters")
         counters = json.loads(stats.read_text())
         assert counters["requests"] == 3
         assert counters["connections"] == 4  # the three requests' and the one that saw the port open
@@ -140,6 +138,7 @@ def _blkio() -> bool:
     return os.geteuid() == 0 and (storage_emulation.BLKIO / "blkio.throttle.read_iops_device").exists()
 
 
+@pytest.mark.fuse
 def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path):
     require(has_fuse(), "/dev/fuse")
     require(_blkio(), "root and a cgroup v1 blkio controller")
@@ -158,8 +157,11 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     assert all(r["complete"] and "errors" not in r for r in rows), rows
     by = {(r["system"], r["readers"], r["epoch"]): r for r in rows}
     # Epoch 1 read the evicted pack from the disk (counted by the cgroup); epoch 2 was served from memory.
-    assert by[("blockfs mount", 4, "1")]["storage_bytes"] > 0
-    assert by[("blockfs mount", 4, "2")]["storage_bytes"] == 0
+    # Epoch 2's bound, not zero: the cgroup counts every read of the benchmark's processes, and on a busy
+    # machine the kernel may drop and re-read a page or two of the pack, Python's own files, the log.
+    first = by[("blockfs mount", 4, "1")]["storage_bytes"]
+    assert first > 0
+    assert by[("blockfs mount", 4, "2")]["storage_bytes"] <= first // 10
     assert by[("raw", 4, "1")]["storage_requests"] >= 400
     with open("/proc/self/mounts") as f:
         assert str(tmp_path) not in f.read()

@@ -105,3 +105,28 @@ def test_every_command_prints_its_help(capsys):
             main([name, "--help"])
         assert done.value.code == 0, name
         assert f"usage: blockfs {name}" in capsys.readouterr().out
+
+
+def test_logging_options_go_before_or_after_the_command(tmp_path, edge_tree, capsys):
+    dest = tmp_path / "p"
+    assert main(["pack", os.fsdecode(edge_tree), str(dest), "-q", "--no-fsync"]) == 0
+    assert capsys.readouterr().out == ""  # -q after the command: no summary
+    assert main(["-v", "info", str(dest)]) == 0 and main(["info", str(dest), "--log-level", "warning"]) == 0
+    from blockfs.cli import build_parser
+
+    args = build_parser().parse_args(["-v", "info", str(dest)])
+    assert args.verbose is True  # given before the command, kept
+    args = build_parser().parse_args(["info", str(dest), "--log-level", "debug"])
+    assert args.log_level == "debug" and args.verbose is False
+
+
+def test_stats_lines_say_what_their_numbers_are():
+    from blockfs.cli.mount_commands import _epochs_line, _shared_note
+
+    line = _epochs_line([{"files": 79, "hit_rate": 0.0}, {"files": 79, "hit_rate": 0.5},
+                         {"files": 10, "hit_rate": 0.6}], 79)  # fmt: skip
+    assert line.endswith("per pass over the 79 files: #1 0.0%, #2 50.0%, #3 60.0% (so far: 10 files)")
+    assert _epochs_line([{"files": 0, "hit_rate": 0.0}], 79).endswith("no file read yet")
+    many = [{"files": 79, "hit_rate": 1.0}] * 10
+    assert _epochs_line(many, 79).split(": ", 1)[1].startswith("#5 100.0%")  # the last six, numbered as read
+    assert "skip FUSE and are not counted here" in _shared_note(3) and _shared_note(0) == ""

@@ -84,6 +84,7 @@ def test_truncating_or_replacing_the_index_file_does_not_reach_an_open_dataset(p
         assert ds.listdir("class_a") == sorted(os.listdir(os.path.join(edge_tree, b"class_a").decode()))
 
 
+@pytest.mark.fuse
 def test_a_live_mount_survives_its_index_file_being_truncated(packed, edge_tree, tmp_path):
     from conftest import has_fuse, require
     from mountutil import mounted

@@ -277,6 +277,7 @@ def _walk_kernel(fs, p: Pristine, authentic: bool, steps: list[str]) -> None:
             assert got == data or isinstance(got, int), (rel, steps, len(got))
 
 
+@pytest.mark.fuse
 def test_a_real_mount_answers_exact_bytes_or_eio_under_block_damage_and_stays_up(pristine, tmp_path):
     require(has_fuse(), "/dev/fuse")
     from blockfs.serve.process import is_mounted
@@ -341,6 +342,7 @@ def test_mutation_index_arrays_resigned_307_keeps_the_invariant(pristine, tmp_pa
 
 
 
+@pytest.mark.fuse
 def test_a_forged_zero_size_fails_through_the_mount(pristine, tmp_path):
     """The same forged size through a real mount: the kernel never reads a file of size 0, so the size
     is checked against the block when the file is looked up; a file that is empty still opens empty."""

@@ -244,6 +244,50 @@ def test_block_shuffle_dataset_in_a_dataloader_gives_the_same_order(bl, tiny):
     assert len(dataset) == len(theirs) == 480
 
 
+def test_set_epoch_reaches_persistent_workers(bl, tiny):
+    # DistributedSampler.set_epoch works with persistent_workers=True; so must ours: the workers, started
+    # in epoch 0, must read epoch 1's order when the next iterator starts.
+    import torch
+
+    dataset = bl.BlockShuffleDataset(tiny / "mnt", seed=5)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=B, num_workers=2, persistent_workers=True)
+    seen = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        seen.append([i for _, _, ids in loader for i in ids.tolist()])
+        expected = bl.BlockLoader(tiny / "mnt", B, seed=5, num_workers=2)
+        expected.set_epoch(epoch)
+        assert seen[epoch] == flat(epoch_ids(expected)), f"epoch {epoch}"
+    assert seen[0] != seen[1] and sorted(seen[0]) == sorted(seen[1])
+
+
+@pytest.fixture(scope="module")
+def with_readme(tmp_path_factory):
+    """An ImageFolder tree of 64 files in 4 classes plus a top-level README.txt (label -1), fake-mounted."""
+    root = tmp_path_factory.mktemp("readme")
+    md.make_dataset(root / "src", "tiny", files=64, classes=4, seed=2)
+    (root / "src" / "README.txt").write_text("not a sample\n")
+    blockfs.pack(root / "src", root / "packed", files_per_block=8, fsync=False)
+    make_fake_mount(root / "packed", root / "mnt")
+    return root
+
+
+def test_files_outside_class_directories_are_left_out_unless_unlabeled(bl, with_readme):
+    import torch
+
+    mnt = with_readme / "mnt"
+    readme = [i for i in bl.BlockfsMount(mnt).file_ids.tolist() if bl.BlockfsMount(mnt).labels[i] < 0]
+    assert len(readme) == 1  # the README, as ImageFolder would not yield it
+    default = flat(epoch_ids(bl.BlockLoader(mnt, 8)))
+    assert len(default) == 64 and readme[0] not in default
+    assert readme[0] in flat(epoch_ids(bl.BlockLoader(mnt, 8, unlabeled=True)))
+    dataset = bl.BlockShuffleDataset(mnt)
+    assert len(dataset) == 64 and all(label >= 0 for _, label, _ in dataset)
+    assert len(bl.BlockShuffleDataset(mnt, unlabeled=True)) == 65
+    ids = [i for _, _, batch in torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2) for i in batch]
+    assert len(ids) == 64 and readme[0] not in ids
+
+
 def test_batches_mix_classes_as_well_as_a_global_shuffle(bl, tiny):
     """Mean per-batch class entropy of the loader's batches, against a global shuffle (randomly packed)."""
     labels = index_of(tiny).arrays["label"]
@@ -590,6 +634,15 @@ def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
         else:  # both ranks selected from the same (all-reduced) losses: half of the data, split
             assert len(seen[0] | seen[1]) == 240
     assert ranks[0]["final_params"] == pytest.approx(ranks[1]["final_params"])  # DDP kept them in step
+
+
+@pytest.mark.slow
+def test_the_ddp_example_trains_on_a_tree_with_a_top_level_readme(bl, with_readme, tmp_path):
+    out = tmp_path / "ddp.json"
+    run_example("ddp_train.py", with_readme / "mnt", "--world-size", "2", "--epochs", "1", "--batch-size", "8",
+                "--out", out, timeout=120)  # fmt: skip
+    ranks = json.loads(out.read_text())["ranks"]
+    assert len(set(ranks[0]["ids"][0]) | set(ranks[1]["ids"][0])) == 64
 
 
 # --- through a real mount -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ def run_ranks(mounts: list[Path], partition: str, tmp_path: Path) -> list[dict]:
     return results
 
 
+@pytest.mark.fuse
 @pytest.mark.parametrize("partition", ["node", "global"])
 def test_each_node_caches_its_own_part(s3, tmp_path, torch_module, partition):
     require(has_fuse(), "/dev/fuse")

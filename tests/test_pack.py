@@ -317,6 +317,17 @@ def test_refusals(tmp_path):
         blockfs.pack(src, tmp_path / "q", block_size=4 << 30)
 
 
+def test_block_size_takes_the_sizes_the_cli_takes(tmp_path):
+    src = _imagefolder_tree(tmp_path / "src", per_class=4)
+    result = blockfs.pack(src, tmp_path / "p", block_size="1MiB", fsync=False)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        assert ds.metadata["pack"]["block_size"] == 1 << 20 and result.n_files == ds.metadata["n_files"]
+    with pytest.raises(ValueError, match="cannot read '1 parsec' as a size"):
+        blockfs.pack(src, tmp_path / "q", block_size="1 parsec")
+    with pytest.raises(TypeError, match="block_size must be a number of bytes or a size such as '64MiB'"):
+        blockfs.pack(src, tmp_path / "q", block_size=1.5)
+
+
 def test_a_worker_process_that_dies_fails_the_pack_with_a_clear_error(tmp_path, monkeypatch):
     # As if the kernel killed a worker for memory: the pack stops with an error saying so, and what it
     # left behind does not open as a dataset.

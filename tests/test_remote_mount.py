@@ -18,6 +18,8 @@ from conftest import has_fuse, make_edge_tree, require
 from mountutil import mounted
 from s3server import SECRET, upload_tree
 
+pytestmark = pytest.mark.fuse
+
 
 @pytest.fixture(autouse=True)
 def _fuse():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import blockfs
+from polling import wait_until
 from conftest import make_class_tree
 from blockfs.core import format as fmt
 from blockfs.serve.cache import BlockCache, NotShared
@@ -251,7 +252,6 @@ def test_many_loaders_are_answered_by_a_fixed_number_of_threads(serving):
 
 def test_connections_past_the_cap_close_the_longest_idle(packed):
     import socket
-    import time
 
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
@@ -262,10 +262,7 @@ def test_connections_past_the_cap_close_the_longest_idle(packed):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 s.connect(server.address)
                 idle.append(s)
-            deadline = time.monotonic() + 10
-            while server.open_connections() != 8 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert server.open_connections() == 8
+            wait_until(lambda: server.open_connections() == 8, "the mount to keep 8 connections open")
             idle[0].settimeout(10)
             assert idle[0].recv(16) == b""  # the first was closed by the mount
             client = SharedBlocks(server.address)  # a loader that asks is still answered
@@ -312,7 +309,6 @@ def test_a_slow_load_for_one_loader_does_not_hold_another(packed):
 def test_refused_users_are_logged_a_bounded_number_of_times(serving, caplog):
     import logging
     import socket
-    import time
 
     _ds, _cache, server = serving
     n = 1000
@@ -329,9 +325,7 @@ def test_refused_users_are_logged_a_bounded_number_of_times(serving, caplog):
             finally:
                 os._exit(status)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-        deadline = time.monotonic() + 10
-        while server.refusals.refused < n and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: server.refusals.refused >= n, f"{n} refusals")
         assert server.refusals.refused == n
     lines = [r for r in caplog.records if "block share refused" in r.getMessage()]
     assert 1 <= len(lines) <= 2
@@ -339,7 +333,6 @@ def test_refused_users_are_logged_a_bounded_number_of_times(serving, caplog):
 
 def test_a_loader_closed_for_being_idle_asks_again(packed):
     import socket
-    import time
 
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
@@ -357,13 +350,13 @@ def test_a_loader_closed_for_being_idle_asks_again(packed):
 
             # New connections push out the one idle longest: the client's, once its answer is complete
             # (a connection waiting on its answer is never the one closed).
-            deadline = time.monotonic() + 10
-            while not closed_by_the_mount() and time.monotonic() < deadline:
+            def one_more_then_closed() -> bool:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 s.connect(server.address)
                 others.append(s)
-                time.sleep(0.01)
-            assert closed_by_the_mount()
+                return closed_by_the_mount()
+
+            wait_until(one_more_then_closed, "the mount to close the idle client")
             assert bytes(client.get(3)) == block_data(ds, 3) and client.failed is None
         finally:
             for s in others:

@@ -72,3 +72,38 @@ def test_wait_until_returns_the_first_true_value_as_soon_as_it_comes():
 def test_wait_until_fails_naming_what_never_happened():
     with pytest.raises(AssertionError, match="timed out after 0.05 s waiting for the impossible"):
         wait_until(lambda: False, "the impossible", timeout=0.05)
+
+
+def _marks(decorators: list) -> set[str]:
+    """The ``pytest.mark.NAME`` names among a function's (or a module's ``pytestmark``) decorators."""
+    import ast
+
+    names = set()
+    for node in decorators:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Attribute) and sub.value.attr == "mark":
+                names.add(sub.attr)
+    return names
+
+
+def test_every_test_that_mounts_is_marked_fuse():
+    """``pytest -m 'not fuse'`` must run where there is no /dev/fuse: a test that mounts (``mounted(``,
+    ``has_fuse()``, a mount command) carries the ``fuse`` mark, itself or through its module."""
+    import ast
+
+    unmarked = []
+    for path in sorted(HERE.glob("test_*.py")):
+        if path.name == "test_suite_rules.py":
+            continue
+        tree = ast.parse(path.read_text())
+        module_marks: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+                module_marks |= _marks([node.value])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                body = ast.get_source_segment(path.read_text(), node) or ""
+                mounts = any(s in body for s in ("mounted(", "has_fuse()", "fuse_ok", '"blockfs", "mount"', 'main(["mount"'))
+                if mounts and "fuse" not in module_marks | _marks(node.decorator_list):
+                    unmarked.append(f"{path.name}::{node.name}")
+    assert unmarked == [], "\n".join(unmarked)

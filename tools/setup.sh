@@ -88,8 +88,8 @@ stamp=$VENV/.blockfs-pyproject here=$PWD
 if ! cmp -s pyproject.toml "$stamp" ||
    ! (cd / && "$VPY" -c "import blockfs, PIL, hypothesis, pytest, fuse, mfusepy, numpy, os, sys
 sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$here") 2>/dev/null; then
-  say "installing blockfs (editable) and its torch and test extras into .venv"
-  "$VPY" -m pip install -q -e ".[torch,test]"
+  say "installing blockfs (editable) and its torch, remote and test extras into .venv"
+  "$VPY" -m pip install -q -e ".[torch,remote,test]"
   cp pyproject.toml "$stamp"
 fi
 say "ready: blockfs $(version_of blockfs), torch $(version_of torch) in .venv" \

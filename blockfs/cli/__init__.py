@@ -16,6 +16,7 @@ from ..packing.options import ORDERS
 from ..serve.options import FUSE_ROUTES, OPEN_MODES
 
 from .locations import add_storage_arguments
+from .output import log_level
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_verify
 from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 
@@ -59,13 +60,29 @@ a typical session:
 `blockfs COMMAND --help` lists a command's options."""
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _logging_arguments(p: argparse.ArgumentParser, top: bool) -> None:
+    """-v, -q and --log-level, before or after the command (``blockfs mount -v ...``).  After it they
+    default to nothing, so that ``blockfs -v mount`` keeps what was given before."""
+    default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    g = p.add_argument_group("logging")
+    g.add_argument("-v", "--verbose", action="store_true", default=default(False),
+                   help="debug logging, tracebacks on errors (--log-level debug)")
+    g.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                   help="only warnings and errors (--log-level warning); mount prints no plan")
+    g.add_argument("--log-level", choices=LOG_LEVELS, default=default(None),
+                   help="what is logged (default info)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blockfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"blockfs {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
-    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    _logging_arguments(parser, top=True)
+    sub = _CommandParsers(parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND"))
 
     p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
     p.add_argument("src", nargs="+", metavar="SOURCE",
@@ -174,6 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _CommandParsers:
+    """``add_subparsers()``'s action, giving every command the logging options."""
+
+    def __init__(self, action) -> None:
+        self._action = action
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        p = self._action.add_parser(name, **kwargs)
+        _logging_arguments(p, top=False)
+        return p
+
+
 def _stdout_gone() -> bool:
     """Whether stdout is a pipe whose reader has closed it (poll reports POLLERR on its write end)."""
     try:
@@ -191,8 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # a background mount re-runs it in the serving process
+    args.verbose = args.verbose or args.log_level == "debug"
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=log_level(args),
         format="blockfs: %(levelname)s: %(message)s" if args.verbose else "blockfs: %(message)s",
     )
     try:

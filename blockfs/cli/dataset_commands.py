@@ -15,7 +15,7 @@ from ..core.dataset import PackedDataset
 from .locations import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
-from ..serve.plan import parse_size
+from ..sizes import parse_size
 from ..storage.remote import parse_options
 from .output import human, progress_bar
 
@@ -66,6 +66,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
             if shown is not None:
                 shown.close()
     rate = result.file_bytes / max(result.seconds, 1e-9) / 1e6
+    if args.quiet:
+        return 0
     print(
         f"packed {result.n_files} files ({human(result.file_bytes)}), {result.n_dirs} directories, "
         f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {result.dest} "

@@ -9,7 +9,7 @@ import shutil
 
 from ..core.dataset import PackedDataset
 from ..core.location import StorageOptions
-from ..serve.plan import parse_size
+from ..sizes import parse_size
 from ..storage.remote import parse_options
 
 DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space under --disk-cache

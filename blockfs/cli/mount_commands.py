@@ -16,8 +16,8 @@ import numpy as np
 
 from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
-from ..serve.plan import parse_size
-from .output import human, progress_bar
+from ..sizes import parse_size
+from .output import human, log_level, progress_bar
 
 
 log = logging.getLogger("blockfs")
@@ -174,9 +174,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
     try:
         with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
-            print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
-            if args.policy != "none":
-                print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
+            if args.budget_bytes is None and not args.quiet:  # a background mount's server: its parent printed it
+                print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
+                if args.policy != "none":
+                    print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
         if args.foreground:
             return _serve_here(args, size)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
@@ -194,9 +195,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
         raise
-    shown = redact(args.dest) if is_remote(args.dest) else args.dest
-    print(f"mounted {shown} at {args.mountpoint} (pid {pid}, log {log_path}); "
-          f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
+    if not args.quiet:
+        shown = redact(args.dest) if is_remote(args.dest) else args.dest
+        print(f"mounted {shown} at {args.mountpoint} (pid {pid}, log {log_path}); "
+              f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
     return 0
 
 
@@ -235,7 +237,7 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
     if args.log:
         stream = open(open_log(args.log), "a", encoding="utf-8", errors="backslashreplace")  # never via a link
         logging.basicConfig(
-            handlers=[logging.StreamHandler(stream)], level=logging.DEBUG if args.verbose else logging.INFO,
+            handlers=[logging.StreamHandler(stream)], level=log_level(args),
             force=True, format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
         )  # fmt: skip
     options = _mount_options(args, size)
@@ -248,7 +250,25 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
     serve(args.dest, args.mountpoint, options, progress if bar else None)
     if bar:
         bar.close()
+    _drop_clean_default_log(args)
     return 0
+
+
+def _drop_clean_default_log(args: argparse.Namespace) -> None:
+    """After a clean unmount, remove a background mount's default log (in the temp directory) when it holds
+    no warning, error or traceback: the logs of many mount points do not pile up there, and a log with
+    something to read stays."""
+    from ..serve.process import default_log_path
+
+    if not args.log or os.path.abspath(args.log) != default_log_path(args.mountpoint):
+        return  # a log the user named is theirs
+    try:
+        with open(args.log, "rb") as f:
+            text = f.read()
+        if not any(word in text for word in (b" WARNING: ", b" ERROR: ", b" CRITICAL: ", b"Traceback", b"error:")):
+            os.unlink(args.log)
+    except OSError:
+        pass
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -268,13 +288,13 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
-        f"reads      {k['reads']:,} reads, {k['files_served']:,} files served, {human(k['bytes_served'])}; "
-        f"{k.get('blocks_shared', 0):,} blocks shared with loaders (their files are not counted here)",
+        f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
+        + _shared_note(k.get("blocks_shared", 0)),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
-        "epochs     " + ("  ".join(f"{e['hit_rate']:.1%} of {e['files']:,}" for e in s["epochs"][-8:]) or "-"),
+        _epochs_line(s["epochs"], d["files"]),
     ]
     r = s.get("retained")
     if r:
@@ -324,6 +344,25 @@ def _route(m: dict) -> str:
     if m.get("binding") == "kernel":
         return "kernel protocol"
     return f"{m.get('binding')}/libfuse {m.get('libfuse')}"
+
+
+def _shared_note(blocks: int) -> str:
+    if not blocks:
+        return ""
+    return (f"; {blocks:,} blocks mapped by BlockLoaders, whose reads of them skip FUSE and are not "
+            "counted here")  # fmt: skip
+
+
+def _epochs_line(epochs: list[dict], n_files: int, shown: int = 6) -> str:
+    """The file hit rate of each pass over the dataset (an epoch: as many files served as it holds)."""
+    if not epochs or not epochs[0]["files"]:
+        return "epochs     no file read yet"
+    first = max(1, len(epochs) - shown + 1)  # the statistics keep the last epochs only
+    parts = []
+    for number, e in enumerate(epochs[-shown:], start=first):
+        done = e["files"] >= n_files
+        parts.append(f"#{number} {e['hit_rate']:.1%}" + ("" if done else f" (so far: {e['files']:,} files)"))
+    return f"epochs     files from memory, per pass over the {n_files:,} files: " + ", ".join(parts)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+
+from ..sizes import format_size
 
 
 def progress_bar(total: int | None, unit: str, desc: str):
@@ -16,9 +20,12 @@ def progress_bar(total: int | None, unit: str, desc: str):
 
 
 def human(n: float) -> str:
-    """A size in powers of 1024, short: ``"9.5 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    """A size in powers of 1024, short: ``"9.5 GiB"`` (:func:`blockfs.sizes.format_size`, one decimal)."""
+    return format_size(n, decimals=1)
+
+
+def log_level(args: argparse.Namespace) -> int:
+    """The logging level the options ask for: --log-level, else -v (debug) or -q (warning), else info."""
+    if args.log_level:
+        return getattr(logging, args.log_level.upper())
+    return logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO

@@ -22,7 +22,7 @@ from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 from ..storage.disk_tier import DiskTier
 from ..storage.owned import DIR_FLAGS, write_file_at
-from ..storage.location import is_remote, join
+from ..storage.location import check_scheme, is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
 from ..storage.tiered import TieredBlockFiles
@@ -82,6 +82,7 @@ class DatasetLocation:
 
 def locate(location: str | os.PathLike, storage: StorageOptions | None = None) -> DatasetLocation:
     """Find the dataset at ``location`` (a path or a URL) and, for a URL, fetch what opening it needs."""
+    check_scheme(location)
     if not is_remote(location):
         if storage is not None and storage.disk_cache:
             raise RemoteConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .dataset import PackedDataset
 from ..errors import BlockfsError
+from ..storage.remote import RangeNotServedError, RemoteError
 from .index import KIND_FILE
 
 
@@ -47,6 +49,9 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
         head = ds.store.unchecked_header(b)
         file_crcs = ds.store.read_data_into(b, head, bytearray(head.data_size))
     except BlockfsError as err:  # the block as a whole is lost: every file in it
+        cause = _store_cannot_answer(err)
+        if cause is not None:
+            raise cause from None
         return Problem(f"block {b}", str(err), _names(ds, entries))
     slots = a["slot"][entries]
     bad = entries[(file_crcs[slots] != a["crc"][entries]) | (head.sizes[slots] != a["size"][entries])]
@@ -56,6 +61,18 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
         ds.store.adopt_header(b, head)
     except BlockfsError as err:
         return Problem(f"block {b}", str(err), _names(ds, entries))
+    return None
+
+
+def _store_cannot_answer(err: BaseException) -> RemoteError | None:
+    """The store's error behind a failed block read when it is about the store, whatever the block holds: a
+    server that cannot serve byte ranges, or credentials refused.  Then verify stops with that error
+    instead of calling every block damaged."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, RangeNotServedError) or (isinstance(cause, RemoteError) and cause.errno == errno.EACCES):
+            return cause
+        cause = cause.__cause__ or cause.__context__
     return None
 
 

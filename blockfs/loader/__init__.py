@@ -10,11 +10,18 @@ from typing import Any
 from .importance import ImportanceConfig
 
 _TORCH_NAMES = ("BlockLoader", "BlockShuffleDataset")
+INSTALL_TORCH = ("pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU build; for CUDA, "
+                 "the command pytorch.org gives for your CUDA version)")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
-        from . import block_loader
+        try:
+            from . import block_loader
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError(f"blockfs.loader.{name} needs PyTorch: {INSTALL_TORCH}", name="torch") from None
 
         return getattr(block_loader, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

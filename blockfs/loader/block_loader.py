@@ -41,7 +41,7 @@ from .batches import (
 from .epochplan import EpochPlan, merge_worker_orders, plan_epoch
 from .importance import ImportanceConfig, LossTracker, select_important, subset_layout
 from .mountview import BlockfsMount
-from .order import block_shuffled_order, partition_blocks
+from .order import BlockLayout, block_shuffled_order, partition_blocks
 
 __all__ = [
     "BlockLoader",
@@ -121,6 +121,19 @@ def _node_of_block(mount: BlockfsMount, nodes: int, seed: int) -> np.ndarray | N
     return partition_blocks(mount.layout, nodes, seed=seed, block_bytes=mount.block_bytes)
 
 
+def _samples(mount: BlockfsMount, unlabeled: bool) -> tuple[BlockLayout, np.ndarray]:
+    """The layout and ids of the files an epoch reads.  As torchvision's ImageFolder, a labelled dataset's
+    files outside the class directories (label -1: a top-level README.txt) are left out unless
+    ``unlabeled``; a dataset without labels (``--labels none``) is read whole."""
+    ids = mount.file_ids
+    labelled = mount.labels[ids] >= 0
+    if unlabeled or labelled.all() or not labelled.any():
+        return mount.layout, ids
+    keep = np.zeros(mount.n_entries, dtype=bool)
+    keep[ids[labelled]] = True
+    return subset_layout(mount.layout, keep), ids[labelled]
+
+
 # --- the loaders ----------------------------------------------------------------------------------------
 class BlockShuffleDataset(IterableDataset):
     """Samples ``(decode(bytes), label, id)`` in block-shuffled order, for your own ``DataLoader``.
@@ -129,7 +142,9 @@ class BlockShuffleDataset(IterableDataset):
     share :class:`BlockLoader` gives its worker of that number; ``DataLoader(ds, batch_size=B,
     num_workers=W)`` then yields the same ids in the same order as ``BlockLoader(..., batch_size=B,
     num_workers=W)``, except that its last batches are each worker's partial one. Call :meth:`set_epoch`
-    before each epoch (with ``persistent_workers`` the workers keep the epoch they started with).
+    before each epoch, as with ``DistributedSampler``: the epoch lives in shared memory, so workers kept by
+    ``persistent_workers=True`` read the new one when their next iterator starts.  ``unlabeled=True`` also
+    yields files outside the class directories (label -1), which are left out by default.
     """
 
     def __init__(
@@ -144,24 +159,32 @@ class BlockShuffleDataset(IterableDataset):
         drop_last: bool = False,
         partition: str = "global",
         nodes: int | None = None,
+        unlabeled: bool = False,
     ) -> None:
         self.mount = BlockfsMount(root)
         self.decode = decode
+        self.unlabeled = bool(unlabeled)
         self.seed = _check_int("seed", seed, 0)
         self.rank, self.world_size = _sharding(rank, world_size)
         self.partition, self.nodes = partition, _nodes(partition, nodes, self.rank, self.world_size)
         self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.blocks_in_flight = _check_int("blocks_in_flight", blocks_in_flight, 1)
         self.drop_last = bool(drop_last)
-        self.epoch = 0
+        # One int64 in shared memory: a worker process (forked or spawned: torch's pickler sends shared
+        # tensors as shared memory) sees what set_epoch writes here after the worker started.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = _check_int("epoch", epoch, 0)
+        self._epoch[0] = _check_int("epoch", epoch, 0)
 
     def order(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """The ids ``worker`` of ``num_workers`` reads this epoch."""
         return block_shuffled_order(
-            self.mount.layout, seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.world_size,
+            _samples(self.mount, self.unlabeled)[0], seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.world_size,
             worker=worker, num_workers=num_workers, blocks_in_flight=self.blocks_in_flight,
             drop_last=self.drop_last, nodes=self.nodes, node_of_block=self.node_of_block,
         )  # fmt: skip
@@ -188,7 +211,9 @@ class BlockLoader:
     :func:`collate_samples`) makes the batch. ``rank``/``world_size`` default to torch.distributed's when it
     is initialised. ``drop_last`` follows ``DistributedSampler`` (drop rather than pad to equal rank sizes)
     and also drops a last partial batch. ``reuse=True``: see :mod:`blockfs.loader.reuse`. ``importance=``: an
-    :class:`ImportanceConfig`, see :mod:`blockfs.loader.importance` and :meth:`report_losses`.
+    :class:`ImportanceConfig`, see :mod:`blockfs.loader.importance` and :meth:`report_losses`. Files outside
+    the class directories of a labelled dataset (label -1) are left out, as ImageFolder does; ``unlabeled=True``
+    reads them too.
 
     One iteration at a time; ``state_dict()`` after a batch and ``load_state_dict()`` in a new loader
     (same arguments, same number of workers) continue with exactly the batches that would have followed.
@@ -214,6 +239,7 @@ class BlockLoader:
         multiprocessing_context: str | None = None,
         partition: str = "global",
         nodes: int | None = None,
+        unlabeled: bool = False,
     ) -> None:
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.seed = _check_int("seed", seed, 0)
@@ -227,7 +253,9 @@ class BlockLoader:
         if importance is not None and not isinstance(importance, ImportanceConfig):
             raise TypeError(f"importance must be an ImportanceConfig or None (got {type(importance).__name__})")
         self.drop_last, self.reuse, self.importance = bool(drop_last), bool(reuse), importance
+        self.unlabeled = bool(unlabeled)
         self.mount = BlockfsMount(root)
+        self._layout, self._sample_ids = _samples(self.mount, self.unlabeled)
         self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.device = resolve_device(device)
         self.decode = decode
@@ -284,7 +312,7 @@ class BlockLoader:
         return self._plan
 
     def _build_plan(self) -> EpochPlan:
-        layout, selected = self.mount.layout, self._select()
+        layout, selected = self._layout, self._select()
         if selected is not None:
             keep = np.zeros(self.mount.n_entries, dtype=bool)
             keep[selected] = True
@@ -314,7 +342,7 @@ class BlockLoader:
             )
             return None
         return select_important(
-            self._tracker, self.mount.file_ids, self.importance.fraction, seed=self.seed, epoch=self.epoch
+            self._tracker, self._sample_ids, self.importance.fraction, seed=self.seed, epoch=self.epoch
         )
 
     def _all_reduce(self, *arrays: np.ndarray) -> None:
@@ -408,6 +436,7 @@ class BlockLoader:
             "batch_size": self.batch_size, "blocks_in_flight": self.blocks_in_flight, "drop_last": self.drop_last,
             "reuse": self.reuse, "n_entries": self.mount.n_entries, "partition": self.partition, "nodes": self.nodes,
             "importance": dataclasses.asdict(self.importance) if self.importance else None,
+            "unlabeled": self.unlabeled,
         }  # fmt: skip
 
     def state_dict(self) -> dict:
@@ -427,7 +456,7 @@ class BlockLoader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r}; this blockfs reads {STATE_VERSION}")
         for key, value in self._config().items():
-            saved = state["config"].get(key, {"partition": "global", "nodes": 1}.get(key))  # older states
+            saved = state["config"].get(key, {"partition": "global", "nodes": 1, "unlabeled": True}.get(key))  # older states
             if saved != value:
                 raise ValueError(
                     f"cannot resume: the state was saved with {key}={saved!r}, this loader has {key}={value!r}; "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..core import format as fmt
+from ..sizes import to_bytes
 
 # Blocks of several files use 32-bit offsets (the seed layout); a larger file still gets a block of its own.
 MAX_BLOCK_SIZE = fmt.NARROW_LIMIT
@@ -24,7 +25,7 @@ ProgressCallback = Callable[[int, int, int, int], None]
 class PackOptions:
     """How to pack.  Every field has the CLI flag of the same name."""
 
-    block_size: int = 64 << 20
+    block_size: int | str = 64 << 20  # bytes, or a size as the CLI takes it ("64MiB"); stored as bytes
     files_per_block: int | None = None
     labels: str = "dirname"  # "dirname", "none", "source", or the path of a CSV of path,label
     order: str = "shuffled"  # or "directory"
@@ -38,6 +39,7 @@ class PackOptions:
     staging: str | None = None  # a URL DEST: where blocks wait for their upload (default: the temp directory)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", to_bytes(self.block_size, "block_size"))
         if not 1 <= self.block_size < MAX_BLOCK_SIZE:
             raise ValueError(f"block_size must be between 1 byte and 4 GiB, got {self.block_size}")
         if self.files_per_block is not None and self.files_per_block < 1:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
 from ..errors import PackError
-from ..storage.location import is_remote
+from ..storage.location import check_scheme, is_remote
 from .containers import open_source, spool_dir_for
 from .destination import Destination, LocalDestination, dataset_metadata, write_index
 from .labels import assign_labels
@@ -93,6 +93,7 @@ def pack(
 
 def _destination(dest: str, options: PackOptions, storage_options: dict | None) -> Destination:
     """A local directory, written in place; or a URL, written to a staging directory and uploaded."""
+    check_scheme(dest)
     if is_remote(dest):
         return RemoteDestination(dest, storage_options, options.staging)
     return LocalDestination(dest, options.fsync)
@@ -103,6 +104,8 @@ def _open(src: object, dest: str, options: PackOptions, storage_options: dict | 
     tar, RecordIO file or WebDataset shards it names, chosen by the bytes."""
     if isinstance(src, Source):
         return src
+    if isinstance(src, str):
+        check_scheme(src)
     if isinstance(src, str) and is_remote(src):
         return RemotePrefixSource(src, storage_options)
     if isinstance(src, (str, bytes, os.PathLike, list, tuple)):

@@ -3,7 +3,7 @@
 :func:`make_memory_plan` is a pure function of the file sizes and the budget, vectorised (one stable
 argsort, a cumsum and a searchsorted), so it plans a million files in a fraction of a second and the CLI
 (``blockfs plan``), the mount and the tests all get the same answer.  Reading the budget from the machine
-(:func:`read_mem_available`) and parsing sizes typed by people (:func:`parse_size`) live here too.
+(:func:`read_mem_available`) lives here too; sizes are read and written by :mod:`blockfs.sizes`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
-import re
-from decimal import Decimal
 from typing import Any, Literal
 
 import numpy as np
+
+from ..sizes import format_size, parse_size
 
 __all__ = [
     "DEFAULT_RETAIN_SHARE",
@@ -45,39 +45,6 @@ DEFAULT_STRATEGY = "most-files"
 # r = 1/2 and 50 % at r = 0 (tests/test_plan.py simulates this).  So r = 1 is best on both counts; the
 # leftover that no further file fits in (smaller than the next file) goes to blocks and is not wasted.
 DEFAULT_RETAIN_SHARE = 1.0
-
-_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-_UNITS = {"": 1, "b": 1} | {
-    unit: base**power
-    for power, letter in enumerate("kmgtp", start=1)
-    for unit, base in ((letter, 1024), (letter + "ib", 1024), (letter + "b", 1000))
-}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size typed by a person: ``"123"``, ``"64MiB"``, ``"1.5G"``, ``"10 GB"`` (rounded down).
-
-    K/M/G/T/P and KiB/.../PiB are powers of 1024; KB/MB/GB/TB/PB are powers of 1000; case is ignored.
-    """
-    match = _SIZE_RE.fullmatch(text)
-    unit = _UNITS.get(match.group(2).lower()) if match else None
-    if unit is None:
-        raise ValueError(
-            f"cannot read {text!r} as a size: write a number of bytes ('123') or a number with a unit, "
-            "K/M/G/T/P or KiB/MiB/GiB/TiB/PiB (powers of 1024) or KB/MB/GB/TB/PB (powers of 1000), "
-            "e.g. '64MiB', '1.5G'"
-        )
-    return int(Decimal(match.group(1)) * unit)
-
-
-def format_size(nbytes: int) -> str:
-    """A size for people, in powers of 1024: ``"9.50 GiB"``; :func:`parse_size` reads it back."""
-    value, power = float(nbytes), 0
-    while abs(value) >= 1024 and power < len(_BINARY_UNITS) - 1:
-        value, power = value / 1024, power + 1
-    return f"{nbytes} B" if power == 0 else f"{value:.2f} {_BINARY_UNITS[power]}"
-
 
 def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
     """Bytes of memory the kernel says are available now (``MemAvailable``, Linux >= 3.14)."""

@@ -97,9 +97,19 @@ def wait_until_mounted(
         if os.path.ismount(mountpoint) and is_mounted(mountpoint):
             return
         if proc is not None and proc.poll() is not None:
+            said = _error_line(log_path, log_offset)
+            if said:  # the server's own one-line error: the reason and the fix
+                raise MountError(f"{said} (log: {log_path})")
             raise MountError(f"the serving process exited with status {proc.returncode}{_tail(log_path, log_offset)}")
         time.sleep(0.02)
     raise MountError(f"{os.fspath(mountpoint)!r} was not mounted after {timeout:g} s{_tail(log_path, log_offset)}")
+
+
+def _error_line(log_path: str | None, offset: int = 0) -> str | None:
+    """The last ``blockfs mount: error: ...`` line the server wrote to its log, without that prefix."""
+    prefix = "blockfs mount: error: "
+    lines = [line for line in _tail(log_path, offset, lines=50).splitlines() if line.strip().startswith(prefix)]
+    return lines[-1].strip()[len(prefix):] if lines else None
 
 
 def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:

@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import shutil
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -28,6 +29,8 @@ from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
 from .cache import BlockCache
+from .libfuse_messages import StderrCapture, distill
+from .notify import notify
 from .options import FUSE_ROUTES, OPEN_MODES, MountOptions
 from .plan import MemoryPlan
 from .retain import RetainingReader, plan_dataset
@@ -82,7 +85,9 @@ def mount_source(dest: str) -> str:
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     """The binding's keyword options for this mount (``-o`` options plus foreground/nothreads)."""
     from .fs import ENCODING
-    fsname = mount_source(dest)
+    # The binding hands str options to libfuse as latin-1, one byte per character: give it the path's own
+    # bytes (UTF-8 for 'ü') through that channel, so the mount table holds the name as the file system does.
+    fsname = os.fsencode(mount_source(dest)).decode(ENCODING)
     timeout = f"{options.timeout_s:g}"
     kwargs: dict[str, Any] = {
         "foreground": True,
@@ -90,7 +95,7 @@ def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
         "ro": True,
         "default_permissions": True,
         "use_ino": True,
-        "fsname": fsname.encode(ENCODING, "replace").decode(ENCODING),
+        "fsname": fsname,
         "subtype": "blockfs",
         "entry_timeout": timeout,
         "attr_timeout": timeout,
@@ -176,7 +181,7 @@ def assembled(
             ds.index.arrays, options.cache_bytes, strategy=options.retain_strategy,
             threshold=options.retain_threshold, retain=retain,
         )  # fmt: skip
-        log.info("memory plan:\n%s", plan.describe())
+        log.debug("memory plan:\n%s", plan.describe())  # the command printed it
         cache = BlockCache(
             ds.store, plan.block_cache_bytes if retain else options.cache_bytes, options.policy,
             readahead=options.readahead, lock_memory=options.lock_memory, n_files=len(sizes), share=options.share,
@@ -217,20 +222,63 @@ def serve(
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with assembled(dest, mountpoint, options, on_progress) as fs:
+        watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint), daemon=True)
         if fs.route == "kernel":
+            watcher.start()
             try:
                 fs.run(mountpoint, mount_source(dest), list(_split_options(options.fuse_options)))
             except OSError as e:
                 if not fs.served:
                     raise MountError(f"cannot mount {mountpoint!r}: {e.strerror or e}") from e
                 raise
+            finally:
+                fs.stopped.set()
+                watcher.join()
         else:
-            from .fs import run
-
-            run(fs, mountpoint, fuse_kwargs(options, dest))
+            _serve_libfuse(fs, dest, mountpoint, options, watcher)
+    notify("STOPPING=1")
     log.info("unmounted %s", mountpoint)
+
+
+def _serve_libfuse(fs: "BlockFS", dest: str, mountpoint: str, options: MountOptions, watcher: threading.Thread) -> None:
+    """The libfuse routes: what libfuse prints while mounting is captured and distilled into one line."""
+    from .fs import run
+
+    with StderrCapture() as libfuse_said:
+        fs.libfuse_said = libfuse_said
+        watcher.start()
+        try:
+            run(fs, mountpoint, fuse_kwargs(options, dest))
+        except MountError as e:
+            if fs.served:
+                raise
+            libfuse_said.release(replay=False)
+            text = libfuse_said.text()
+            log.debug("libfuse wrote:\n%s", text.rstrip())
+            why = distill(text)
+            if why is None:
+                os.write(2, text.encode())
+                raise
+            raise MountError(f"cannot mount {mountpoint!r}: {why}") from e
+        finally:
+            fs.stopped.set()
+            watcher.join()
 
 
 def _split_options(fuse_options: tuple[str, ...]) -> Iterator[str]:
     for opt in fuse_options:
         yield from filter(None, opt.split(","))
+
+
+def _when_serving(fs: "Adapter", mountpoint: str) -> None:
+    """Once the mount answers: stderr back from libfuse's capture (libfuse routes), and READY=1 to systemd
+    (Type=notify)."""
+    said = getattr(fs, "libfuse_said", None)
+    while not fs.stopped.wait(0.01):
+        if fs.served and os.path.ismount(mountpoint):
+            if said is not None:
+                said.release()
+            notify(f"READY=1\nSTATUS=serving {mountpoint}")
+            return
+    if said is not None:
+        said.release(replay=False)  # the caller reads it

@@ -27,8 +27,24 @@ def is_remote(location: str | os.PathLike) -> bool:
     return bool(sep) and scheme.lower() in SCHEMES
 
 
+_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def check_scheme(location: str | os.PathLike) -> None:
+    """Refuse a URL of a scheme blockfs does not read (``s4://``), naming the ones it does: such a
+    location would otherwise be taken for a relative path."""
+    match = _URL.match(location) if isinstance(location, str) else None
+    if match and match.group(1).lower() not in SCHEMES:
+        raise ValueError(
+            f"{location!r}: unknown scheme '{match.group(1)}://'; blockfs reads s3://, gs://, az://, http:// and "
+            f"https:// URLs (also {', '.join(k for k in SCHEMES if k not in ('s3', 'gs', 'az', 'http', 'https'))}) "
+            "or a local path"
+        )
+
+
 def absolute(location: str | os.PathLike) -> str:
     """A URL as given; a path made absolute (libfuse 3 changes the working directory once mounted)."""
+    check_scheme(location)
     return location if is_remote(location) else os.path.abspath(os.fspath(location))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -119,6 +120,10 @@ def _retriable(e: Exception) -> bool:
     return status >= 500 or status in (408, 429)
 
 
+class RangeNotServedError(RemoteError):
+    """The server answered a ranged GET with more than the range: a limit of the server, not damage."""
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
@@ -158,6 +163,62 @@ def split_options(options: Mapping[str, object] | None) -> tuple[RemoteSettings,
     return RemoteSettings(**ours), client
 
 
+def _no_obstore() -> str:
+    """Why there is no obstore, and the fix: on Python 3.10 there is none to install."""
+    if sys.version_info < (3, 11):
+        return (f"remote datasets (URLs) need Python >= 3.11: their client, obstore, has no wheel for Python "
+                f"{sys.version_info[0]}.{sys.version_info[1]}; run blockfs with Python 3.11 or later (local paths "
+                "work on 3.10)")  # fmt: skip
+    return "remote datasets (URLs) need the 'obstore' package: pip install 'blockfs[remote]'"
+
+
+KIND_NAMES = {"s3": "S3", "gcs": "GCS", "azure": "Azure", "http": "HTTP"}
+OWN_OPTIONS = ("part_size", "concurrency", "retry_timeout", "request_timeout", "connect_timeout")
+# The store's configuration keys most people need, when obstore's stubs cannot be read for the full list.
+COMMON_KEYS = {
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region", "endpoint", "skip_signature",
+           "virtual_hosted_style_request", "role_arn"),
+    "gcs": ("service_account_path", "service_account_key", "application_credentials", "skip_signature"),
+    "azure": ("account_name", "account_key", "sas_key", "client_id", "client_secret", "tenant_id",
+              "use_emulator", "endpoint", "skip_signature"),
+}  # fmt: skip
+_STUBS = {"s3": ("_aws.pyi", "S3Config"), "gcs": ("_gcs.pyi", "GCSConfig"), "azure": ("_azure.pyi", "AzureConfig")}
+# What each kind of store reads its credentials from, for the error when it finds none.
+CREDENTIALS = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, with boto3 installed), or pass "
+          "--storage-option access_key_id=... and secret_access_key=...; a public bucket: --storage-option anon=true",
+    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json, or pass --storage-option "
+           "service_account_path=/path/to/key.json; a public bucket: --storage-option anon=true",
+    "azure": "set AZURE_STORAGE_ACCOUNT_KEY (or a SAS token: --storage-option sas_key=...), or pass "
+             "--storage-option account_key=...; a public container: --storage-option anon=true",
+}  # fmt: skip
+# obstore's words when no credentials were found anywhere and it fell back to a cloud metadata service
+_NO_CREDENTIALS = re.compile(
+    r"169\.254\.169\.254|latest/api/token|computeMetadata|metadata/identity|token request|no credentials", re.I
+)
+
+
+def valid_keys(kind: str) -> list[str]:
+    """The storage options a store of ``kind`` takes: obstore's own list (read from its type stubs, the only
+    place it is written down), else the common ones."""
+    keys: list[str] = []
+    stub, name = _STUBS.get(kind, ("", ""))
+    try:
+        import obstore
+
+        path = os.path.join(os.path.dirname(obstore.__file__), "_store", stub)
+        with open(path, encoding="utf-8") as f:
+            inside = False
+            for line in f:
+                if line.startswith("class "):
+                    inside = line.startswith(f"class {name}(")
+                elif inside and re.match(r"    [a-z_]+:", line):
+                    keys.append(line.split(":")[0].strip())
+    except (ImportError, OSError):
+        pass
+    return keys or list(COMMON_KEYS.get(kind, ()))
+
+
 # Options of the HTTP client rather than of the store; obstore takes them apart from the store's config.
 CLIENT_OPTIONS = frozenset({"allow_http", "allow_invalid_certificates", "proxy_url", "user_agent"})
 
@@ -170,10 +231,8 @@ class RemoteStore:
             raise RemoteConfigError(f"{url!r} is not a remote URL (s3://, gs://, az://, http(s)://)")
         try:
             import obstore  # noqa: F401
-        except ImportError:  # Python 3.10 has no obstore wheel
-            raise RemoteConfigError(
-                "remote datasets need the 'obstore' package (Python 3.11 or later): pip install obstore"
-            ) from None
+        except ImportError:
+            raise RemoteConfigError(_no_obstore()) from None
         self.url = url.rstrip("/")
         self.display = redact(self.url)
         self.kind = store_kind(url)
@@ -206,7 +265,20 @@ class RemoteStore:
         try:
             return from_url(self.url, **kwargs)
         except BaseError as e:
-            raise RemoteConfigError(f"{self.display}: {self._scrub(_first_line(e))}") from None
+            text = self._scrub(_first_line(e))
+            bad = re.search(r"key: '([^']*)' is not valid", text)
+            if bad:
+                raise RemoteConfigError(
+                    f"{self.display}: --storage-option {bad.group(1)} is not an option of {KIND_NAMES[self.kind]}; valid keys: "
+                    f"{', '.join(valid_keys(self.kind))}; blockfs's own: {', '.join(OWN_OPTIONS)}; fsspec "
+                    f"spellings: {', '.join(ALIASES)}"
+                ) from None
+            if "Account must be specified" in text:
+                raise RemoteConfigError(
+                    f"{self.display}: no Azure storage account given: set AZURE_STORAGE_ACCOUNT_NAME or pass "
+                    "--storage-option account_name=NAME"
+                ) from None
+            raise RemoteConfigError(f"{self.display}: {text}") from None
         except BaseException as e:  # obstore panics (a BaseException, not its BaseError) on some keys
             if type(e).__name__ != "PanicException":
                 raise
@@ -270,6 +342,11 @@ class RemoteStore:
                     errno.EACCES, f"{self.where(name)}: {what} refused: {self._scrub(_first_line(e))}"
                 ) from None
             except (BaseError, OSError) as e:  # the client's errors, and a connection's
+                if self.kind in CREDENTIALS and _NO_CREDENTIALS.search(str(e)):
+                    self.counters.add("failures")
+                    raise RemoteError(
+                        errno.EACCES, f"{self.where(name)}: no {KIND_NAMES[self.kind]} credentials found: {CREDENTIALS[self.kind]}"
+                    ) from None
                 waited = time.monotonic() - started
                 if not _retriable(e) or waited + delay > self.settings.retry_timeout:
                     self.counters.add("failures")
@@ -317,9 +394,9 @@ class RemoteStore:
 
     def _range_ignored(self, name: str, start: int, length: int, got: str) -> RemoteError:
         """The error for a server that answered a ranged GET with more than the range (HTTP 200)."""
-        return RemoteError(
+        return RangeNotServedError(
             errno.EIO,
-            f"{self.where(name)}: the server ignored the byte range (asked for {length} bytes at {start}, got "
+            f"{self.where(name)}: the server cannot serve byte ranges: it ignored the byte range (asked for {length} bytes at {start}, got "
             f"{got}): blockfs needs a store that answers ranged GETs (HTTP 206); serve the dataset from one that "
             "does (S3, GCS, Azure, nginx, a CDN), not 'python -m http.server'",
         )

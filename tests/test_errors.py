@@ -1,0 +1,217 @@
+"""Every failure a user meets on the first day is one line naming the thing and the fix (issue 24).
+
+Each test makes the mistake for real where the machine allows (a bad ``-o``, a URL of an unknown scheme, an
+S3 bucket without credentials, a server that ignores ``Range``, a killed server) and checks the one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import blockfs
+from blockfs.cli import main
+from blockfs.serve.libfuse_messages import distill
+from conftest import has_fuse, require
+from mountutil import mounted, release
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def packed(tmp_path) -> Path:
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    (tmp_path / "src" / "c" / "a.txt").write_bytes(b"a" * 100)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    return tmp_path / "p"
+
+
+def needs_obstore() -> None:
+    import importlib.util
+
+    require(importlib.util.find_spec("obstore") is not None, "obstore (Python >= 3.11, pip install -e '.[test]')")
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# --- libfuse ------------------------------------------------------------------------------------------
+@pytest.mark.fuse
+def test_a_bad_fuse_option_is_one_line_and_the_plan_is_printed_once(packed, tmp_path):
+    require(has_fuse(), "/dev/fuse")
+    (tmp_path / "mnt").mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", str(packed), str(tmp_path / "mnt"), "-o", "no_such_opt",
+               "--log", str(tmp_path / "log")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    try:
+        assert done.returncode == 2
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "libfuse does not know the option 'no_such_opt'" in done.stderr and "remove it" in done.stderr
+        assert done.stdout.count("memory budget:") == 1 and done.stdout.count("memory plan:") == 1, done.stdout
+    finally:
+        release(tmp_path / "mnt")
+
+
+def test_libfuse_and_fusermount_messages_become_the_cause_and_the_fix():
+    # Their own words (libfuse 3.14, fusermount3), as they reach a serving process's stderr; the test
+    # below meets one of them for real, whichever this machine gives a user.
+    assert "modprobe fuse" in distill("fuse: device not found, try 'modprobe fuse' first\n")
+    assert "--device /dev/fuse" in distill("fusermount3: failed to open /dev/fuse: Permission denied\n")
+    said = "fusermount3: option allow_other only allowed if 'user_allow_other' is set in /etc/fuse.conf\n"
+    assert "add it as root" in distill(said) and "/etc/fuse.conf" in distill(said)
+    assert "CAP_SYS_ADMIN" in distill("fusermount3: mount failed: Operation not permitted\n")
+    assert distill("fuse: something new\n") == "fuse: something new"  # unknown: libfuse's line, verbatim
+    assert distill("unrelated noise\n") is None
+
+
+@pytest.mark.fuse
+def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
+    """Mount as the user nobody with --allow-other, in a forked child (this interpreter's files may not be
+    readable by nobody, so nothing is imported after the fork).  What libfuse refuses depends on the
+    machine: /dev/fuse closed to other users (crw-------), or allow_other without user_allow_other in
+    /etc/fuse.conf; where it allows both, the mount must work."""
+    import shutil
+    import stat
+    import tempfile
+
+    import blockfs.cli.mount_commands  # noqa: F401  (everything the child runs, imported before the fork)
+    import blockfs.serve.fs  # noqa: F401
+    import blockfs.serve.server  # noqa: F401
+    from blockfs.serve.process import is_mounted
+    from polling import wait_until
+
+    require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (to become nobody)")
+    dev_open = stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 == 0o006
+    conf = Path("/etc/fuse.conf")
+    allowed = conf.exists() and "user_allow_other" in [ln.strip() for ln in conf.read_text().splitlines()]
+    base = Path(tempfile.mkdtemp(prefix="blockfs-nobody-", dir="/tmp"))  # not under root's 0700 pytest dir
+    try:
+        shutil.copytree(packed, base / "p")
+        (base / "mnt").mkdir()
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, running the command in this process
+            status = 99
+            try:
+                os.dup2(err_w, 2)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                # pytest replaced sys.stdout and sys.stderr with its own capture: back to the descriptors
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                status = main(["mount", str(base / "p"), str(base / "mnt"), "--foreground", "--allow-other",
+                               "--cache-size", "1MiB", "--no-mlock"])  # fmt: skip
+            finally:
+                sys.stderr.flush()
+                os._exit(status)
+        os.close(err_w)
+        try:
+            if dev_open and allowed:  # this machine lets nobody mount with allow_other: it must serve
+                wait_until(lambda: is_mounted(base / "mnt"), "nobody's mount")
+                subprocess.run(["fusermount3", "-u", str(base / "mnt")], check=True, timeout=60)
+        finally:
+            with os.fdopen(err_r, "rb") as f:
+                err = f.read().decode()
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if dev_open and allowed:
+            assert status == 0, err
+        else:
+            assert status == 2 and err.count("\n") == 1, err
+            if not dev_open:
+                assert "/dev/fuse is not accessible to this user" in err and "ls -l /dev/fuse" in err
+            else:
+                assert "user_allow_other" in err and "/etc/fuse.conf" in err
+    finally:
+        release(base / "mnt")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- where a dataset is -------------------------------------------------------------------------------
+def test_an_unknown_scheme_lists_the_supported_ones(capsys, tmp_path):
+    for argv in (["info", "s4://bucket/ds"], ["pack", str(tmp_path), "s4://bucket/ds"]):
+        err = one_line_error(capsys, argv)
+        assert "unknown scheme 's4://'" in err and "s3://, gs://, az://" in err
+
+
+@pytest.fixture
+def no_cloud_credentials(monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.startswith(("AWS_", "AZURE_", "GOOGLE_")) and key != "AWS_CA_BUNDLE":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws/credentials
+
+
+def test_s3_without_credentials_says_which_variables_and_options_to_set(capsys, no_cloud_credentials):
+    needs_obstore()
+    # A closed local port as the metadata service: what a machine outside EC2 ends with, without waiting.
+    err = one_line_error(capsys, ["info", "s3://bucket/ds", "--storage-option", "metadata_endpoint=http://127.0.0.1:9",
+                                  "--storage-option", "region=us-east-1"])  # fmt: skip
+    assert "no S3 credentials found" in err and "AWS_ACCESS_KEY_ID" in err and "anon=true" in err
+
+
+def test_azure_without_an_account_names_the_option(capsys, no_cloud_credentials):
+    needs_obstore()
+    err = one_line_error(capsys, ["info", "az://container/ds"])
+    assert "account_name" in err and "AZURE_STORAGE_ACCOUNT_NAME" in err
+
+
+def test_a_bad_storage_option_key_lists_the_valid_keys(capsys):
+    needs_obstore()
+    err = one_line_error(capsys, ["info", "s3://bucket/ds", "--storage-option", "acess_key_id=x"])
+    assert "--storage-option acess_key_id is not an option of S3" in err
+    assert "access_key_id" in err.split("valid keys:")[1] and "part_size" in err and "endpoint_url" in err
+
+
+def test_a_url_on_python_3_10_says_remote_needs_3_11(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "obstore", None)  # as on 3.10, where no obstore wheel exists
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    err = one_line_error(capsys, ["info", "s3://bucket/ds"])
+    assert "need Python >= 3.11" in err and "pip install obstore" not in err
+
+
+def test_the_loader_without_torch_says_how_to_install_the_cpu_build():
+    code = "import sys; sys.modules['torch'] = None\nfrom blockfs.loader import BlockLoader"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("ModuleNotFoundError: blockfs.loader.BlockLoader needs PyTorch")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in last
+
+
+def test_verify_against_a_server_ignoring_ranges_blames_the_server_not_the_blocks(capsys, tmp_path):
+    needs_obstore()
+    from httpserver import serving
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for i in range(20):
+        (src / f"{i}.bin").write_bytes(os.urandom(20_000))
+    blockfs.pack(tmp_path / "src", tmp_path / "p", files_per_block=10, fsync=False)
+    with serving(tmp_path / "p") as (base, faults):
+        assert main(["verify", base + "/"]) == 0
+        faults.ignore_range = True
+        err = one_line_error(capsys, ["verify", base + "/"])
+    assert "the server cannot serve byte ranges" in err and "BAD" not in err
+
+
+# --- a mount whose server is gone ---------------------------------------------------------------------
+@pytest.mark.fuse
+def test_stats_on_a_dead_mount_says_to_umount_it(packed, tmp_path, capsys):
+    require(has_fuse(), "/dev/fuse")
+    with mounted(packed, tmp_path / "mnt") as m:
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait(10)
+        err = one_line_error(capsys, ["stats", str(m.path)])
+        assert f"run 'blockfs umount {m.path}'" in err

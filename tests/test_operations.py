@@ -1,0 +1,216 @@
+"""Where users run blockfs: ``mount -t fuse.blockfs``, an ``/etc/fstab`` line, a systemd ``Type=notify`` unit.
+
+The mount(8) tests install the helper as /sbin/mount.fuse.blockfs for the test only (mount(8) looks for
+helpers in /sbin alone) and always remove it and unmount.  systemd is not PID 1 on the test machines, so
+the notify test plays systemd's part: a datagram socket in ``$NOTIFY_SOCKET``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import blockfs
+from blockfs.cli.mount_helper import blockfs_argv
+from blockfs.serve.process import is_mounted
+from conftest import has_fuse, require
+from mountutil import release, serve_command
+from polling import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+HELPER = Path("/sbin/mount.fuse.blockfs")
+
+
+def test_mount_options_become_blockfs_options():
+    argv = blockfs_argv("/d", "/m", ["ro,_netdev,nofail,x-systemd.automount,cache_size=1GiB,allow_other",
+                                     "storage.endpoint=http://h:9,max_read=131072,no_prefill,defaults"])  # fmt: skip
+    assert argv == ["mount", "/d", "/m", "--cache-size", "1GiB", "--allow-other", "--storage-option",
+                    "endpoint=http://h:9", "--no-prefill", "-o", "max_read=131072"]  # fmt: skip
+    with pytest.raises(ValueError, match="write it as cache_size=VALUE"):
+        blockfs_argv("/d", "/m", ["cache_size"])
+    with pytest.raises(ValueError, match="foreground"):
+        blockfs_argv("/d", "/m", ["foreground"])
+    for secret in ("storage.secret_access_key=x", "storage.secret=x", "storage.account_key=x"):
+        with pytest.raises(ValueError, match="is a credential: fstab is readable by every user"):
+            blockfs_argv("/d", "/m", [secret])
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    for i in range(30):
+        (src / f"{i}.txt").write_text(f"file {i}\n")
+    blockfs.pack(tmp_path / "src", tmp_path / "ds.blockfs", fsync=False)
+    return tmp_path / "ds.blockfs"
+
+
+def own_tmp(tmp_path: Path) -> dict[str, str]:
+    """The environment for mount(8), with the test's own temp directory: a mount through the helper logs
+    to the default log there, not in the machine's /tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+
+
+@contextlib.contextmanager
+def helper_installed(tmp_path: Path) -> Iterator[None]:
+    """/sbin/mount.fuse.blockfs running this checkout's helper with this interpreter, for the test only."""
+    require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (mount(8) and /sbin)")
+    if HELPER.exists() or HELPER.is_symlink():
+        pytest.fail(f"{HELPER} exists already: this test installs its own and would replace it")
+    script = tmp_path / "mount.fuse.blockfs"
+    script.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m blockfs.cli.mount_helper \"$@\"\n")
+    script.chmod(0o755)
+    HELPER.symlink_to(script)
+    try:
+        yield
+    finally:
+        HELPER.unlink()
+
+
+@pytest.mark.fuse
+def test_mount_t_fuse_blockfs_mounts_and_umount_unmounts(dataset, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with helper_installed(tmp_path):
+        try:
+            done = subprocess.run(["mount", "-t", "fuse.blockfs", str(dataset), str(mnt), "-o",
+                                   "ro,cache_size=16MiB,_netdev"], capture_output=True, text=True, timeout=120,
+                                  env=own_tmp(tmp_path))  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert (mnt / "cat" / "7.txt").read_text() == "file 7\n"
+            with open("/proc/self/mounts") as f:
+                line = next(line for line in f if line.split()[1] == str(mnt))
+            assert line.split()[2] == "fuse.blockfs" and line.split()[0] == str(dataset), line
+            assert subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60).returncode == 0
+            assert not is_mounted(mnt)
+        finally:
+            release(mnt)
+
+
+@pytest.mark.fuse
+def test_the_readme_fstab_line_mounts(dataset, tmp_path):
+    """The README's fstab line (local dataset), through mount --fstab as mount -a would read /etc/fstab."""
+    readme = (REPO / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if "fuse.blockfs" in ln and ln.startswith("/data/"))
+    mnt = tmp_path / "imagenet"
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line.replace("/data/imagenet.blockfs", str(dataset)).replace("/mnt/imagenet", str(mnt)) + "\n")
+    with helper_installed(tmp_path):
+        try:
+            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
+                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert sorted(os.listdir(mnt / "cat"))[:2] == ["0.txt", "1.txt"]
+        finally:
+            release(mnt)
+
+
+@pytest.mark.fuse
+def test_the_readme_fstab_line_for_a_remote_dataset_mounts(s3, tmp_path):
+    """The README's S3 line, against the test's S3 server (credentials from the environment, as root's)."""
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    (src / "a.txt").write_text("remote a\n")
+    url = f"s3://{s3.new_bucket()}/imagenet.blockfs"
+    blockfs.pack(tmp_path / "src", url, fsync=False)
+    readme = (REPO / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if "fuse.blockfs" in ln and ln.startswith("s3://"))
+    assert "_netdev" in line and "x-systemd.automount" in line
+    mnt = tmp_path / "imagenet-s3"
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line.replace("s3://my-bucket/imagenet.blockfs", url).replace("/mnt/imagenet-s3", str(mnt))
+                     .replace("/var/cache/blockfs", str(tmp_path / "disk")) + "\n")  # fmt: skip
+    with helper_installed(tmp_path):
+        try:
+            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
+                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert (mnt / "cat" / "a.txt").read_text() == "remote a\n"
+            assert any((tmp_path / "disk").iterdir())  # disk_cache= reached the mount
+        finally:
+            release(mnt)
+
+
+@pytest.mark.fuse
+def test_a_foreground_mount_tells_systemd_it_is_ready_once_it_answers(dataset, tmp_path):
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
+        systemd.bind(address)
+        systemd.settimeout(60)
+        log = tmp_path / "log"
+        proc = subprocess.Popen(serve_command(dataset, mnt, log), env=dict(os.environ, NOTIFY_SOCKET=address),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            message = systemd.recv(4096).decode()
+            assert message.splitlines()[0] == "READY=1", message
+            # READY=1 only once the mount answers: at this instant it serves, no waiting.
+            assert is_mounted(mnt) and (mnt / "cat" / "3.txt").read_text() == "file 3\n"
+            subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=60)
+            assert systemd.recv(4096).decode() == "STOPPING=1"
+            assert proc.wait(30) == 0
+        finally:
+            release(mnt, proc)
+    wait_until(lambda: not is_mounted(mnt), "the mount to go")
+
+
+# --- the deployment examples: run what can run here ---------------------------------------------------
+def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
+    """The unit as written, with this machine's blockfs in place of /opt/blockfs/bin/blockfs (systemd is
+    not PID 1 here, so the unit cannot be started; its notify path is the foreground test above)."""
+    analyze = shutil.which("systemd-analyze")
+    require(analyze is not None, "systemd-analyze")
+    unit = (REPO / "examples" / "systemd" / "blockfs-imagenet.service").read_text()
+    assert "Type=notify" in unit and "--foreground" in unit
+    here = tmp_path / "blockfs-imagenet.service"
+    here.write_text(unit.replace("/opt/blockfs/bin/blockfs", str(Path(sys.executable).parent / "blockfs")))
+    done = subprocess.run([analyze, "verify", str(here)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+@pytest.mark.fuse
+def test_the_container_entrypoint_mounts_runs_and_unmounts(dataset, tmp_path):
+    """examples/container/entrypoint.sh as the container runs it (no docker engine here: the script alone)."""
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "dataset"
+    env = dict(os.environ, BLOCKFS_MOUNT=str(mnt), BLOCKFS_MOUNT_OPTIONS="--cache-size 16MiB --log " + str(tmp_path / "log"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+    script = REPO / "examples" / "container" / "entrypoint.sh"
+    try:
+        done = subprocess.run(["sh", str(script), str(dataset), "sh", "-c", f"cat {mnt}/cat/5.txt; exit 3"],
+                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        assert done.returncode == 3 and "file 5\n" in done.stdout, done.stdout + done.stderr  # its status, passed on
+        assert not is_mounted(mnt)
+    finally:
+        release(mnt)
+
+
+def test_the_dockerfile_and_the_kubernetes_pod_fit_together():
+    """No docker engine or cluster here: the recipe's files exist, the pod parses and runs the image's
+    entrypoint with a dataset and a command, with what FUSE needs."""
+    import yaml
+
+    dockerfile = (REPO / "examples" / "container" / "Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), f"Dockerfile copies {source}, which the checkout lacks"
+    assert "fuse3" in dockerfile and 'ENTRYPOINT ["blockfs-entrypoint"]' in dockerfile
+    pod = yaml.safe_load((REPO / "examples" / "kubernetes" / "train-pod.yaml").read_text())
+    (container,) = pod["spec"]["containers"]
+    assert pod["kind"] == "Pod" and container["securityContext"]["privileged"] is True
+    assert container["args"][0].startswith("s3://") and len(container["args"]) > 1
+    assert {v["name"] for v in container["volumeMounts"]} <= {v["name"] for v in pod["spec"]["volumes"]}

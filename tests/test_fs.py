@@ -21,7 +21,8 @@ from blockfs.core.dataset import PackedDataset
 from conftest import EDGE_MTIME_NS, make_edge_tree
 
 fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)  # a missing binding is a MountError
-from blockfs.serve.server import MountOptions, assembled  # noqa: E402
+from blockfs.serve.options import MountOptions  # noqa: E402
+from blockfs.serve.server import assembled  # noqa: E402
 
 FuseOSError = fs_module.FuseOSError
 ENC = fs_module.ENCODING

@@ -165,7 +165,8 @@ def _eio_lines(log: str, damaged: set[int]) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(pristine, tmp_path, seed, route, caplog):
     """Both adapters, called as the kernel calls them: every file's exact bytes or EIO, one log line a block."""
-    from blockfs.serve.server import MountOptions, assembled
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 
     dest = fresh_copy(pristine, tmp_path)
@@ -205,7 +206,8 @@ def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, f
     operation on the tree answers the source's bytes or an errno, never another exception."""
     fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
     from blockfs.errors import BlockfsError
-    from blockfs.serve.server import MountOptions, assembled
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
 
     work = _scratch(pristine)
     try:

@@ -296,7 +296,8 @@ def serve_pyfuse3(src: str, mountpoint: str) -> None:
 
 def serve_mfusepy(src: str, mountpoint: str) -> None:
     from blockfs.serve.fs import ENCODING, binding
-    from blockfs.serve.server import MountOptions, fuse_kwargs
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import fuse_kwargs
 
     fs = make_mfusepy_null(binding)(src)
     binding.FUSE(fs, mountpoint, raw_fi=False, encoding=ENCODING, **fuse_kwargs(MountOptions(cache_bytes=0), src))

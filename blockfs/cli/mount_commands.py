@@ -204,7 +204,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 def _mount_options(args: argparse.Namespace, size: int):
     """The parsed ``mount`` command line as :class:`~blockfs.serve.server.MountOptions`."""
-    from ..serve.server import MountOptions
+    from ..serve.options import MountOptions
 
     return MountOptions(
         cache_bytes=size,

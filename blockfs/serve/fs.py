@@ -39,7 +39,6 @@ import logging
 import os
 import stat
 import threading
-import time
 from ctypes.util import find_library
 from types import ModuleType
 from typing import Any, Callable

@@ -31,7 +31,7 @@ from .announce import PrefetchListener
 from .cache import BlockCache
 from .libfuse_messages import StderrCapture, distill
 from .notify import notify
-from .options import FUSE_ROUTES, OPEN_MODES, MountOptions
+from .options import FUSE_ROUTES, MountOptions
 from .plan import MemoryPlan
 from .retain import RetainingReader, plan_dataset
 from .share import ShareServer

@@ -186,6 +186,7 @@ def _mount_options(args: argparse.Namespace, size: int):
         nodes=args.nodes,
         node_rank=args.node_rank,
         partition_seed=args.partition_seed,
+        expect=args.expect,
     )
 
 

@@ -29,6 +29,20 @@ Each file's own CRC-32 is also in the index, so a read of one file from a block 
 verified without reading the whole block.  The block's data checksum is a CRC of those per-file CRCs:
 the packer computes each file's CRC once and no second pass over the data is needed, and a reader that
 checks a whole block gets every file's CRC to compare with the index on the way.
+
+The CRCs guard against accidents only: anyone who can write a block can fix a CRC up.  What proves a block
+is this dataset's is the chain of BLAKE3 digests that names the dataset (:mod:`.digest`)::
+
+    dataset name = blake3(blockfs.json as stored)         <- what `--expect blake3:...` pins
+        blockfs.json ── index.blake3 ──> index.bfi (its digest: the whole file)
+            index.bfi ── block_head_digest[b] ──> bytes [0, data_start) of block b   (checked when parsed)
+                      ── block_data_digest[b] ──> bytes [data_start, end) of block b (a whole-block read)
+                      ── file_digest[e] ───────> file e's bytes                      (a file read alone)
+
+A reader checks each link against the one above it, so nothing a tier holds (a local block, a disk-tier
+copy, a cached head of a remote object) is trusted for a digest of its own: where the index has digests,
+a whole-block read hashes the data section once instead of computing its CRCs, and a file read alone is
+hashed instead of its CRC computed.  Datasets packed before the digests (format 1) are read by CRC.
 """
 
 from __future__ import annotations
@@ -101,6 +115,7 @@ class BlockHeader:
     sizes: np.ndarray
     labels: np.ndarray
     chunk_crcs: np.ndarray | None  # only for WIDE blocks
+    digest: bytes | None = None  # BLAKE3 of the header bytes as read, where the index holds digests to check it by
 
     @property
     def count(self) -> int:

@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
+from .digest import file_digest
+
 from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 from ..storage.disk_tier import DiskTier, write_atomically
@@ -124,10 +126,14 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
         try:
             meta = json.loads(meta_bytes)
             expected_crc = meta["index"]["crc32"]
+            expected_digest = meta["index"].get("blake3")
             side_files = [meta["source"]["labels_file"]] if "labels_file" in (meta.get("source") or {}) else []
         except (ValueError, KeyError, TypeError):
             return located  # read_metadata names what is wrong with it
-        if _file_crc(os.path.join(root, INDEX_NAME)) != expected_crc:
+        # The index kept from an earlier mount is reused only if it is the one blockfs.json names: by its
+        # digest where there is one (a CRC can be forged), by its CRC in a dataset packed before digests.
+        kept = os.path.join(root, INDEX_NAME)
+        if (_file_digest(kept) if expected_digest is not None else _file_crc(kept)) != (expected_digest or expected_crc):
             _keep(root, INDEX_NAME, remote.get(INDEX_NAME))
         for name in side_files:
             plain = isinstance(name, str) and "/" not in name and name not in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR)
@@ -143,6 +149,14 @@ def _file_crc(path: str) -> int | None:
     """The file's CRC-32, or None when there is no such file to reuse."""
     try:
         return file_crc(path)
+    except OSError:
+        return None
+
+
+def _file_digest(path: str) -> str | None:
+    """The file's BLAKE3 digest (hex), or None when there is no such file to reuse."""
+    try:
+        return file_digest(path).hex()
     except OSError:
         return None
 

@@ -25,10 +25,16 @@ them) and trusts none of them.
   whole is offered to such a tier; a file read of a block the tier wants fetches the block whole first.
 
 Headers are parsed once per block and kept (12 bytes per file).
+
+* **Digests, where the index has them** (the chain drawn in :mod:`.format`): a header's bytes are checked by
+  its BLAKE3 digest when it is adopted, a whole data section by its digest *instead of* its CRCs (one pass,
+  as before), and a file read alone by its own digest instead of its CRC.  The index's digests are the only
+  ones compared against: nothing is trusted for a digest computed from what a tier holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -36,6 +42,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import digest as dg
 from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, IndexFormatError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
@@ -62,6 +69,11 @@ class BlockStore:
         self._copying: dict[int, threading.Lock] = {}  # blocks being fetched whole into a tier
         self._copying_lock = threading.Lock()
         self._copy_slots = threading.BoundedSemaphore(COPIES_AT_ONCE)
+        # The digests to check by (arrays of 32-byte rows), or None: a dataset checked by CRC-32 only.
+        self._file_digest = index.get("file_digest")
+        self._head_digest = index.get("block_head_digest")
+        self._data_digest = index.get("block_data_digest")
+        self._slot_entries: dict[int, np.ndarray] = {}  # block -> entry of each slot (-1: empty), for file digests
 
     @property
     def files(self) -> BlockFiles:
@@ -131,6 +143,8 @@ class BlockStore:
         """Check a header :meth:`unchecked_header` gave against the index, and keep it for :meth:`header`."""
         try:
             self._check_belongs(block, head)
+            if self._head_digest is not None:
+                self._check_digest(block, "header", self._head_digest[block], head.digest)
         except CorruptBlockError as e:
             e.block = block
             raise
@@ -171,7 +185,9 @@ class BlockStore:
         expected = int(self._index["block_counts"][block])
         if count != expected:
             raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
-        return fmt.decode_header(self._pread(block, length, 0), where, file_size=disk_size)
+        raw = self._pread(block, length, 0)
+        head = fmt.decode_header(raw, where, file_size=disk_size)
+        return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
 
     def _check_belongs(self, block: int, head: fmt.BlockHeader) -> None:
         """Raise CorruptBlockError unless ``head`` is the block this index describes (see the module notes)."""
@@ -251,7 +267,7 @@ class BlockStore:
 
             def read() -> np.ndarray:
                 self._read_into(block, view, head.data_start)
-                return fmt.check_data(head, view, self.where(block))
+                return self._check_data(block, head, view)
 
             crcs = self._from_a_good_copy(block, read)
             if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
@@ -259,6 +275,38 @@ class BlockStore:
             return crcs
         finally:
             view.release()
+
+    def _check_data(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
+        """Verify a whole data section (its digest where the index has one, else its CRCs: one pass over the
+        bytes either way); return each file's CRC-32 by slot."""
+        if self._data_digest is None:
+            return fmt.check_data(head, view, self.where(block))
+        if len(view) != head.data_size:
+            raise CorruptBlockError(
+                f"{self.where(block)}: truncated: data section has {len(view)} of {head.data_size} bytes", block=block
+            )
+        self._check_digest(block, "data", self._data_digest[block], dg.digest(view))
+        return self.index_crcs(block)  # the digest proves the bytes are the packed ones, so are their CRCs
+
+    def _check_digest(self, block: int, what: str, expected: np.ndarray, got: bytes | None) -> None:
+        want = expected.tobytes()
+        if got != want:
+            raise CorruptBlockError(
+                f"{self.where(block)}: {what} checksum mismatch (the index's BLAKE3 digest is {want.hex()[:16]}..., the "
+                f"block's {got.hex()[:16] if got else 'unknown'}...): not the bytes packed; run 'blockfs verify'",
+                block=block,
+            )
+
+    def file_digest(self, block: int, slot: int) -> bytes:
+        """The index's digest of the file in ``slot`` of ``block`` (hard links share their slot's)."""
+        entries = self._slot_entries.get(block)
+        if entries is None:
+            ids, slots = self._entries(block)
+            entries = np.full(int(self._index["block_counts"][block]), -1, dtype=np.int64)
+            entries[slots] = ids
+            self._slot_entries[block] = entries  # a race only computes it twice
+        e = int(entries[slot])
+        return dg.digest(b"") if e < 0 else self._file_digest[e].tobytes()  # a slot no entry names is empty
 
     def copy_into_tier(self, block: int) -> None:
         """Fetch ``block`` whole and verified into the tier that wants it, once however many readers ask."""
@@ -299,7 +347,10 @@ class BlockStore:
             self.verify_file(block, slot, crc)
             return self._pread(block, size, head.data_start + start + offset)
         data = self._pread(block, length, head.data_start + start)
-        self._check_file(block, slot, crc, fmt.crc32(data))
+        if self._file_digest is not None:
+            self._check_file_digest(block, slot, dg.digest(data))
+        else:
+            self._check_file(block, slot, crc, fmt.crc32(data))
         return data if (offset == 0 and size == length) else data[offset : offset + size]
 
     def verify_file(self, block: int, slot: int, crc: int) -> int:
@@ -312,10 +363,17 @@ class BlockStore:
                 return 0
         head = self.header(block)
         base, length = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
-        check = 0
+        check, hasher = 0, dg.hasher() if self._file_digest is not None else None
         for pos in range(0, length, VERIFY_PIECE):
-            check = fmt.crc32(self._pread(block, min(VERIFY_PIECE, length - pos), base + pos), check)
-        self._check_file(block, slot, crc, check)
+            piece = self._pread(block, min(VERIFY_PIECE, length - pos), base + pos)
+            if hasher is not None:
+                hasher.update(piece)
+            else:
+                check = fmt.crc32(piece, check)
+        if hasher is not None:
+            self._check_file_digest(block, slot, hasher.digest())
+        else:
+            self._check_file(block, slot, crc, check)
         with self._verified_lock:
             self._verified[key] = None
             while len(self._verified) > VERIFIED_KEPT:
@@ -327,6 +385,15 @@ class BlockStore:
             raise CorruptBlockError(
                 f"{self.where(block)}: slot {slot}: checksum mismatch (expected 0x{expected:08x}, got "
                 f"0x{got:08x}); run 'blockfs verify'",
+                block=block,
+            )
+
+    def _check_file_digest(self, block: int, slot: int, got: bytes) -> None:
+        want = self.file_digest(block, slot)
+        if got != want:
+            raise CorruptBlockError(
+                f"{self.where(block)}: slot {slot}: checksum mismatch (the index's BLAKE3 digest is {want.hex()[:16]}..., "
+                f"the file's {got.hex()[:16]}...): not the bytes packed; run 'blockfs verify'",
                 block=block,
             )
 

@@ -75,6 +75,8 @@ def summary(ds: PackedDataset) -> dict:
     header_bytes = int(sizes.sum()) - int(a["size"][files][_stored(a, files)].sum()) if n_files else 0
     return {
         "path": ds.location,
+        "digest": ds.digest,
+        "digests": ds.has_digests,
         "files": n_files,
         "directories": meta["n_dirs"],
         "symlinks": meta["n_symlinks"],

@@ -362,6 +362,8 @@ class BlockFS(binding.Operations):
                 "started": self._started,
             },
             "dataset": {
+                "digest": self._ds.digest,  # its name: what --expect and the loader's expect= pin
+                "digests": self._ds.has_digests,  # False: checked against accidents (CRC-32) only
                 "files": int(meta["n_files"]),
                 "file_bytes": dataset_bytes,
                 "blocks": int(meta["n_blocks"]),

@@ -70,6 +70,7 @@ class MountOptions:
     nodes: int = 1
     node_rank: int = 0
     partition_seed: int = 0
+    expect: str | None = None  # the pinned dataset name ("blake3:..."): another dataset is refused
 
     def __post_init__(self) -> None:
         if self.open_mode not in OPEN_MODES:
@@ -169,7 +170,7 @@ def assembled(
     from .fs import BlockFS
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
-        ds = PackedDataset(dest, storage=options.storage)
+        ds = PackedDataset(dest, storage=options.storage, expect=options.expect)
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached

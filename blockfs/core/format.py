@@ -287,18 +287,23 @@ def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarr
     return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
+def file_crcs_of(header: BlockHeader, data: bytes | memoryview) -> np.ndarray:
+    """The CRC-32 of each file of a data section, by slot."""
+    view = memoryview(data)
+    return np.fromiter(
+        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
+        dtype=np.uint32,
+        count=header.count,
+    )
+
+
 def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> np.ndarray:
     """Verify a whole data section against the header's checksum; return each file's CRC-32."""
     if len(data) != header.data_size:
         raise CorruptBlockError(
             f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes"
         )
-    view = memoryview(data)
-    file_crcs = np.fromiter(
-        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
-        dtype=np.uint32,
-        count=header.count,
-    )
+    file_crcs = file_crcs_of(header, data)
     crc = crc_of_crcs(file_crcs)
     if crc != header.data_crc:
         raise CorruptBlockError(

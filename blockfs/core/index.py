@@ -233,13 +233,13 @@ class PackedIndex:
         where = f"index {self.file}"
         self._buf = read_index_file(self.file, where)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
+        if crc32 is not None:  # first: damage by accident is named as before
+            check_crc(self._buf, where, crc32)
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:
                 raise IndexFormatError(f"{where}: blockfs.json records its digest, but it is a version {self.version} "
                                        f"index, which holds none; {REPACK}")  # fmt: skip
             check_digest(self._buf, where, digest)
-        if crc32 is not None:
-            check_crc(self._buf, where, crc32)
         placed = read_toc(self._buf, toc_len, where, self.version)
         self.arrays: dict[str, np.ndarray] = array_views(self._buf, placed)
         validate_arrays(self.arrays, where, n_blocks)

@@ -206,7 +206,7 @@ def check_digest(buf: mmap.mmap, where: str, expected: str) -> None:
     got = dg.digest(buf).hex()
     if got != expected:
         raise IndexFormatError(
-            f"{where}: digest mismatch (blockfs.json records blake3:{expected}, the file has blake3:{got}): "
+            f"{where}: checksum mismatch (blockfs.json records the BLAKE3 digest {expected}, the file has {got}): "
             f"the index is damaged or not this dataset's; {REPACK}"
         )
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .dataset import PackedDataset
 from ..errors import BlockfsError
+from . import format as fmt
 from .index import KIND_FILE
 
 
@@ -45,7 +46,10 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     entries = members[int(off[b]) : int(off[b + 1])].astype(np.int64)
     try:  # the header against its own file, then the data against the header
         head = ds.store.unchecked_header(b)
-        file_crcs = ds.store.read_data_into(b, head, bytearray(head.data_size))
+        data = bytearray(head.data_size)
+        file_crcs = ds.store.read_data_into(b, head, data)
+        if ds.has_digests:  # the digest proved the data; the index's CRCs are compared with it too
+            file_crcs = fmt.file_crcs_of(head, data)
     except BlockfsError as err:  # the block as a whole is lost: every file in it
         return Problem(f"block {b}", str(err), _names(ds, entries))
     slots = a["slot"][entries]

@@ -352,6 +352,29 @@ def mutate_block_data(dest: Path, rnd: random.Random) -> list[str]:
     return steps
 
 
+def mutate_block_data_crc_kept(dest: Path, rnd: random.Random) -> list[str]:
+    """Change a file inside a block and fix 4 of its bytes so that its CRC-32 stays (see forgery.py): every
+    CRC of the block still holds, so only the digests can refuse it (issue 23)."""
+    from forgery import forge
+
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        block = _pick_block(dest, rnd)
+        raw = bytearray(block.read_bytes())
+        head = fmt.decode_header(bytes(raw), block.name)
+        files = [s for s in range(head.count) if int(head.sizes[s]) >= 5]
+        if not files:
+            steps.append(f"{block.name}: no file of 5 bytes or more")
+            continue
+        slot = rnd.choice(files)
+        start, size = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
+        changed = rnd.randrange(size - 4)
+        raw[start : start + size] = forge(bytes(raw[start : start + size]), changed_at=changed, fix_at=size - 4)
+        block.write_bytes(bytes(raw))
+        steps.append(f"{block.name}: slot {slot} forged at {changed}, its CRC kept")
+    return steps
+
+
 def mutate_block_length(dest: Path, rnd: random.Random) -> list[str]:
     """A block file truncated, grown or missing."""
     block = _pick_block(dest, rnd)
@@ -398,6 +421,7 @@ FAMILIES = {
         Family("block-header", lambda d, r, p: mutate_block_header(d, r), authentic=True),
         Family("block-header-resigned", lambda d, r, p: mutate_block_header_resigned(d, r), authentic=True),
         Family("block-data", lambda d, r, p: mutate_block_data(d, r), authentic=True),
+        Family("block-data-crc-kept", lambda d, r, p: mutate_block_data_crc_kept(d, r), authentic=True),
         Family("block-length", lambda d, r, p: mutate_block_length(d, r), authentic=True),
         Family("block-foreign", lambda d, r, p: mutate_block_foreign(d, r, p.other), authentic=True),
     )

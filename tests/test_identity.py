@@ -350,3 +350,24 @@ def test_under_a_pin_no_forged_byte_is_served(packed, tmp_path_factory, rnd, wha
             except BlockfsError:
                 continue
             assert got == data, f"{what}: forged bytes served for {rel}"
+
+
+@pytest.mark.fuse
+@pytest.mark.torch
+def test_the_loader_gets_an_error_never_the_forged_bytes(dest, packed, tmp_path, torch_module):
+    require(has_fuse(), "FUSE")
+    from mountutil import mounted
+
+    from blockfs.loader.block_loader import BlockShuffleDataset
+
+    _, contents, name = packed
+    forge_file(dest, VICTIM)
+    with mounted(dest, tmp_path / "mnt", "--expect", name) as m:
+        data = BlockShuffleDataset(m.path, expect=name)
+        served = {}
+        with pytest.raises(OSError) as err:
+            for sample, _label, i in data:
+                served[os.path.relpath(data.mount.path(int(i)), m.path)] = sample
+        assert err.value.errno == errno.EIO
+        assert all(contents[rel] == got for rel, got in served.items())
+        data.close()

@@ -371,3 +371,28 @@ def test_the_loader_gets_an_error_never_the_forged_bytes(dest, packed, tmp_path,
         assert err.value.errno == errno.EIO
         assert all(contents[rel] == got for rel, got in served.items())
         data.close()
+
+
+def test_a_piece_of_a_big_file_is_checked_by_its_chunks_on_every_read(tmp_path, monkeypatch):
+    """A big file read in pieces is never served from bytes checked on an earlier read: the block changed
+    after a first piece was read (its CRC kept) is refused on the next piece that touches the change."""
+    import blockfs.core.store as store_module
+
+    monkeypatch.setattr(store_module, "VERIFY_PIECE", 64 << 10)
+    data = random.Random(1).randbytes(3 * fmt.CHUNK_SIZE + 12345)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(data)
+    name = blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False).digest
+    with blockfs.open_dataset(tmp_path / "p", expect=name) as ds:
+        piece = 100_000
+        got = b"".join(ds.read("big.bin", off, piece) for off in range(0, len(data), piece))
+        assert got == data
+        head = ds.store.header(0)
+        path = Path(ds.store.block_paths[0])
+        raw = bytearray(path.read_bytes())
+        at = head.data_start + 2 * fmt.CHUNK_SIZE + 500  # inside chunk 2
+        raw[at : at + 64] = forge(bytes(raw[at : at + 64]))
+        path.write_bytes(bytes(raw))
+        assert ds.read("big.bin", 0, piece) == data[:piece]  # chunk 0 is still the packed bytes
+        with pytest.raises(CorruptBlockError, match="chunk 2"):
+            ds.read("big.bin", 2 * fmt.CHUNK_SIZE, piece)

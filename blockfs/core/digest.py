@@ -31,6 +31,41 @@ def hasher() -> blake3:
     return blake3()
 
 
+class ChunkHasher:
+    """The digest of each ``chunk``-byte piece of a stream fed in pieces of any size (the last may be
+    shorter): what the index holds of a block's data section, so a piece of a big file is checked alone."""
+
+    def __init__(self, chunk: int) -> None:
+        self._chunk = chunk
+        self._hash = blake3()
+        self._filled = 0
+        self._done: list[bytes] = []
+
+    def update(self, data) -> None:
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self._chunk - self._filled)
+            self._hash.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self._chunk:
+                self._done.append(self._hash.digest())
+                self._hash, self._filled = blake3(), 0
+
+    def digests(self) -> bytes:
+        """Every chunk's digest, back to back (32 bytes each; nothing for an empty stream)."""
+        if self._filled:
+            self._done.append(self._hash.digest())
+            self._hash, self._filled = blake3(), 0
+        return b"".join(self._done)
+
+
+def chunk_digests(data, chunk: int) -> bytes:
+    """The digest of each ``chunk``-byte piece of ``data``, back to back."""
+    view = memoryview(data)
+    return b"".join(blake3(view[i : i + chunk]).digest() for i in range(0, len(view), chunk))
+
+
 def file_digest(path) -> bytes:
     """The digest of a whole file, read in 16 MiB pieces."""
     h = blake3()

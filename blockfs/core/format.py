@@ -36,13 +36,16 @@ is this dataset's is the chain of BLAKE3 digests that names the dataset (:mod:`.
     dataset name = blake3(blockfs.json as stored)         <- what `--expect blake3:...` pins
         blockfs.json ── index.blake3 ──> index.bfi (its digest: the whole file)
             index.bfi ── block_head_digest[b] ──> bytes [0, data_start) of block b   (checked when parsed)
-                      ── block_data_digest[b] ──> bytes [data_start, end) of block b (a whole-block read)
+                      ── chunk_digest[k] ──────> each 1 MiB (CHUNK_SIZE) of block b's data section
+                                                 (a whole-block read checks all, a piece of a big file
+                                                  the chunks it covers)
                       ── file_digest[e] ───────> file e's bytes                      (a file read alone)
 
 A reader checks each link against the one above it, so nothing a tier holds (a local block, a disk-tier
 copy, a cached head of a remote object) is trusted for a digest of its own: where the index has digests,
-a whole-block read hashes the data section once instead of computing its CRCs, and a file read alone is
-hashed instead of its CRC computed.  Datasets packed before the digests (format 1) are read by CRC.
+a whole-block read hashes the data section once (chunk by chunk) instead of computing its CRCs, a file
+read alone is hashed instead of its CRC computed, and a piece of a big file is served from the 1 MiB
+chunks that cover it, each checked by its digest (never from bytes checked on an earlier read).  Datasets packed before the digests (format 1) are read by CRC.
 """
 
 from __future__ import annotations

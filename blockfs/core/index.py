@@ -35,6 +35,7 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     DIGEST_ARRAYS,
     array_views,
     check_crc,
+    check_chunk_table,
     check_digest,
     check_header,
     read_index_file,
@@ -82,14 +83,16 @@ class PreparedIndex:
     order: np.ndarray  # index position -> position in the IndexColumns it was prepared from
 
     def write(self, path: str | os.PathLike, crc: np.ndarray, block_sizes: np.ndarray,
-              digests: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
+              digests: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
         """Write the index file at ``path``; ``crc`` is in the order of the prepared columns.  ``digests``:
-        (file digests in the order of the prepared columns, block header digests, block data digests),
-        each a row of 32 bytes; without them the index is version 1 (tests of the old format)."""
+        (file digests in the order of the prepared columns, block header digests, chunk digests: rows of
+        32 bytes; and where each block's chunks start, n_blocks + 1); without them the index is version 1
+        (tests of the old format)."""
         arrays = dict(self.arrays, crc=np.asarray(crc)[self.order], block_sizes=np.asarray(block_sizes))
         if digests is not None:
-            files, heads, datas = digests
-            arrays.update(file_digest=np.asarray(files)[self.order], block_head_digest=heads, block_data_digest=datas)
+            files, heads, chunks, block_chunks = digests
+            arrays.update(file_digest=np.asarray(files)[self.order], block_head_digest=heads, chunk_digest=chunks,
+                          block_chunks=block_chunks)  # fmt: skip
         write_arrays(path, arrays)
 
 
@@ -244,6 +247,8 @@ class PackedIndex:
         self.arrays: dict[str, np.ndarray] = array_views(self._buf, placed)
         validate_arrays(self.arrays, where, n_blocks)
         self.has_digests = all(name in self.arrays for name in DIGEST_ARRAYS)
+        if self.has_digests:
+            check_chunk_table(self.arrays, where)
         self.n_entries = int(self.arrays["kind"].size)
         self.n_blocks = int(self.arrays["block_counts"].size)
         self.raw = memoryview(self._buf).toreadonly()  # the file's bytes as read and checked

@@ -13,13 +13,16 @@ The table of contents is data from disk, so it is checked against :data:`SCHEMA`
 built: every array present, no other, each with exactly its schema dtype (an ``object`` or mistyped
 column would otherwise be served as numbers), integer offsets and counts that stay inside the file.
 
-Version 2 adds three arrays of BLAKE3 digests (32 bytes each, stored flat as ``u1``), the index's links
-in the chain that names a dataset::
+Version 2 adds the BLAKE3 digests (32 bytes each, stored flat as ``u1``), the index's links in the chain
+that names a dataset::
 
     blake3(blockfs.json) = the dataset's name          ("blake3:<hex>", what --expect pins)
       blockfs.json  "index": {"blake3": digest of index.bfi}
         index.bfi   block_head_digest[b]  digest of block b's header bytes  [0, data_start)
-                    block_data_digest[b]  digest of block b's data section (a whole-block read's check)
+                    chunk_digest[k]       digest of one CHUNK_SIZE (1 MiB) piece of a data section;
+                                          block b's are rows block_chunks[b] .. block_chunks[b + 1]
+                                          (a whole-block read checks them all, a piece of a big file
+                                          the ones it covers)
                     file_digest[e]        digest of file e's bytes           (a file read alone)
 
 The file is read once into anonymous memory the process owns, never mapped from the file: a file-backed
@@ -89,8 +92,10 @@ SCHEMA: dict[str, np.dtype] = {
 }
 SCHEMA_V1 = dict(SCHEMA)
 # Version 2: the digests (DIGEST_SIZE bytes per entry / per block, flat).
-DIGEST_ARRAYS = ("file_digest", "block_head_digest", "block_data_digest")
-SCHEMA.update({name: np.dtype("u1") for name in DIGEST_ARRAYS})
+DIGEST_ROWS = ("file_digest", "block_head_digest", "chunk_digest")
+DIGEST_ARRAYS = (*DIGEST_ROWS, "block_chunks")
+SCHEMA.update({name: np.dtype("u1") for name in DIGEST_ROWS})
+SCHEMA["block_chunks"] = np.dtype("<u8")  # n_blocks + 1
 
 
 def schema_of(version: int) -> dict[str, np.dtype]:
@@ -235,12 +240,22 @@ def read_toc(buf: mmap.mmap, toc_len: int, where: str, version: int = INDEX_VERS
         )
     if version >= 2:
         n_blocks = placed["block_counts"][1]
-        for name, rows in (("file_digest", n), ("block_head_digest", n_blocks), ("block_data_digest", n_blocks)):
+        n_chunks = placed["chunk_digest"][1] // dg.DIGEST_SIZE
+        for name, rows in (("file_digest", n), ("block_head_digest", n_blocks), ("chunk_digest", n_chunks)):
             if placed[name][1] != rows * dg.DIGEST_SIZE:
                 raise IndexFormatError(
                     f"{where}: array {name!r} holds {placed[name][1]} bytes, not {dg.DIGEST_SIZE} for each of {rows}; {REPACK}"
                 )
+        if placed["block_chunks"][1] != n_blocks + 1:
+            raise IndexFormatError(f"{where}: array 'block_chunks' must have {n_blocks + 1} rows; {REPACK}")
     return placed
+
+
+def check_chunk_table(arrays: dict[str, np.ndarray], where: str) -> None:
+    """``block_chunks`` runs from 0 to the number of chunk digests, never backwards."""
+    starts = arrays["block_chunks"]
+    if int(starts[0]) != 0 or int(starts[-1]) != len(arrays["chunk_digest"]) or np.any(starts[1:] < starts[:-1]):
+        raise IndexFormatError(f"{where}: array 'block_chunks' does not divide the chunk digests among the blocks; {REPACK}")
 
 
 def _check_spec(name: str, spec: object, dtype: np.dtype, data_start: int, size: int, where: str) -> tuple[int, int]:
@@ -266,8 +281,8 @@ def array_views(buf: mmap.mmap, placed: dict[str, tuple[int, int]]) -> dict[str,
     arrays = {}
     for name, (offset, count) in placed.items():
         arr = np.frombuffer(buf, dtype=SCHEMA[name], count=count, offset=offset)
-        if name in DIGEST_ARRAYS:
-            arr = arr.reshape(-1, dg.DIGEST_SIZE)  # one row per entry / block
+        if name in DIGEST_ROWS:
+            arr = arr.reshape(-1, dg.DIGEST_SIZE)  # one row per entry / block / chunk
         arr.flags.writeable = False
         arrays[name] = arr
     return arrays

@@ -72,7 +72,8 @@ class BlockStore:
         # The digests to check by (arrays of 32-byte rows), or None: a dataset checked by CRC-32 only.
         self._file_digest = index.get("file_digest")
         self._head_digest = index.get("block_head_digest")
-        self._data_digest = index.get("block_data_digest")
+        self._chunk_digest = index.get("chunk_digest")  # block b's: rows block_chunks[b] .. block_chunks[b + 1]
+        self._block_chunks = index.get("block_chunks")
         self._slot_entries: dict[int, np.ndarray] = {}  # block -> entry of each slot (-1: empty), for file digests
 
     @property
@@ -144,7 +145,9 @@ class BlockStore:
         try:
             self._check_belongs(block, head)
             if self._head_digest is not None:
-                self._check_digest(block, "header", self._head_digest[block], head.digest)
+                self._check_digest(block, "header", self._head_digest[block].tobytes(), head.digest)
+                if len(self._chunks_of(block)) != fmt.n_chunks(head.data_size):
+                    raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"))
         except CorruptBlockError as e:
             e.block = block
             raise
@@ -279,20 +282,37 @@ class BlockStore:
     def _check_data(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
         """Verify a whole data section (its digest where the index has one, else its CRCs: one pass over the
         bytes either way); return each file's CRC-32 by slot."""
-        if self._data_digest is None:
+        if self._chunk_digest is None:
             return fmt.check_data(head, view, self.where(block))
         if len(view) != head.data_size:
             raise CorruptBlockError(
                 f"{self.where(block)}: truncated: data section has {len(view)} of {head.data_size} bytes", block=block
             )
-        self._check_digest(block, "data", self._data_digest[block], dg.digest(view))
-        return self.index_crcs(block)  # the digest proves the bytes are the packed ones, so are their CRCs
+        self._check_chunks(block, 0, view)
+        return self.index_crcs(block)  # the digests prove the bytes are the packed ones, so are their CRCs
 
-    def _check_digest(self, block: int, what: str, expected: np.ndarray, got: bytes | None) -> None:
-        want = expected.tobytes()
+    @property
+    def checks_pieces(self) -> bool:
+        """Whether a piece of a big file is checked on its own (by the digests of the chunks it covers), so
+        a reader need not stream the whole file through a checksum first."""
+        return self._chunk_digest is not None
+
+    def _chunks_of(self, block: int) -> np.ndarray:
+        """The index's digests of block ``block``'s data chunks, one 32-byte row each."""
+        return self._chunk_digest[int(self._block_chunks[block]) : int(self._block_chunks[block + 1])]
+
+    def _check_chunks(self, block: int, first: int, data) -> None:
+        """``data``, the data section from chunk ``first`` on, is what the index's chunk digests say."""
+        want = self._chunks_of(block)[first : first + fmt.n_chunks(len(data))]
+        got = dg.chunk_digests(data, fmt.CHUNK_SIZE)
+        if got != want.tobytes():
+            k = next(k for k in range(len(want)) if got[32 * k : 32 * k + 32] != want[k].tobytes())
+            self._check_digest(block, "data", want[k].tobytes(), got[32 * k : 32 * k + 32], f" of chunk {first + k}")
+
+    def _check_digest(self, block: int, what: str, want: bytes, got: bytes | None, part: str = "") -> None:
         if got != want:
             raise CorruptBlockError(
-                f"{self.where(block)}: {what} checksum mismatch (the index's BLAKE3 digest is {want.hex()[:16]}..., the "
+                f"{self.where(block)}: {what} checksum mismatch (the index's BLAKE3 digest{part} is {want.hex()[:16]}..., the "
                 f"block's {got.hex()[:16] if got else 'unknown'}...): not the bytes packed; run 'blockfs verify'",
                 block=block,
             )
@@ -344,6 +364,8 @@ class BlockStore:
         start, length = int(head.offsets[slot]), int(head.sizes[slot])
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
+        if self._chunk_digest is not None and size < length and (length > VERIFY_PIECE or head.chunk_crcs is not None):
+            return self._read_digested(block, head, start + offset, size)  # a piece of a big file: its chunks
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
             # bytes to this dataset (checked once per file, as for a big file in a narrow block).
@@ -405,6 +427,17 @@ class BlockStore:
                 f"the file's {got.hex()[:16]}...): not the bytes packed; run 'blockfs verify'",
                 block=block,
             )
+
+    def _read_digested(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
+        """Bytes ``[start, start + size)`` of the data section, read as the whole chunks that cover them and
+        checked by their digests (so what is served was checked now, not on an earlier read)."""
+        if size == 0:
+            return b""
+        first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE
+        lo, hi = first * fmt.CHUNK_SIZE, min((last + 1) * fmt.CHUNK_SIZE, head.data_size)
+        data = self._pread(block, hi - lo, head.data_start + lo)
+        self._check_chunks(block, first, data)
+        return data[start - lo : start - lo + size]
 
     def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
         """A range of a WIDE block, verified chunk by chunk."""

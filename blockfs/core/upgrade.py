@@ -40,7 +40,7 @@ def upgrade(location: str | os.PathLike) -> tuple[str, bool]:
         return dg.name_of(raw), False
     with PackedDataset(root) as ds:
         arrays = {name: np.array(arr) for name, arr in ds.index.arrays.items()}
-        arrays.update(zip(("file_digest", "block_head_digest", "block_data_digest"), _digests(ds)))
+        arrays.update(zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds)))
     index = os.path.join(root, fmt.INDEX_NAME)
     backup = os.path.join(root, BACKUP_NAME)
     os.link(index, backup)
@@ -55,20 +55,22 @@ def upgrade(location: str | os.PathLike) -> tuple[str, bool]:
     return dg.name_of(new), True
 
 
-def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(file digests by entry, header digests by block, data digests by block), from blocks that pass
-    every check of the dataset's own format."""
+def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(file digests by entry, header digests by block, chunk digests, where each block's chunks start),
+    from blocks that pass every check of the dataset's own format."""
     a = ds.index.arrays
     files = np.zeros((ds.index.n_entries, dg.DIGEST_SIZE), dtype=np.uint8)
     heads = np.zeros((ds.n_blocks, dg.DIGEST_SIZE), dtype=np.uint8)
-    datas = np.zeros((ds.n_blocks, dg.DIGEST_SIZE), dtype=np.uint8)
+    chunks: list[bytes] = []
+    block_chunks = np.zeros(ds.n_blocks + 1, dtype=np.uint64)
     row = lambda d: np.frombuffer(d, dtype=np.uint8)  # noqa: E731
     for b in range(ds.n_blocks):
         head = ds.store.header(b)
         data = bytearray(head.data_size)
         ds.store.read_data_into(b, head, data)
         heads[b] = row(dg.digest(ds.store.header_bytes(b)))
-        datas[b] = row(dg.digest(data))
+        chunks.append(dg.chunk_digests(data, fmt.CHUNK_SIZE))
+        block_chunks[b + 1] = block_chunks[b] + fmt.n_chunks(len(data))
         view = memoryview(data)
         off, members = ds.layout
         for e in members[int(off[b]) : int(off[b + 1])].tolist():  # hard links share their slot's bytes
@@ -76,7 +78,7 @@ def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             start, size = int(head.offsets[slot]), int(head.sizes[slot])
             files[e] = row(dg.digest(view[start : start + size]))
         view.release()
-    return files, heads, datas
+    return files, heads, row(b"".join(chunks)).reshape(-1, dg.DIGEST_SIZE), block_chunks
 
 
 def _finish_interrupted(root: str) -> None:

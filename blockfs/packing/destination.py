@@ -133,7 +133,9 @@ def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sum
     file_crcs[is_file] = np.asarray(sums.crcs, dtype=np.uint32)[plan_pos[is_file]]
     file_digests = np.zeros((len(plan_pos), dg.DIGEST_SIZE), dtype=np.uint8)
     file_digests[is_file] = _rows(sums.file_digests)[plan_pos[is_file]]
-    digests = (file_digests, _rows(sums.head_digests), _rows(sums.data_digests))
+    block_chunks = np.zeros(len(sums.chunk_digests) + 1, dtype=np.uint64)
+    np.cumsum([len(c) // dg.DIGEST_SIZE for c in sums.chunk_digests], out=block_chunks[1:])
+    digests = (file_digests, _rows(sums.head_digests), _rows(sums.chunk_digests), block_chunks)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
     index.write(tmp_index, file_crcs, block_sizes, digests)
     os.replace(tmp_index, os.path.join(dest, INDEX_NAME))

@@ -72,7 +72,7 @@ class Sums:
     crcs: list[int]
     file_digests: list[bytes]
     head_digests: list[bytes]
-    data_digests: list[bytes]
+    chunk_digests: list[bytes]  # per block: its chunks' digests, back to back
 
 
 class _Tally(Sums):
@@ -83,7 +83,7 @@ class _Tally(Sums):
         self.crcs = [0] * len(plan.stored)
         self.file_digests = [b""] * len(plan.stored)
         self.head_digests = [b""] * plan.n_blocks
-        self.data_digests = [b""] * plan.n_blocks
+        self.chunk_digests = [b""] * plan.n_blocks
         self._on_written = on_written
         self._bounds = plan.bounds
         self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if len(plan.stored) else []
@@ -98,7 +98,7 @@ class _Tally(Sums):
         self.crcs[lo:hi] = written.crcs
         self.file_digests[lo:hi] = written.file_digests
         self.head_digests[block] = written.head_digest
-        self.data_digests[block] = written.data_digest
+        self.chunk_digests[block] = written.chunk_digests
         self._files += hi - lo
         self._bytes += self._block_bytes[block]
         if self._progress is not None:

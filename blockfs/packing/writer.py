@@ -33,13 +33,14 @@ GATHER_SIZE = 8 << 20
 
 @dataclass(frozen=True)
 class WrittenBlock:
-    """What the index records of a block just written: per-file CRC-32s and digests (slot order), and the
-    digests of the block's header and data section (the chain drawn in :mod:`blockfs.core.format`)."""
+    """What the index records of a block just written: per-file CRC-32s and digests (slot order), the
+    digest of the block's header and of each 1 MiB chunk of its data section, back to back (the chain
+    drawn in :mod:`blockfs.core.format`)."""
 
     crcs: list[int]
     file_digests: list[bytes]
     head_digest: bytes
-    data_digest: bytes
+    chunk_digests: bytes
 
 
 class BlockWriter:
@@ -157,7 +158,7 @@ class BlockWriter:
         pos = 0
         sizes, labels, crcs, digests = [], [], [], []
         read_into, crc32, digest = self.source.read_into, fmt.crc32, dg.digest
-        data_hash = dg.hasher()
+        data_hash = dg.ChunkHasher(fmt.CHUNK_SIZE)
         with open(tmp, "wb") as f:
             f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
             # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
@@ -190,11 +191,11 @@ class BlockWriter:
             header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
             f.write(header)
             self._sync_later(f)
-        return WrittenBlock(crcs, digests, digest(header), data_hash.digest())
+        return WrittenBlock(crcs, digests, digest(header), data_hash.digests())
 
     def _write_out(self, f, data: memoryview, data_hash=None) -> None:
-        """Append ``data`` to the block file (and to ``data_hash``, the block data's digest, in pieces of the
-        gather buffer's size: one call per 8 MiB); with fsync on, its writeback starts now (see writeback.py)."""
+        """Append ``data`` to the block file (and to ``data_hash``, the digests of its 1 MiB chunks); with
+        fsync on, its writeback starts now (see writeback.py)."""
         if data_hash is not None:
             data_hash.update(data)
         start = f.tell()
@@ -204,14 +205,13 @@ class BlockWriter:
             start_writeback(f.fileno(), start, len(data))
 
     def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> WrittenBlock:
-        """One file larger than a block: copy it in pieces, header written last.  The file is the block's
-        whole data section, so one digest is both."""
+        """One file larger than a block: copy it in pieces, header written last."""
         size = member.size
         wide = size >= fmt.NARROW_LIMIT
         head_len = fmt.header_size(1, wide, size)
         crc = 0
         chunk_crcs: list[int] = []
-        data_hash = dg.hasher()
+        data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
         buf = memoryview(bytearray(STREAM_PIECE))
         with open(tmp, "wb") as f:
             f.write(b"\0" * head_len)
@@ -221,11 +221,12 @@ class BlockWriter:
                 if not self._read(member, piece, done):
                     size = done = 0
                     f.truncate(head_len)
-                    data_hash = dg.hasher()
+                    data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
                     break
                 crc = fmt.crc32(piece, crc)
                 if wide:
                     chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
+                file_hash.update(piece)
                 self._write_out(f, piece, data_hash)
                 done += len(piece)
             header = fmt.encode_header(
@@ -237,5 +238,4 @@ class BlockWriter:
             f.seek(0)
             f.write(header)
             self._sync_later(f)
-        data_digest = data_hash.digest()
-        return WrittenBlock([crc], [data_digest], dg.digest(header), data_digest)
+        return WrittenBlock([crc], [file_hash.digest()], dg.digest(header), data_hash.digests())

@@ -253,7 +253,10 @@ class BlockStore:
 
     def header_bytes(self, block: int) -> bytes:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
-        return self._pread(block, self.header(block).data_start, 0)
+        raw = self._pread(block, self.header(block).data_start, 0)
+        if self._head_digest is not None:  # read again: checked again, never trusted for the earlier read's sake
+            self._check_digest(block, "header", self._head_digest[block].tobytes(), dg.digest(raw))
+        return raw
 
     # --- whole blocks ---------------------------------------------------------------------------------
     def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, held_in_memory: bool = False) -> np.ndarray:
@@ -364,8 +367,10 @@ class BlockStore:
         start, length = int(head.offsets[slot]), int(head.sizes[slot])
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
-        if self._chunk_digest is not None and size < length and (length > VERIFY_PIECE or head.chunk_crcs is not None):
-            return self._read_digested(block, head, start + offset, size)  # a piece of a big file: its chunks
+        if self._chunk_digest is not None and (
+            (length > VERIFY_PIECE and size < length) or (head.chunk_crcs is not None and length > fmt.CHUNK_SIZE)
+        ):  # a piece of a big file (any read of a huge one): the chunks that cover it, checked now
+            return self._read_digested(block, head, start + offset, size)
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
             # bytes to this dataset (checked once per file, as for a big file in a narrow block).

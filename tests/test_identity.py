@@ -122,6 +122,8 @@ def test_unpack_and_verify_refuse_a_crc_forged_file(dest, packed, tmp_path, caps
     forge_file(dest, VICTIM)
     rc, out, err = run_cli(["verify", "--expect", name, str(dest)], capsys)
     assert rc == 1 and "BAD block" in out and VICTIM in out
+    named = [line.strip() for line in out.splitlines() if line.startswith("    ")]
+    assert named == [VICTIM]  # the forged file, not every file of its block
     rc, out, err = run_cli(["unpack", "--expect", name, str(dest), str(tmp_path / "out")], capsys)
     assert rc == 2 and "checksum mismatch" in err
     assert not (tmp_path / "out" / VICTIM).exists() or (tmp_path / "out" / VICTIM).read_bytes() != forge(b"x" * 8)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dataset import PackedDataset
-from ..errors import BlockfsError
+from ..errors import BlockfsError, CorruptBlockError
+from . import digest as dg
 from . import format as fmt
 from .index import KIND_FILE
 
@@ -47,8 +48,13 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     try:  # the header against its own file, then the data against the header
         head = ds.store.unchecked_header(b)
         data = bytearray(head.data_size)
-        file_crcs = ds.store.read_data_into(b, head, data)
-        if ds.has_digests:  # the digest proved the data; the index's CRCs are compared with it too
+        try:
+            file_crcs = ds.store.read_data_into(b, head, data)
+        except CorruptBlockError as err:
+            if not ds.has_digests or err.block != b or "data checksum" not in str(err):
+                raise
+            return Problem(f"block {b}", str(err), _names(ds, _differing(ds, b, head, data, entries) or entries))
+        if ds.has_digests:  # the digests proved the data; the index's CRCs are compared with it too
             file_crcs = fmt.file_crcs_of(head, data)
     except BlockfsError as err:  # the block as a whole is lost: every file in it
         return Problem(f"block {b}", str(err), _names(ds, entries))
@@ -61,6 +67,19 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     except BlockfsError as err:
         return Problem(f"block {b}", str(err), _names(ds, entries))
     return None
+
+
+def _differing(ds: PackedDataset, b: int, head, data: bytearray, entries: np.ndarray) -> list[int]:
+    """The files of block ``b`` whose bytes in ``data`` are not their index digest's (to name them)."""
+    view = memoryview(data)
+    a = ds.index.arrays
+    bad = []
+    for e in entries.tolist():
+        slot = int(a["slot"][e])
+        start, size = int(head.offsets[slot]), int(head.sizes[slot])
+        if dg.digest(view[start : start + size]) != a["file_digest"][e].tobytes():
+            bad.append(e)
+    return bad
 
 
 def _names(ds: PackedDataset, entries: np.ndarray) -> list[str]:

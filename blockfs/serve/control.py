@@ -31,7 +31,6 @@ from typing import Any, Callable
 
 from .. import protocol
 from ..core.dataset import PackedDataset
-from ..core.format import METADATA_NAME
 from ..errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
 
 SNAPSHOTS_KEPT = 64  # kept however idle; past that, a snapshot unread for SNAPSHOT_IDLE_S goes

@@ -127,7 +127,8 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
             meta = json.loads(meta_bytes)
             expected_crc = meta["index"]["crc32"]
             expected_digest = meta["index"].get("blake3")
-            side_files = [meta["source"]["labels_file"]] if "labels_file" in (meta.get("source") or {}) else []
+            source = meta.get("source") or {}
+            side_files = [(source["labels_file"], source.get("labels_blake3"))] if "labels_file" in source else []
         except (ValueError, KeyError, TypeError):
             return located  # read_metadata names what is wrong with it
         # The index kept from an earlier mount is reused only if it is the one blockfs.json names: by its
@@ -135,9 +136,10 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
         kept = os.path.join(root, INDEX_NAME)
         if (_file_digest(kept) if expected_digest is not None else _file_crc(kept)) != (expected_digest or expected_crc):
             _keep(root, INDEX_NAME, remote.get(INDEX_NAME))
-        for name in side_files:
+        for name, digest in side_files:
             plain = isinstance(name, str) and "/" not in name and name not in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR)
-            if plain and not os.path.exists(os.path.join(root, name)):
+            kept = os.path.join(root, name) if plain else ""
+            if plain and (not os.path.exists(kept) or (digest is not None and _file_digest(kept) != digest)):
                 _keep(root, name, remote.get(name))
         return located
     except BaseException:

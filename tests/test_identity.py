@@ -398,3 +398,14 @@ def test_a_piece_of_a_big_file_is_checked_by_its_chunks_on_every_read(tmp_path, 
         assert ds.read("big.bin", 0, piece) == data[:piece]  # chunk 0 is still the packed bytes
         with pytest.raises(CorruptBlockError, match="chunk 2"):
             ds.read("big.bin", 2 * fmt.CHUNK_SIZE, piece)
+
+
+def test_a_pack_to_a_url_has_the_name_of_the_same_pack_on_disk(s3, packed, tmp_path, capsys):
+    root, contents, name = packed
+    bucket = s3.new_bucket()
+    url = f"s3://{bucket}/ds"
+    assert blockfs.pack(root / "src", url, files_per_block=8).digest == name
+    with blockfs.open_dataset(url, expect=name) as ds:
+        assert ds.read(VICTIM) == contents[VICTIM]
+    rc, _, err = run_cli(["upgrade", url], capsys)
+    assert rc == 2 and "local directory" in err and len(err.strip().splitlines()) == 1

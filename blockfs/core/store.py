@@ -27,8 +27,9 @@ them) and trusts none of them.
 Headers are parsed once per block and kept (12 bytes per file).
 
 * **Digests, where the index has them** (the chain drawn in :mod:`.format`): a header's bytes are checked by
-  its BLAKE3 digest when it is adopted, a whole data section by its digest *instead of* its CRCs (one pass,
-  as before), and a file read alone by its own digest instead of its CRC.  The index's digests are the only
+  its BLAKE3 digest when it is adopted (and whenever they are read again), a whole data section by the
+  digests of its 1 MiB chunks *instead of* its CRCs (one pass, as before), a file read alone by its own
+  digest instead of its CRC, and a piece of a big file by the chunks that cover it, on every read.  The index's digests are the only
   ones compared against: nothing is trusted for a digest computed from what a tier holds.
 """
 

@@ -99,3 +99,7 @@ class MountError(BlockfsError, RuntimeError):
     """A mount cannot be started or stopped: the message says why."""
 
     errno = _errno.EINVAL
+
+
+class IdentityError(FormatError):
+    """A dataset is not the one pinned (``--expect``), or a pin was asked of a dataset that has no digests."""

@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from blockfs.core.digest import digest
 from blockfs.core.format import INDEX_NAME, crc32
 from blockfs.core.index import PackedIndex
 from blockfs.core.index_format import write_arrays
@@ -45,11 +46,14 @@ def patch_array(index_file: Path, name: str, transform: Callable[[np.ndarray], o
 
 
 def resign(dest: Path) -> None:
-    """Record the index's current CRC in blockfs.json, as a hostile writer who knows the format would:
-    what the CRC no longer catches, the checks behind it must."""
+    """Record the index's current CRC (and digest, where the metadata has one) in blockfs.json, as a hostile
+    writer who knows the format and may write blockfs.json would: what the CRC and the digest no longer
+    catch, the checks behind them must.  (Only a pinned name, --expect, stands against such a writer.)"""
     meta_path = dest / "blockfs.json"
     meta = json.loads(meta_path.read_text())
     meta["index"]["crc32"] = crc32((dest / "index.bfi").read_bytes())
+    if "blake3" in meta["index"]:
+        meta["index"]["blake3"] = digest((dest / "index.bfi").read_bytes()).hex()
     meta_path.write_text(json.dumps(meta))
 
 

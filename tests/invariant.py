@@ -65,6 +65,10 @@ _build_parser = cli.build_parser
 
 
 def run_cli(*argv: str | os.PathLike) -> Outcome:
+    return _run_cli(*argv)
+
+
+def _run_cli(*argv: str | os.PathLike) -> Outcome:
     """``blockfs.cli.main(argv)`` in this process, its stdout and stderr (log records included) captured."""
     out, err = io.BytesIO(), io.StringIO()
     stdout = io.TextIOWrapper(out, write_through=True)
@@ -138,9 +142,19 @@ class _Judge:
         return not found
 
 
-def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool) -> tuple[list[str], dict[str, int]]:
-    """Run every reader (:attr:`Pristine.readers` runs) on ``dest``; return the invariant's violations and a count of outcomes."""
+def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool,
+                  expect: str | None = None) -> tuple[list[str], dict[str, int]]:  # fmt: skip
+    """Run every reader (:attr:`Pristine.readers` runs) on ``dest``; return the invariant's violations and a count of outcomes.
+
+    ``expect``: every reader pins the pristine pack's name (``--expect``): whatever was mutated, a success
+    must then give the source exactly, as for an authentic index (issue 23)."""
     judge = _Judge()
+    pin = ("--expect", expect) if expect else ()
+    authentic = authentic or expect is not None
+
+    def run_cli(command: str, *args: str | os.PathLike) -> Outcome:
+        return _run_cli(command, *pin, *args)
+
     judge("info", run_cli("info", dest))
     judge("plan", run_cli("plan", dest))
     for directory in p.dirs:
@@ -152,13 +166,13 @@ def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool) -> tuple
 
         cats_ok &= judge(f"cat {rel!r}", run_cli("cat", dest, rel), same)
     verified = judge("verify", run_cli("verify", dest))
-    unpacked = _check_unpack(p, dest, work, authentic, judge)
+    unpacked = _check_unpack(p, dest, work, authentic, judge, pin)
     if authentic and verified and not (cats_ok and unpacked):
         judge.problems.append("verify said ok, but a file did not read back")
     return judge.problems, judge.tally
 
 
-def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _Judge) -> bool:
+def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _Judge, pin: tuple = ()) -> bool:
     """Unpack into ``work/out`` next to a sentinel directory: nothing may change outside OUT, and no file
     under a source path may hold other bytes (a failed unpack may leave one it had just created empty)."""
     from conftest import tree_snapshot
@@ -167,7 +181,7 @@ def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _
     sentinel.mkdir()
     (sentinel / "victim").write_bytes(b"keep")
     before = sorted(os.listdir(work))
-    o = run_cli("unpack", dest, out)
+    o = run_cli("unpack", *pin, dest, out)
     if sorted(set(os.listdir(work)) - {"out"}) != before or _walk(sentinel) != {b"victim": ("file", b"keep")}:
         judge.problems.append(f"unpack wrote outside OUT: {sorted(os.listdir(work))}, {_walk(sentinel)}")
     for rel, (kind, data) in (_walk(out) if out.exists() else {}).items():

@@ -26,6 +26,7 @@ from indexutil import read_toc, resign
 
 import blockfs
 from blockfs.core import format as fmt
+from blockfs.core.index_format import DIGEST_ARRAYS
 
 BLOCK_SIZE = 600  # several blocks from a tree of a few dozen small files
 
@@ -149,14 +150,16 @@ def mutate_index_unsigned(dest: Path, rnd: random.Random) -> list[str]:
     return _index_bytes(dest, rnd)
 
 
-def mutate_index_arrays(dest: Path, rnd: random.Random) -> list[str]:
+def mutate_index_arrays(dest: Path, rnd: random.Random, digests: bool = False) -> list[str]:
     """Set one element of a chosen array (any column, uniformly: a byte flip lands mostly in the big ones)
-    to a nearby or an extreme value, and re-sign."""
+    to a nearby or an extreme value, and re-sign.  ``digests``: only the digest arrays (a family of their
+    own, so the other family's reproductions keep drawing what they drew before digests)."""
     index = dest / fmt.INDEX_NAME
     toc, _ = read_toc(index)
     steps = []
     for _ in range(rnd.randint(1, 2)):
-        name = rnd.choice(sorted(n for n, spec in toc["arrays"].items() if spec[2] > 0))
+        name = rnd.choice(sorted(n for n, spec in toc["arrays"].items()
+                                 if spec[2] > 0 and (n in DIGEST_ARRAYS) == digests))  # fmt: skip
         dtype, offset, count = toc["arrays"][name]
         i = rnd.randrange(count)
         info = np.iinfo(np.dtype(dtype))
@@ -352,6 +355,29 @@ def mutate_block_data(dest: Path, rnd: random.Random) -> list[str]:
     return steps
 
 
+def mutate_block_data_crc_kept(dest: Path, rnd: random.Random) -> list[str]:
+    """Change a file inside a block and fix 4 of its bytes so that its CRC-32 stays (see forgery.py): every
+    CRC of the block still holds, so only the digests can refuse it (issue 23)."""
+    from forgery import forge
+
+    steps = []
+    for _ in range(rnd.randint(1, 2)):
+        block = _pick_block(dest, rnd)
+        raw = bytearray(block.read_bytes())
+        head = fmt.decode_header(bytes(raw), block.name)
+        files = [s for s in range(head.count) if int(head.sizes[s]) >= 5]
+        if not files:
+            steps.append(f"{block.name}: no file of 5 bytes or more")
+            continue
+        slot = rnd.choice(files)
+        start, size = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
+        changed = rnd.randrange(size - 4)
+        raw[start : start + size] = forge(bytes(raw[start : start + size]), changed_at=changed, fix_at=size - 4)
+        block.write_bytes(bytes(raw))
+        steps.append(f"{block.name}: slot {slot} forged at {changed}, its CRC kept")
+    return steps
+
+
 def mutate_block_length(dest: Path, rnd: random.Random) -> list[str]:
     """A block file truncated, grown or missing."""
     block = _pick_block(dest, rnd)
@@ -393,11 +419,13 @@ FAMILIES = {
         Family("index-bytes-resigned", lambda d, r, p: mutate_index_resigned(d, r), authentic=False),
         Family("index-bytes-unsigned", lambda d, r, p: mutate_index_unsigned(d, r), authentic=True),
         Family("index-arrays-resigned", lambda d, r, p: mutate_index_arrays(d, r), authentic=False),
+        Family("index-digests-resigned", lambda d, r, p: mutate_index_arrays(d, r, digests=True), authentic=False),
         Family("toc-fields", lambda d, r, p: mutate_toc(d, r), authentic=False),
         Family("metadata-fields", lambda d, r, p: mutate_metadata(d, r), authentic=True),
         Family("block-header", lambda d, r, p: mutate_block_header(d, r), authentic=True),
         Family("block-header-resigned", lambda d, r, p: mutate_block_header_resigned(d, r), authentic=True),
         Family("block-data", lambda d, r, p: mutate_block_data(d, r), authentic=True),
+        Family("block-data-crc-kept", lambda d, r, p: mutate_block_data_crc_kept(d, r), authentic=True),
         Family("block-length", lambda d, r, p: mutate_block_length(d, r), authentic=True),
         Family("block-foreign", lambda d, r, p: mutate_block_foreign(d, r, p.other), authentic=True),
     )

@@ -21,7 +21,7 @@ import pytest
 import blockfs
 from blockfs.cli import main
 from blockfs.packing.containers import RecordIOSource, TarSource, WebDatasetSource, open_source, read_record_labels
-from blockfs.errors import NotADatasetError, SourceError
+from blockfs.errors import FormatError, NotADatasetError, SourceError
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import verify
 
@@ -108,6 +108,12 @@ def test_recordio_round_trip(tmp_path, with_idx):
         assert ds.metadata["source"]["indexed"] is with_idx and ds.metadata["pack"]["labels"] == "source"
         assert set(json.loads((tmp_path / "p" / "labels.json").read_text())["labels"]) == {
             "3/14.jpg", "4/15.png", "0.5/16.jpg"}
+    # Issue 23: the labels are the dataset's data too; blockfs.json names them by their digest.
+    labels = tmp_path / "p" / "labels.json"
+    labels.write_text(labels.read_text().replace("9.5", "9.25"))
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        with pytest.raises(FormatError, match="not the labels"):
+            read_record_labels(ds)
 
 
 def _recordio_file(tmp_path, n=6, with_idx=False):

@@ -36,6 +36,7 @@ from mutations import (
 )
 
 from blockfs import cli
+from blockfs.core import digest as dg
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
@@ -63,6 +64,24 @@ def test_every_reader_keeps_the_invariant_under_mutation(pristine, family, rnd):
         problems, tally = check_readers(pristine, dest, work, FAMILIES[family].authentic)
         assert not problems, f"{family}: {'; '.join(steps)}\n" + "\n".join(problems)
         assert sum(tally.values()) == pristine.readers  # every reader ran and was judged
+    finally:
+        remove_tree(work)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@settings(max_examples=EXAMPLES_PER_FAMILY // 4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rnd=st.randoms(use_true_random=False))
+def test_under_a_pinned_name_no_reader_serves_a_forged_byte(pristine, family, rnd):
+    """Issue 23: with ``--expect`` the pristine pack's name, any mutation (a re-signed index and a block
+    forged with its CRC kept included) gives the source exactly or a one-line error, never other bytes."""
+    name = dg.name_of((pristine.pack / fmt.METADATA_NAME).read_bytes())
+    work = _scratch(pristine)
+    try:
+        dest = fresh_copy(pristine, work)
+        steps = FAMILIES[family].mutate(dest, rnd, pristine)
+        problems, tally = check_readers(pristine, dest, work, authentic=True, expect=name)
+        assert not problems, f"{family} (pinned): {'; '.join(steps)}\n" + "\n".join(problems)
+        assert sum(tally.values()) == pristine.readers
     finally:
         remove_tree(work)
 

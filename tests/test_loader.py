@@ -787,3 +787,25 @@ def test_node_partition_resumes_exactly(bl, tiny):
         bl.BlockLoader(tiny / "mnt", 8, rank=1, world_size=4, device="cpu").load_state_dict(state)
     for loader in (full, first, resumed):
         loader.close()
+
+
+def test_expect_pins_the_mounted_dataset_and_the_state_names_it(bl, tiny):
+    """Issue 23: the loader checks the mount's dataset by name, records it, and resumes on no other."""
+    from blockfs.core.digest import name_of
+    from blockfs.errors import IdentityError
+
+    name = name_of((tiny / "packed" / "blockfs.json").read_bytes())
+    wrong = "blake3:" + "0" * 64
+    with pytest.raises(IdentityError, match="not the pinned"):
+        bl.BlockLoader(tiny / "mnt", 8, expect=wrong)
+    with pytest.raises(IdentityError, match="not the pinned"):
+        bl.BlockShuffleDataset(tiny / "mnt", expect=wrong)
+    loader = bl.BlockLoader(tiny / "mnt", 8, expect=name)
+    try:
+        state = loader.state_dict()
+        assert state["dataset"] == name
+        with pytest.raises(IdentityError, match=f"cannot resume.*{wrong}"):
+            loader.load_state_dict(dict(state, dataset=wrong))
+        loader.load_state_dict(state)
+    finally:
+        loader.close()

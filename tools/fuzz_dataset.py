@@ -9,6 +9,7 @@ reproduced by its family and number alone::
     python3 tools/fuzz_dataset.py --mutations 3000 --seed 0
     python3 tools/fuzz_dataset.py --seed 0 --family block-header --only 123   # one mutation, verbosely
     python3 tools/fuzz_dataset.py --tier --mutations 2000    # the disk tier's copies and fetched bytes
+    python3 tools/fuzz_dataset.py --mutations 3000 --pinned   # every reader with --expect (issue 23)
 
 Exits 1 when any mutation broke the invariant.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from invariant import TIER_CASES, check_readers
+from invariant import TIER_CASES, check_readers  # noqa: E402
 from mutations import (
     FAMILIES,
     Pristine,
@@ -35,15 +36,18 @@ from mutations import (
     remove_tree,
 )
 
+from blockfs.core.digest import name_of  # noqa: E402
 
-def one(p: Pristine, family: str, seed: int, i: int, scratch: Path) -> tuple[list[str], list[str], dict[str, int]]:
+
+def one(p: Pristine, family: str, seed: int, i: int, scratch: Path,
+        expect: str | None = None) -> tuple[list[str], list[str], dict[str, int]]:  # fmt: skip
     """Apply mutation ``i`` of ``family`` to a fresh copy and run the readers: (steps, violations, tally)."""
     work = Path(tempfile.mkdtemp(dir=scratch))
     try:
         dest = fresh_copy(p, work)
         fam = FAMILIES[family]
         steps = fam.mutate(dest, random.Random(f"{seed}:{family}:{i}"), p)
-        problems, tally = check_readers(p, dest, work, fam.authentic)
+        problems, tally = check_readers(p, dest, work, fam.authentic, expect)
         return steps, problems, tally
     finally:
         remove_tree(work)
@@ -57,6 +61,8 @@ def main() -> int:
     ap.add_argument("--only", type=int, help="run only mutation number ONLY (of each chosen family), verbosely")
     ap.add_argument("--tier", action="store_true", help="fuzz the disk tier and fetched bytes instead: bits "
                     f"flipped in transit, damaged or replaced tier copies ({', '.join(TIER_CASES)})")
+    ap.add_argument("--pinned", action="store_true",
+                    help="every reader pins the pristine pack's name (--expect): any success must be exact")
     args = ap.parse_args()
     if args.tier:
         return _run_tier(args)
@@ -64,10 +70,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="blockfs-fuzz-") as tmp:
         scratch = Path(tmp)
         p = make_pristine(scratch / "pristine")
+        args.expect = name_of((p.pack / "blockfs.json").read_bytes()) if args.pinned else None
         if args.only is not None:
             bad = False
             for family in families:
-                steps, problems, tally = one(p, family, args.seed, args.only, scratch)
+                steps, problems, tally = one(p, family, args.seed, args.only, scratch, args.expect)
                 print(f"{family} #{args.only}: {'; '.join(steps)}\n  outcomes {tally}")
                 for line in problems:
                     print(f"  VIOLATION {line}")
@@ -88,7 +95,7 @@ def _run(p: Pristine, families: list[str], args: argparse.Namespace, scratch: Pa
         totals = {"exact": 0, "error": 0}
         bad = 0
         for i in range(per_family):
-            steps, problems, tally = one(p, family, args.seed, i, scratch)
+            steps, problems, tally = one(p, family, args.seed, i, scratch, args.expect)
             for k, v in tally.items():
                 totals[k] = totals.get(k, 0) + v
             if problems:

@@ -15,9 +15,9 @@ from ..errors import BlockfsError
 from ..packing.options import ORDERS
 from ..serve.options import FUSE_ROUTES, OPEN_MODES
 
-from .locations import add_storage_arguments
+from .locations import add_expect_argument, add_storage_arguments
 from .output import log_level
-from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_verify
+from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_upgrade, cmd_verify
 from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 
 log = logging.getLogger("blockfs")
@@ -112,29 +112,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest")
     p.add_argument("--json", action="store_true")
     add_storage_arguments(p)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("verify", help="check every checksum; exit 1 naming each bad block and its files")
     p.add_argument("dest")
     add_storage_arguments(p)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("upgrade", help="add the digests that name a dataset packed before them (blocks are not rewritten)")
+    p.add_argument("dest", help="a packed dataset directory")
+    p.set_defaults(func=cmd_upgrade)
 
     p = sub.add_parser("ls", help="list a directory of a packed dataset like ls -l")
     p.add_argument("dest")
     p.add_argument("path", nargs="?", default="")
     add_storage_arguments(p)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write one file's bytes to stdout")
     p.add_argument("dest")
     p.add_argument("path")
     add_storage_arguments(p)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_cat)
 
     p = sub.add_parser("unpack", help="write the packed tree back out (exact inverse of pack)")
     p.add_argument("dest")
     p.add_argument("out")
     add_storage_arguments(p)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_unpack)
 
     p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
@@ -142,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _memory_arguments(p)
     p.add_argument("--json", action="store_true")
     add_storage_arguments(p, disk_tier=True)
+    add_expect_argument(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("mount", help="serve a packed dataset as its original tree (read-only FUSE)")
@@ -176,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
     tuning.add_argument("--no-share", action="store_true", help="do not hand cached blocks to loaders on this "
                         "machine as shared memory (they then read every file through FUSE)")
+    add_expect_argument(p)
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a blockfs mount (also one whose server was killed)")

@@ -73,6 +73,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {result.dest} "
         f"in {result.seconds:.1f} s ({result.n_files / max(result.seconds, 1e-9):,.0f} files/s, {rate:,.0f} MB/s)"
     )
+    print(f"dataset {result.digest}")
     return 0
 
 
@@ -85,6 +86,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"dataset      {info['path']}")
+    print(f"name         {info['digest']}" + ("" if info["digests"] else
+          f" (no digests: checked against accidents only; 'blockfs upgrade {info['path']}' adds them)"))
     print(f"files        {info['files']:,} ({human(info['file_bytes'])}), {info['directories']:,} directories, {info['symlinks']:,} symlinks")
     print(f"blocks       {info['blocks']:,} ({human(info['block_bytes'])}); size min/median/max "
           f"{human(info['block_size_min'])} / {human(info['block_size_median'])} / {human(info['block_size_max'])}; "
@@ -120,6 +123,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problems in {where}")
         return 1
     print(f"ok: {n_blocks} blocks and the index verified in {where}")
+    return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from ..core.upgrade import upgrade
+
+    name, changed = upgrade(args.dest)
+    print(f"{'upgraded' if changed else 'already has digests:'} {args.dest}: dataset {name}")
     return 0
 
 

@@ -29,6 +29,12 @@ def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -
                             "under DIR)")  # fmt: skip
 
 
+def add_expect_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect", metavar="DIGEST",
+                   help="refuse any dataset but this one: its name, blake3:<hex>, as 'blockfs pack' and 'blockfs info' "
+                        "print it; every byte read is then checked against the digests it names")  # fmt: skip
+
+
 def disk_cache_size(directory: str, text: str) -> int:
     if text != "auto":
         return parse_size(text)
@@ -52,4 +58,4 @@ def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None)
     storage = storage_options(args)
     if keep_fetched_in is not None and storage.disk_cache is None:
         storage.fetched_dir, storage.remove_fetched = keep_fetched_in, False
-    return PackedDataset(args.dest, storage=storage)
+    return PackedDataset(args.dest, storage=storage, expect=getattr(args, "expect", None))

@@ -226,6 +226,7 @@ def _mount_options(args: argparse.Namespace, size: int):
         nodes=args.nodes,
         node_rank=args.node_rank,
         partition_seed=args.partition_seed,
+        expect=args.expect,
     )
 
 
@@ -284,7 +285,8 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     lines = [
         f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {_route(m)}, "
         f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
-        f"dataset    {d['files']:,} files ({human(d['file_bytes'])}) in {d['blocks']:,} blocks",
+        f"dataset    {d['files']:,} files ({human(d['file_bytes'])}) in {d['blocks']:,} blocks; "
+        f"{d.get('digest', '-')}" + ("" if d.get("digests", True) else " (checked against accidents only: no digests)"),
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",

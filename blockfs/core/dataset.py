@@ -7,6 +7,7 @@ relative or with a leading ``/``; the root is ``""`` or ``"/"``.  Reads go throu
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Iterator, Protocol
@@ -21,12 +22,16 @@ from ..errors import (
     IsADirectoryEntryError,
     NotASymlinkError,
 )
+from . import digest as dg
 from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
-from .index_format import REPACK
+from .index_format import DIGEST_ARRAYS, REPACK
 from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
 from .location import StorageOptions, locate
-from .metadata import read_metadata  # noqa: F401  (part of this module's API)
+from .metadata import has_digests, read_metadata, read_metadata_bytes  # noqa: F401  (read_metadata: this module's API)
 from .store import BlockStore
+from ..errors import IdentityError
+
+log = logging.getLogger(__name__)
 
 PathLike = str | bytes | os.PathLike
 READ_PIECE = 16 << 20  # bytes per read of a file in a WIDE block (narrow ones are verified, so read, whole)
@@ -77,28 +82,46 @@ class PackedDataset:
 
     ``location`` is a directory or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``); ``storage``
     says how to reach and cache a remote one.  ``root`` is always a local directory holding the metadata
-    and the index (for a URL, fetched there once); ``location`` is what messages show (a URL redacted)."""
+    and the index (for a URL, fetched there once); ``location`` is what messages show (a URL redacted).
+
+    ``digest`` is the dataset's name (``blake3:<hex>`` of its ``blockfs.json``); ``expect`` pins it: a dataset
+    with another name is refused, and every byte read is then checked along the chain of digests that
+    starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read."""
 
     def __init__(self, location: str | os.PathLike, reader: FileReader | None = None,
-                 storage: StorageOptions | None = None) -> None:  # fmt: skip
+                 storage: StorageOptions | None = None, expect: str | None = None) -> None:  # fmt: skip
         self._location = locate(location, storage)
         try:
-            self._open(reader)
+            self._open(reader, expect)
         except BaseException:
             self._location.close()
             raise
 
-    def _open(self, reader: FileReader | None) -> None:
+    def _open(self, reader: FileReader | None, expect: str | None = None) -> None:
         self.root = self._location.root
         self.location = self._location.display
-        self.metadata = read_metadata(self.root)
+        self.metadata, raw = read_metadata_bytes(self.root, expect, self.location)
+        self.metadata_bytes = raw
+        self.digest = dg.name_of(raw)
+        self.has_digests = has_digests(self.metadata)
+        if not self.has_digests:
+            if expect is not None:
+                raise IdentityError(
+                    f"dataset {self.location} was packed before digests (checked against accidents only, by CRC-32): "
+                    f"it cannot be pinned; run 'blockfs upgrade {self.location}' to add them"
+                )
+            log.warning("dataset %s is checked against accidents only (CRC-32, no digests): 'blockfs upgrade %s' "
+                        "adds the digests that prove every byte is this dataset's", self.location, self.location)  # fmt: skip
         n_blocks = self.metadata["n_blocks"]
         self.index = PackedIndex(
-            os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks, crc32=self.metadata["index"]["crc32"]
+            os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks, crc32=self.metadata["index"]["crc32"],
+            digest=self.metadata["index"].get("blake3"),
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)
-        self.store = BlockStore(self._location.block_files([int(n) for n in a["block_sizes"]]), a)
+        # An index's digests count only when blockfs.json, the start of the chain, vouches for the index.
+        checked = a if self.has_digests else {k: v for k, v in a.items() if k not in DIGEST_ARRAYS}
+        self.store = BlockStore(self._location.block_files([int(n) for n in a["block_sizes"]]), checked)
         self.reader: FileReader = reader or self.store
         self._a = a
         self._crcs_by_block: dict[int, np.ndarray] = {}
@@ -305,9 +328,11 @@ def _naming(err: CorruptBlockError | BlockReadError, what: str) -> CorruptBlockE
 
 def open_dataset(location: str | os.PathLike, reader: FileReader | None = None, *,
                  storage_options: dict | None = None, disk_cache: str | os.PathLike | None = None,
-                 disk_cache_size: int = 0) -> PackedDataset:  # fmt: skip
+                 disk_cache_size: int = 0, expect: str | None = None) -> PackedDataset:  # fmt: skip
     """Open the packed dataset at ``location``: a directory written by :func:`blockfs.pack`, or its URL in
     an object store.  For a URL, ``storage_options`` reach it (``endpoint``, ``region``, keys; fsspec's
-    spellings work) and ``disk_cache`` keeps fetched blocks on a local disk, up to ``disk_cache_size`` bytes."""
+    spellings work) and ``disk_cache`` keeps fetched blocks on a local disk, up to ``disk_cache_size`` bytes.
+    ``expect`` (``"blake3:<hex>"``, as ``blockfs info`` prints) pins the dataset: another is refused, and
+    every byte read is checked against the chain of digests that name it."""
     storage = StorageOptions(dict(storage_options or {}), os.fspath(disk_cache) if disk_cache else None, disk_cache_size)
-    return PackedDataset(location, reader, storage)
+    return PackedDataset(location, reader, storage, expect)

@@ -29,6 +29,23 @@ Each file's own CRC-32 is also in the index, so a read of one file from a block 
 verified without reading the whole block.  The block's data checksum is a CRC of those per-file CRCs:
 the packer computes each file's CRC once and no second pass over the data is needed, and a reader that
 checks a whole block gets every file's CRC to compare with the index on the way.
+
+The CRCs guard against accidents only: anyone who can write a block can fix a CRC up.  What proves a block
+is this dataset's is the chain of BLAKE3 digests that names the dataset (:mod:`.digest`)::
+
+    dataset name = blake3(blockfs.json as stored)         <- what `--expect blake3:...` pins
+        blockfs.json ── index.blake3 ──> index.bfi (its digest: the whole file)
+            index.bfi ── block_head_digest[b] ──> bytes [0, data_start) of block b   (checked when parsed)
+                      ── chunk_digest[k] ──────> each 1 MiB (CHUNK_SIZE) of block b's data section
+                                                 (a whole-block read checks all, a piece of a big file
+                                                  the chunks it covers)
+                      ── file_digest[e] ───────> file e's bytes                      (a file read alone)
+
+A reader checks each link against the one above it, so nothing a tier holds (a local block, a disk-tier
+copy, a cached head of a remote object) is trusted for a digest of its own: where the index has digests,
+a whole-block read hashes the data section once (chunk by chunk) instead of computing its CRCs, a file
+read alone is hashed instead of its CRC computed, and a piece of a big file is served from the 1 MiB
+chunks that cover it, each checked by its digest (never from bytes checked on an earlier read).  Datasets packed before the digests (format 1) are read by CRC.
 """
 
 from __future__ import annotations
@@ -101,6 +118,7 @@ class BlockHeader:
     sizes: np.ndarray
     labels: np.ndarray
     chunk_crcs: np.ndarray | None  # only for WIDE blocks
+    digest: bytes | None = None  # BLAKE3 of the header bytes as read, where the index holds digests to check it by
 
     @property
     def count(self) -> int:
@@ -272,18 +290,23 @@ def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarr
     return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
+def file_crcs_of(header: BlockHeader, data: bytes | memoryview) -> np.ndarray:
+    """The CRC-32 of each file of a data section, by slot."""
+    view = memoryview(data)
+    return np.fromiter(
+        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
+        dtype=np.uint32,
+        count=header.count,
+    )
+
+
 def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> np.ndarray:
     """Verify a whole data section against the header's checksum; return each file's CRC-32."""
     if len(data) != header.data_size:
         raise CorruptBlockError(
             f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes"
         )
-    view = memoryview(data)
-    file_crcs = np.fromiter(
-        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
-        dtype=np.uint32,
-        count=header.count,
-    )
+    file_crcs = file_crcs_of(header, data)
     crc = crc_of_crcs(file_crcs)
     if crc != header.data_crc:
         raise CorruptBlockError(

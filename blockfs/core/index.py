@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EntryNotFoundError, NotADirectoryEntryError
+from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryError
 from .index_checks import validate_arrays
+from .index_format import REPACK
 from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are imported from here by others)
     ENTRY_COLUMNS,
     INDEX_MAGIC,
@@ -31,8 +32,11 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     KIND_FILE,
     KIND_NAMES,
     KIND_SYMLINK,
+    DIGEST_ARRAYS,
     array_views,
     check_crc,
+    check_chunk_table,
+    check_digest,
     check_header,
     read_index_file,
     read_toc,
@@ -78,9 +82,18 @@ class PreparedIndex:
     arrays: dict[str, np.ndarray | None]
     order: np.ndarray  # index position -> position in the IndexColumns it was prepared from
 
-    def write(self, path: str | os.PathLike, crc: np.ndarray, block_sizes: np.ndarray) -> None:
-        """Write the index file at ``path``; ``crc`` is in the order of the prepared columns."""
-        write_arrays(path, dict(self.arrays, crc=np.asarray(crc)[self.order], block_sizes=np.asarray(block_sizes)))
+    def write(self, path: str | os.PathLike, crc: np.ndarray, block_sizes: np.ndarray,
+              digests: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
+        """Write the index file at ``path``; ``crc`` is in the order of the prepared columns.  ``digests``:
+        (file digests in the order of the prepared columns, block header digests, chunk digests: rows of
+        32 bytes; and where each block's chunks start, n_blocks + 1); without them the index is version 1
+        (tests of the old format)."""
+        arrays = dict(self.arrays, crc=np.asarray(crc)[self.order], block_sizes=np.asarray(block_sizes))
+        if digests is not None:
+            files, heads, chunks, block_chunks = digests
+            arrays.update(file_digest=np.asarray(files)[self.order], block_head_digest=heads, chunk_digest=chunks,
+                          block_chunks=block_chunks)  # fmt: skip
+        write_arrays(path, arrays)
 
 
 # --- building an index: one step per table ----------------------------------------------------------
@@ -217,16 +230,25 @@ class PackedIndex:
     Changing or truncating the file afterwards cannot reach this object: it never maps the file.
     """
 
-    def __init__(self, path: str | os.PathLike, n_blocks: int | None = None, crc32: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, n_blocks: int | None = None, crc32: int | None = None,
+                 digest: str | None = None) -> None:  # fmt: skip
         self.file = os.fspath(path)
         where = f"index {self.file}"
         self._buf = read_index_file(self.file, where)
-        toc_len = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
-        if crc32 is not None:
+        toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
+        if crc32 is not None:  # first: damage by accident is named as before
             check_crc(self._buf, where, crc32)
-        placed = read_toc(self._buf, toc_len, where)
+        if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
+            if self.version < 2:
+                raise IndexFormatError(f"{where}: blockfs.json records its digest, but it is a version {self.version} "
+                                       f"index, which holds none; {REPACK}")  # fmt: skip
+            check_digest(self._buf, where, digest)
+        placed = read_toc(self._buf, toc_len, where, self.version)
         self.arrays: dict[str, np.ndarray] = array_views(self._buf, placed)
         validate_arrays(self.arrays, where, n_blocks)
+        self.has_digests = all(name in self.arrays for name in DIGEST_ARRAYS)
+        if self.has_digests:
+            check_chunk_table(self.arrays, where)
         self.n_entries = int(self.arrays["kind"].size)
         self.n_blocks = int(self.arrays["block_counts"].size)
         self.raw = memoryview(self._buf).toreadonly()  # the file's bytes as read and checked

@@ -3,7 +3,7 @@
 File layout (little-endian)::
 
     0   8  magic b"BLKFSIDX"
-    8   2  version u16
+    8   2  version u16: 2 holds the digest arrays below; 1 (before digests) is still read
     10  2  reserved
     12  4  toc_len u32
     16  .  table of contents, JSON: {"arrays": {name: [dtype, offset, count]}, "n_entries": n}
@@ -12,6 +12,18 @@ File layout (little-endian)::
 The table of contents is data from disk, so it is checked against :data:`SCHEMA` before any array is
 built: every array present, no other, each with exactly its schema dtype (an ``object`` or mistyped
 column would otherwise be served as numbers), integer offsets and counts that stay inside the file.
+
+Version 2 adds the BLAKE3 digests (32 bytes each, stored flat as ``u1``), the index's links in the chain
+that names a dataset::
+
+    blake3(blockfs.json) = the dataset's name          ("blake3:<hex>", what --expect pins)
+      blockfs.json  "index": {"blake3": digest of index.bfi}
+        index.bfi   block_head_digest[b]  digest of block b's header bytes  [0, data_start)
+                    chunk_digest[k]       digest of one CHUNK_SIZE (1 MiB) piece of a data section;
+                                          block b's are rows block_chunks[b] .. block_chunks[b + 1]
+                                          (a whole-block read checks them all, a piece of a big file
+                                          the ones it covers)
+                    file_digest[e]        digest of file e's bytes           (a file read alone)
 
 The file is read once into anonymous memory the process owns, never mapped from the file: a file-backed
 map turns a truncated or replaced ``index.bfi`` into SIGBUS in every reader (the mount included), while a
@@ -27,10 +39,12 @@ import os
 import numpy as np
 
 from ..errors import IndexFormatError, UnsupportedVersionError
+from . import digest as dg
 from .format import crc32
 
 INDEX_MAGIC = b"BLKFSIDX"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+OLDEST_INDEX_VERSION = 1  # no digests: checked against accidents (CRC-32) only
 HEAD_SIZE = 16
 ALIGN = 64
 
@@ -76,6 +90,16 @@ SCHEMA: dict[str, np.dtype] = {
         "block_files": "<u4",  # file entries by (block, slot)
     }.items()
 }
+SCHEMA_V1 = dict(SCHEMA)
+# Version 2: the digests (DIGEST_SIZE bytes per entry / per block, flat).
+DIGEST_ROWS = ("file_digest", "block_head_digest", "chunk_digest")
+DIGEST_ARRAYS = (*DIGEST_ROWS, "block_chunks")
+SCHEMA.update({name: np.dtype("u1") for name in DIGEST_ROWS})
+SCHEMA["block_chunks"] = np.dtype("<u8")  # n_blocks + 1
+
+
+def schema_of(version: int) -> dict[str, np.dtype]:
+    return SCHEMA if version >= 2 else SCHEMA_V1
 
 
 def _pad(n: int) -> int:
@@ -83,8 +107,10 @@ def _pad(n: int) -> int:
 
 
 def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write an index file holding ``arrays`` (converted to their schema dtypes) at ``path``, fsynced."""
-    arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt) for name, dt in SCHEMA.items()}
+    """Write an index file holding ``arrays`` (converted to their schema dtypes) at ``path``, fsynced:
+    version 2 when the digest arrays are given, version 1 (no digests) otherwise."""
+    version = INDEX_VERSION if all(arrays.get(name) is not None for name in DIGEST_ARRAYS) else OLDEST_INDEX_VERSION
+    arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt).reshape(-1) for name, dt in schema_of(version).items()}
     # Two passes: the table of contents holds offsets, which depend on its own length.
     toc_len = 0
     while True:
@@ -100,7 +126,7 @@ def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
         toc_len = len(raw) + 64
     raw = raw.ljust(toc_len)
     with open(path, "wb") as f:
-        f.write(INDEX_MAGIC + INDEX_VERSION.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
+        f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
         f.write(raw)
         for name, arr in arrays.items():
             f.write(b"\0" * (toc[name][1] - f.tell()))
@@ -148,8 +174,8 @@ def _is_count(value: object) -> bool:
     return type(value) is int and value >= 0  # not bool, not 1.5, not "3"
 
 
-def check_header(buf: mmap.mmap, where: str) -> int:
-    """Check magic and version; return the table of contents' length."""
+def check_header(buf: mmap.mmap, where: str) -> tuple[int, int]:
+    """Check magic and version; return (the table of contents' length, the version)."""
     head = buf[:HEAD_SIZE]
     if head[:8] != INDEX_MAGIC:
         raise IndexFormatError(f"{where}: not a blockfs index (magic {head[:8]!r})")
@@ -159,15 +185,15 @@ def check_header(buf: mmap.mmap, where: str) -> int:
             f"{where}: written by index version {version}; this blockfs reads up to {INDEX_VERSION}: "
             "upgrade blockfs"
         )
-    if version < INDEX_VERSION:
+    if version < OLDEST_INDEX_VERSION:
         raise IndexFormatError(
             f"{where}: written by index version {version}, older than this blockfs reads "
-            f"({INDEX_VERSION}): pack the source again with 'blockfs pack'"
+            f"({OLDEST_INDEX_VERSION}): pack the source again with 'blockfs pack'"
         )
     toc_len = int.from_bytes(head[12:16], "little")
     if HEAD_SIZE + toc_len > len(buf):
         raise IndexFormatError(f"{where}: table of contents runs past the end of the file; {REPACK}")
-    return toc_len
+    return toc_len, version
 
 
 def check_crc(buf: mmap.mmap, where: str, expected: int) -> None:
@@ -180,9 +206,20 @@ def check_crc(buf: mmap.mmap, where: str, expected: int) -> None:
         )
 
 
-def read_toc(buf: mmap.mmap, toc_len: int, where: str) -> dict[str, tuple[int, int]]:
-    """The table of contents (``toc_len`` bytes, from :func:`check_header`) checked against
-    :data:`SCHEMA`: array name -> (offset, count)."""
+def check_digest(buf: mmap.mmap, where: str, expected: str) -> None:
+    """The whole file's BLAKE3 digest is the one ``blockfs.json`` records (hex)."""
+    got = dg.digest(buf).hex()
+    if got != expected:
+        raise IndexFormatError(
+            f"{where}: checksum mismatch (blockfs.json records the BLAKE3 digest {expected}, the file has {got}): "
+            f"the index is damaged or not this dataset's; {REPACK}"
+        )
+
+
+def read_toc(buf: mmap.mmap, toc_len: int, where: str, version: int = INDEX_VERSION) -> dict[str, tuple[int, int]]:
+    """The table of contents (``toc_len`` bytes, from :func:`check_header`) checked against the schema
+    of ``version``: array name -> (offset, count)."""
+    schema = schema_of(version)
     try:
         toc = json.loads(buf[HEAD_SIZE : HEAD_SIZE + toc_len])
     except (ValueError, RecursionError) as e:
@@ -190,18 +227,35 @@ def read_toc(buf: mmap.mmap, toc_len: int, where: str) -> dict[str, tuple[int, i
     specs = toc.get("arrays") if isinstance(toc, dict) else None
     if not isinstance(specs, dict) or not specs:
         raise IndexFormatError(f"{where}: table of contents has no 'arrays' object; {REPACK}")
-    unknown = sorted(set(specs) - set(SCHEMA))
+    unknown = sorted(set(specs) - set(schema))
     if unknown:
         raise IndexFormatError(f"{where}: table of contents lists unknown arrays {short_repr(unknown)}; {REPACK}")
     placed: dict[str, tuple[int, int]] = {}
-    for name, dtype in SCHEMA.items():
+    for name, dtype in schema.items():
         placed[name] = _check_spec(name, specs.get(name), dtype, HEAD_SIZE + toc_len, len(buf), where)
     n = toc.get("n_entries")
     if not _is_count(n) or n != placed["kind"][1]:
         raise IndexFormatError(
             f"{where}: field 'n_entries' is {short_repr(n)}, the 'kind' column has {placed['kind'][1]} rows; {REPACK}"
         )
+    if version >= 2:
+        n_blocks = placed["block_counts"][1]
+        n_chunks = placed["chunk_digest"][1] // dg.DIGEST_SIZE
+        for name, rows in (("file_digest", n), ("block_head_digest", n_blocks), ("chunk_digest", n_chunks)):
+            if placed[name][1] != rows * dg.DIGEST_SIZE:
+                raise IndexFormatError(
+                    f"{where}: array {name!r} holds {placed[name][1]} bytes, not {dg.DIGEST_SIZE} for each of {rows}; {REPACK}"
+                )
+        if placed["block_chunks"][1] != n_blocks + 1:
+            raise IndexFormatError(f"{where}: array 'block_chunks' must have {n_blocks + 1} rows; {REPACK}")
     return placed
+
+
+def check_chunk_table(arrays: dict[str, np.ndarray], where: str) -> None:
+    """``block_chunks`` runs from 0 to the number of chunk digests, never backwards."""
+    starts = arrays["block_chunks"]
+    if int(starts[0]) != 0 or int(starts[-1]) != len(arrays["chunk_digest"]) or np.any(starts[1:] < starts[:-1]):
+        raise IndexFormatError(f"{where}: array 'block_chunks' does not divide the chunk digests among the blocks; {REPACK}")
 
 
 def _check_spec(name: str, spec: object, dtype: np.dtype, data_start: int, size: int, where: str) -> tuple[int, int]:
@@ -227,6 +281,8 @@ def array_views(buf: mmap.mmap, placed: dict[str, tuple[int, int]]) -> dict[str,
     arrays = {}
     for name, (offset, count) in placed.items():
         arr = np.frombuffer(buf, dtype=SCHEMA[name], count=count, offset=offset)
+        if name in DIGEST_ROWS:
+            arr = arr.reshape(-1, dg.DIGEST_SIZE)  # one row per entry / block / chunk
         arr.flags.writeable = False
         arrays[name] = arr
     return arrays

@@ -16,12 +16,15 @@ import json
 import os
 import shutil
 import tempfile
+import zlib
 from dataclasses import dataclass, field
+
+from . import digest as dg
 
 from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 from ..storage.disk_tier import DiskTier
-from ..storage.owned import DIR_FLAGS, write_file_at
+from ..storage.owned import DIR_FLAGS, read_regular_at, write_file_at
 from ..storage.location import check_scheme, is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
@@ -32,7 +35,6 @@ from .format import (
     METADATA_NAME,
     PACKING_MARKER,
     block_path,
-    file_crc,
 )
 
 
@@ -129,14 +131,21 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
         try:
             meta = json.loads(meta_bytes)
             expected_crc = meta["index"]["crc32"]
-            side_files = [meta["source"]["labels_file"]] if "labels_file" in (meta.get("source") or {}) else []
+            expected_digest = meta["index"].get("blake3")
+            source = meta.get("source") or {}
+            side_files = [(source["labels_file"], source.get("labels_blake3"))] if "labels_file" in source else []
         except (ValueError, KeyError, TypeError):
             return located  # read_metadata names what is wrong with it
-        if files.crc(INDEX_NAME) != expected_crc:
+        # The index kept from an earlier mount is reused only if it is the one blockfs.json names: by its
+        # digest where there is one (a CRC can be forged), by its CRC in a dataset packed before digests.
+        if not _names_match(files.read(INDEX_NAME), expected_digest, expected_crc):
             files.keep(INDEX_NAME, remote.get(INDEX_NAME))
-        for name in side_files:
+        for name, digest in side_files:
             plain = isinstance(name, str) and "/" not in name and name not in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR)
-            if plain and not files.has(name):
+            if not plain:
+                continue
+            kept = files.read(name)
+            if kept is None or (digest is not None and dg.digest(kept).hex() != digest):
                 files.keep(name, remote.get(name))
         return located
     except BaseException:
@@ -148,7 +157,7 @@ class _TierFiles:
     """The dataset's own files in the disk tier's key directory (written through its descriptor)."""
 
     def __init__(self, tier: DiskTier) -> None:
-        self.keep, self.crc, self.has = tier.keep, tier.file_crc, tier.has_file
+        self.keep, self.read = tier.keep, tier.read_file
 
 
 class _DirFiles:
@@ -164,12 +173,17 @@ class _DirFiles:
         finally:
             os.close(fd)
 
-    def crc(self, name: str) -> int | None:
-        """The file's CRC-32, or None when there is no such file to reuse."""
+    def read(self, name: str) -> bytes | None:
+        """The bytes of the regular file ``name`` kept there, or None when there is none to reuse."""
+        fd = os.open(self.root, DIR_FLAGS)
         try:
-            return file_crc(os.path.join(self.root, name))
-        except OSError:
-            return None
+            return read_regular_at(fd, name)
+        finally:
+            os.close(fd)
 
-    def has(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.root, name))
+
+def _names_match(kept: bytes | None, digest: str | None, crc: int) -> bool:
+    """Whether a kept file is the one blockfs.json names (its digest, or its CRC before digests)."""
+    if kept is None:
+        return False
+    return dg.digest(kept).hex() == digest if digest is not None else zlib.crc32(kept) == crc

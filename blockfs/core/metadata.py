@@ -11,10 +11,16 @@ import json
 import os
 from typing import Callable
 
-from . import format as fmt
+from . import digest as dg
 from ..errors import FormatError, NotADatasetError, UnsupportedVersionError
 from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER
 from .index_format import REPACK as FIX, short_repr
+
+
+# blockfs.json's "format_version": 2 records the index's digest (the chain that names the dataset); 1 does
+# not and is still read, checked against accidents (CRC-32) only.  Blocks have their own version (format.py).
+METADATA_VERSION = 2
+OLDEST_METADATA_VERSION = 1
 
 
 def _count(v: object) -> bool:
@@ -47,7 +53,9 @@ OPTIONAL = {"source"}
 INDEX_FIELDS = {
     "file": (lambda v: v == INDEX_NAME, f"{INDEX_NAME!r}"),
     "crc32": (_is_crc, "a 32-bit CRC (an integer)"),
+    "blake3": (dg.is_hex_digest, "the index's BLAKE3 digest (64 lowercase hex digits)"),
 }
+OPTIONAL_BEFORE_DIGESTS = {"blake3"}  # format_version 1 has no digests
 PACK_FIELDS = {
     "block_size": (lambda v: type(v) is int and v > 0, "an integer > 0"),
     "files_per_block": (lambda v: v is None or (type(v) is int and v > 0), "null or an integer > 0"),
@@ -61,6 +69,13 @@ PACK_FIELDS = {
 def read_metadata(root: str) -> dict:
     """The dataset's metadata, checked; or a NotADatasetError / FormatError that says what is wrong and
     what to do."""
+    return read_metadata_bytes(root)[0]
+
+
+def read_metadata_bytes(root: str, expect: str | None = None, display: str | None = None) -> tuple[dict, bytes]:
+    """(the dataset's metadata, checked; ``blockfs.json``'s bytes as read, which name the dataset).
+
+    ``expect``: the pinned name; a dataset with another is refused before anything of it is parsed."""
     meta_path = os.path.join(root, METADATA_NAME)
     if not os.path.isdir(root):
         raise NotADatasetError(f"{root!r} is not a directory, so not a packed dataset")
@@ -71,15 +86,30 @@ def read_metadata(root: str) -> dict:
             )
         raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:
+        with open(meta_path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise FormatError(f"{meta_path}: unreadable metadata: {e}; {FIX}") from e
+    dg.check_name(f"dataset {display or root!r}", dg.name_of(raw), expect)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as e:
         raise FormatError(f"{meta_path}: unreadable metadata: {e}; {FIX}") from e
     if not isinstance(meta, dict) or meta.get("format") != "blockfs":
         raise FormatError(f"{meta_path}: not blockfs metadata (no \"format\": \"blockfs\"); {FIX}")
     check_version(meta.get("format_version"), root)
     check_metadata(meta, meta_path)
-    return meta
+    return meta, raw
+
+
+def metadata_bytes(meta: dict) -> bytes:
+    """``blockfs.json``'s bytes for ``meta``: sorted keys, no time or host, so one dataset has one name."""
+    return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def has_digests(meta: dict) -> bool:
+    """Whether the metadata starts the chain of digests (format 2), or is checked by CRC only (format 1)."""
+    return "blake3" in meta["index"]
 
 
 def check_version(version: object, root: str) -> None:
@@ -89,29 +119,30 @@ def check_version(version: object, root: str) -> None:
             f"{os.path.join(root, METADATA_NAME)}: field 'format_version' must be an integer, got "
             f"{short_repr(version)}; {FIX}"
         )
-    if version > fmt.FORMAT_VERSION:
+    if version > METADATA_VERSION:
         raise UnsupportedVersionError(
             f"{root!r} was written by blockfs format version {version}; this blockfs reads up to version "
-            f"{fmt.FORMAT_VERSION}: upgrade blockfs"
+            f"{METADATA_VERSION}: upgrade blockfs"
         )
-    if version < fmt.FORMAT_VERSION:
+    if version < OLDEST_METADATA_VERSION:
         raise UnsupportedVersionError(
             f"{root!r} was written by blockfs format version {version}, older than this blockfs reads "
-            f"({fmt.FORMAT_VERSION}): pack the source again with 'blockfs pack SRC {root}'"
+            f"({OLDEST_METADATA_VERSION}): pack the source again with 'blockfs pack SRC {root}'"
         )
 
 
 def check_metadata(meta: dict, where: str) -> None:
     """Every field blockfs reads has the type it must (the schema above)."""
     _check_fields(meta, TOP_FIELDS, where, "")
-    _check_fields(meta["index"], INDEX_FIELDS, where, "index.")
+    optional = OPTIONAL_BEFORE_DIGESTS if meta["format_version"] < 2 else set()
+    _check_fields(meta["index"], INDEX_FIELDS, where, "index.", optional)
     _check_fields(meta["pack"], PACK_FIELDS, where, "pack.")
 
 
-def _check_fields(obj: dict, fields: dict, where: str, prefix: str) -> None:
+def _check_fields(obj: dict, fields: dict, where: str, prefix: str, optional: set[str] = OPTIONAL) -> None:
     for name, (test, what) in fields.items():
         if name not in obj:
-            if name in OPTIONAL:
+            if name in optional:
                 continue
             raise FormatError(f"{where}: field {prefix + name!r} is missing; {FIX}")
         if not test(obj[name]):

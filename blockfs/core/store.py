@@ -28,10 +28,17 @@ them) and trusts none of them.
   the file is read alone (the tier stops asking for that block).
 
 Headers are parsed once per block and kept (12 bytes per file).
+
+* **Digests, where the index has them** (the chain drawn in :mod:`.format`): a header's bytes are checked by
+  its BLAKE3 digest when it is adopted (and whenever they are read again), a whole data section by the
+  digests of its 1 MiB chunks *instead of* its CRCs (one pass, as before), a file read alone by its own
+  digest instead of its CRC, and a piece of a big file by the chunks that cover it, on every read.  The index's digests are the only
+  ones compared against: nothing is trusted for a digest computed from what a tier holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -39,6 +46,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import digest as dg
 from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
@@ -65,6 +73,12 @@ class BlockStore:
         self._copying: dict[int, threading.Lock] = {}  # blocks being fetched whole into a tier
         self._copying_lock = threading.Lock()
         self._copy_slots = threading.BoundedSemaphore(COPIES_AT_ONCE)
+        # The digests to check by (arrays of 32-byte rows), or None: a dataset checked by CRC-32 only.
+        self._file_digest = index.get("file_digest")
+        self._head_digest = index.get("block_head_digest")
+        self._chunk_digest = index.get("chunk_digest")  # block b's: rows block_chunks[b] .. block_chunks[b + 1]
+        self._block_chunks = index.get("block_chunks")
+        self._slot_entries: dict[int, np.ndarray] = {}  # block -> entry of each slot (-1: empty), for file digests
 
     @property
     def files(self) -> BlockFiles:
@@ -155,6 +169,10 @@ class BlockStore:
         """Check a header :meth:`unchecked_header` gave against the index, and keep it for :meth:`header`."""
         try:
             self._check_belongs(block, head)
+            if self._head_digest is not None:
+                self._check_digest(block, "header", self._head_digest[block].tobytes(), head.digest)
+                if len(self._chunks_of(block)) != fmt.n_chunks(head.data_size):
+                    raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"))
         except CorruptBlockError as e:
             e.block = block
             raise
@@ -203,7 +221,9 @@ class BlockStore:
         expected = int(self._index["block_counts"][block])
         if count != expected:
             raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
-        return fmt.decode_header(self._pread(block, length, 0), where, file_size=disk_size)
+        raw = self._pread(block, length, 0)
+        head = fmt.decode_header(raw, where, file_size=disk_size)
+        return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
 
     def _check_belongs(self, block: int, head: fmt.BlockHeader) -> None:
         """Raise CorruptBlockError unless ``head`` is the block this index describes (see the module notes)."""
@@ -280,7 +300,10 @@ class BlockStore:
 
     def header_bytes(self, block: int) -> bytes:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
-        return self._pread(block, self.header(block).data_start, 0)
+        raw = self._pread(block, self.header(block).data_start, 0)
+        if self._head_digest is not None:  # read again: checked again, never trusted for the earlier read's sake
+            self._check_digest(block, "header", self._head_digest[block].tobytes(), dg.digest(raw))
+        return raw
 
     # --- whole blocks ---------------------------------------------------------------------------------
     def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, held_in_memory: bool = False) -> np.ndarray:
@@ -297,7 +320,7 @@ class BlockStore:
 
             def read() -> np.ndarray:
                 self._read_into(block, view, head.data_start)
-                return fmt.check_data(head, view, self.where(block))
+                return self._check_data(block, head, view)
 
             crcs = self._checked(block, read)
             if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
@@ -307,6 +330,63 @@ class BlockStore:
             return crcs
         finally:
             view.release()
+
+    def _check_data(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
+        """Verify a whole data section (its digest where the index has one, else its CRCs: one pass over the
+        bytes either way); return each file's CRC-32 by slot."""
+        if self._chunk_digest is None:
+            return fmt.check_data(head, view, self.where(block))
+        if len(view) != head.data_size:
+            raise CorruptBlockError(
+                f"{self.where(block)}: truncated: data section has {len(view)} of {head.data_size} bytes", block=block
+            )
+        self._check_chunks(block, 0, view)
+        return self.index_crcs(block)  # the digests prove the bytes are the packed ones, so are their CRCs
+
+    @property
+    def checks_pieces(self) -> bool:
+        """Whether a piece of a big file is checked on its own (by the digests of the chunks it covers), so
+        a reader need not stream the whole file through a checksum first."""
+        return self._chunk_digest is not None
+
+    def _chunks_of(self, block: int) -> np.ndarray:
+        """The index's digests of block ``block``'s data chunks, one 32-byte row each."""
+        return self._chunk_digest[int(self._block_chunks[block]) : int(self._block_chunks[block + 1])]
+
+    def _check_chunks(self, block: int, first: int, data) -> None:
+        """``data``, the data section from chunk ``first`` on, is what the index's chunk digests say."""
+        want = self._chunks_of(block)[first : first + fmt.n_chunks(len(data))]
+        if len(want) != fmt.n_chunks(len(data)):  # an unchecked header (verify's) may claim any length
+            raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"), block=block)
+        got = dg.chunk_digests(data, fmt.CHUNK_SIZE)
+        if got != want.tobytes():
+            k = next(k for k in range(len(want)) if got[32 * k : 32 * k + 32] != want[k].tobytes())
+            self._check_digest(block, "data", want[k].tobytes(), got[32 * k : 32 * k + 32], f" of chunk {first + k}")
+
+    def _check_digest(self, block: int, what: str, want: bytes, got: bytes | None, part: str = "") -> None:
+        if got != want:
+            raise CorruptBlockError(
+                f"{self.where(block)}: {what} checksum mismatch (the index's BLAKE3 digest{part} is {want.hex()[:16]}..., the "
+                f"block's {got.hex()[:16] if got else 'unknown'}...): not the bytes packed; run 'blockfs verify'",
+                block=block,
+            )
+
+    def file_digest(self, block: int, slot: int) -> bytes:
+        """The index's digest of the file in ``slot`` of ``block`` (hard links share their slot's)."""
+        return self._slot_sums(block, slot)[0]
+
+    def _slot_sums(self, block: int, slot: int) -> tuple[bytes, int]:
+        """(the index's digest, its CRC-32) of the file in ``slot`` of ``block``."""
+        entries = self._slot_entries.get(block)
+        if entries is None:
+            ids, slots = self._entries(block)
+            entries = np.full(int(self._index["block_counts"][block]), -1, dtype=np.int64)
+            entries[slots] = ids
+            self._slot_entries[block] = entries  # a race only computes it twice
+        e = int(entries[slot])
+        if e < 0:  # a slot no entry names is empty (checked with the header)
+            return dg.digest(b""), 0
+        return self._file_digest[e].tobytes(), int(self._index["crc"][e])
 
     def copy_into_tier(self, block: int) -> None:
         """Fetch ``block`` whole and verified into the tier that wants it, once however many readers ask."""
@@ -340,6 +420,10 @@ class BlockStore:
         start, length = int(head.offsets[slot]), int(head.sizes[slot])
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
+        if self._chunk_digest is not None and (
+            (length > VERIFY_PIECE and size < length) or (head.chunk_crcs is not None and length > fmt.CHUNK_SIZE)
+        ):  # a piece of a big file (any read of a huge one): the chunks that cover it, checked now
+            return self._read_digested(block, head, start + offset, size)
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
             # bytes to this dataset (checked once per file, as for a big file in a narrow block).
@@ -349,7 +433,10 @@ class BlockStore:
             self._verify_file(block, slot, crc)
             return self._pread(block, size, head.data_start + start + offset)
         data = self._pread(block, length, head.data_start + start)
-        self._check_file(block, slot, crc, fmt.crc32(data))
+        if self._file_digest is not None:
+            self._check_file_digest(block, slot, crc, dg.digest(data))
+        else:
+            self._check_file(block, slot, crc, fmt.crc32(data))
         return data if (offset == 0 and size == length) else data[offset : offset + size]
 
     def verify_file(self, block: int, slot: int, crc: int) -> int:
@@ -365,10 +452,17 @@ class BlockStore:
                 return 0
         head = self.header(block)
         base, length = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
-        check = 0
+        check, hasher = 0, dg.hasher() if self._file_digest is not None else None
         for pos in range(0, length, VERIFY_PIECE):
-            check = fmt.crc32(self._pread(block, min(VERIFY_PIECE, length - pos), base + pos), check)
-        self._check_file(block, slot, crc, check)
+            piece = self._pread(block, min(VERIFY_PIECE, length - pos), base + pos)
+            if hasher is not None:
+                hasher.update(piece)
+            else:
+                check = fmt.crc32(piece, check)
+        if hasher is not None:
+            self._check_file_digest(block, slot, crc, hasher.digest())
+        else:
+            self._check_file(block, slot, crc, check)
         with self._verified_lock:
             self._verified[key] = None
             while len(self._verified) > VERIFIED_KEPT:
@@ -382,6 +476,29 @@ class BlockStore:
                 f"0x{got:08x}); run 'blockfs verify'",
                 block=block,
             )
+
+    def _check_file_digest(self, block: int, slot: int, crc: int, got: bytes) -> None:
+        """The file's digest is the index's (and ``crc``, the caller's idea of the file, is the index's too)."""
+        want, index_crc = self._slot_sums(block, slot)
+        if crc != index_crc:
+            self._check_file(block, slot, index_crc, crc)
+        if got != want:
+            raise CorruptBlockError(
+                f"{self.where(block)}: slot {slot}: checksum mismatch (the index's BLAKE3 digest is {want.hex()[:16]}..., "
+                f"the file's {got.hex()[:16]}...): not the bytes packed; run 'blockfs verify'",
+                block=block,
+            )
+
+    def _read_digested(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
+        """Bytes ``[start, start + size)`` of the data section, read as the whole chunks that cover them and
+        checked by their digests (so what is served was checked now, not on an earlier read)."""
+        if size == 0:
+            return b""
+        first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE
+        lo, hi = first * fmt.CHUNK_SIZE, min((last + 1) * fmt.CHUNK_SIZE, head.data_size)
+        data = self._pread(block, hi - lo, head.data_start + lo)
+        self._check_chunks(block, first, data)
+        return data[start - lo : start - lo + size]
 
     def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
         """A range of a WIDE block, verified chunk by chunk."""

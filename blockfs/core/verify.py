@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dataset import PackedDataset
-from ..errors import BlockfsError
+from ..errors import BlockfsError, CorruptBlockError
 from ..storage.remote import RangeNotServedError, RemoteError
+from . import digest as dg
+from . import format as fmt
 from .index import KIND_FILE
 
 
@@ -47,7 +49,15 @@ def _verify_block(ds: PackedDataset, b: int) -> Problem | None:
     entries = members[int(off[b]) : int(off[b + 1])].astype(np.int64)
     try:  # the header against its own file, then the data against the header
         head = ds.store.unchecked_header(b)
-        file_crcs = ds.store.read_data_into(b, head, bytearray(head.data_size))
+        data = bytearray(head.data_size)
+        try:
+            file_crcs = ds.store.read_data_into(b, head, data)
+        except CorruptBlockError as err:
+            if not ds.has_digests or err.block != b or "data checksum" not in str(err):
+                raise
+            return Problem(f"block {b}", str(err), _names(ds, _differing(ds, b, head, data, entries) or entries))
+        if ds.has_digests:  # the digests proved the data; the index's CRCs are compared with it too
+            file_crcs = fmt.file_crcs_of(head, data)
     except BlockfsError as err:  # the block as a whole is lost: every file in it
         cause = _store_cannot_answer(err)
         if cause is not None:
@@ -76,6 +86,19 @@ def _store_cannot_answer(err: BaseException) -> RemoteError | None:
     return None
 
 
+def _differing(ds: PackedDataset, b: int, head, data: bytearray, entries: np.ndarray) -> list[int]:
+    """The files of block ``b`` whose bytes in ``data`` are not their index digest's (to name them)."""
+    view = memoryview(data)
+    a = ds.index.arrays
+    bad = []
+    for e in entries.tolist():
+        slot = int(a["slot"][e])
+        start, size = int(head.offsets[slot]), int(head.sizes[slot])
+        if dg.digest(view[start : start + size]) != a["file_digest"][e].tobytes():
+            bad.append(e)
+    return bad
+
+
 def _names(ds: PackedDataset, entries: np.ndarray) -> list[str]:
     return [os.fsdecode(ds.path_of(int(e))) for e in entries]
 
@@ -92,6 +115,8 @@ def summary(ds: PackedDataset) -> dict:
     header_bytes = int(sizes.sum()) - int(a["size"][files][_stored(a, files)].sum()) if n_files else 0
     return {
         "path": ds.location,
+        "digest": ds.digest,
+        "digests": ds.has_digests,
         "files": n_files,
         "directories": meta["n_dirs"],
         "symlinks": meta["n_symlinks"],

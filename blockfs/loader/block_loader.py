@@ -38,6 +38,7 @@ from .batches import (
     pinned,
     resolve_device,
 )
+from ..errors import IdentityError
 from .epochplan import EpochPlan, merge_worker_orders, plan_epoch
 from .importance import ImportanceConfig, LossTracker, select_important, subset_layout
 from .mountview import BlockfsMount
@@ -160,8 +161,9 @@ class BlockShuffleDataset(IterableDataset):
         partition: str = "global",
         nodes: int | None = None,
         unlabeled: bool = False,
+        expect: str | None = None,
     ) -> None:
-        self.mount = BlockfsMount(root)
+        self.mount = BlockfsMount(root, expect=expect)
         self.decode = decode
         self.unlabeled = bool(unlabeled)
         self.seed = _check_int("seed", seed, 0)
@@ -240,6 +242,7 @@ class BlockLoader:
         partition: str = "global",
         nodes: int | None = None,
         unlabeled: bool = False,
+        expect: str | None = None,
     ) -> None:
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.seed = _check_int("seed", seed, 0)
@@ -254,7 +257,7 @@ class BlockLoader:
             raise TypeError(f"importance must be an ImportanceConfig or None (got {type(importance).__name__})")
         self.drop_last, self.reuse, self.importance = bool(drop_last), bool(reuse), importance
         self.unlabeled = bool(unlabeled)
-        self.mount = BlockfsMount(root)
+        self.mount = BlockfsMount(root, expect=expect)
         self._layout, self._sample_ids = _samples(self.mount, self.unlabeled)
         self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.device = resolve_device(device)
@@ -446,6 +449,7 @@ class BlockLoader:
         """
         state: dict = {"version": STATE_VERSION, "epoch": self.epoch, "batches_done": self._position}
         state["config"] = self._config()
+        state["dataset"] = self.mount.digest  # its name: a resume on any other dataset is refused
         if self._tracker is not None:
             state["losses"] = {k: torch.from_numpy(v) for k, v in self._tracker.state_dict().items()}
             state["planned_epoch"] = self._planned_epoch
@@ -455,6 +459,10 @@ class BlockLoader:
         """Continue where ``state`` was taken: the next iteration yields the batches that would have followed."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r}; this blockfs reads {STATE_VERSION}")
+        saved = state.get("dataset")
+        if saved is not None and saved != self.mount.digest:
+            raise IdentityError(f"cannot resume: the state was saved on dataset {saved}, the mount at {self.root} "
+                                f"serves {self.mount.digest}")  # fmt: skip
         for key, value in self._config().items():
             saved = state["config"].get(key, {"partition": "global", "nodes": 1, "unlabeled": True}.get(key))  # older states
             if saved != value:

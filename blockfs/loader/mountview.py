@@ -39,6 +39,7 @@ import warnings
 
 import numpy as np
 
+from ..core.digest import check_name, name_of
 from .. import client, protocol
 from ..core import format as fmt
 from ..errors import FormatError, NotADatasetError
@@ -59,22 +60,26 @@ class BlockfsMount:
     Pickles as its root path only (a worker process reopens the index), so it can go to spawned workers.
     """
 
-    def __init__(self, root: str | os.PathLike, share: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike, share: bool = True, expect: str | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.control = _control_dir(self.root)
         self.share = share
         self._open()
+        check_name(f"the dataset mounted at {self.root}", self.digest, expect)
 
     def _open(self) -> None:
         control = os.path.join(self.root, self.control)
         self.index = _open_index(os.path.join(control, INDEX_FILE))
         try:
-            with open(os.path.join(control, METADATA_FILE), encoding="utf-8") as f:
-                self.metadata: dict = json.load(f)
+            with open(os.path.join(control, METADATA_FILE), "rb") as f:
+                raw = f.read()
+            self.metadata: dict = json.loads(raw)
         except FileNotFoundError:
-            self.metadata = {}
+            raw, self.metadata = b"", {}
         except (OSError, ValueError) as e:
             raise FormatError(f"{control}/{METADATA_FILE}: unreadable metadata: {e}") from e
+        # The mount's dataset, by name: the metadata the mount opened (and checked every byte against).
+        self.digest = name_of(raw) if raw else None
         a = self.index.arrays
         self._root_bytes = os.fsencode(self.root)
         # Copies, not views of the map, so that close() can unmap the index at once.
@@ -97,7 +102,7 @@ class BlockfsMount:
                 pass  # a mount that shares no blocks (--no-share, policy lru/fifo/none, an older version)
 
     def __getstate__(self) -> dict:
-        return {"root": self.root, "control": self.control, "share": self.share}
+        return {"root": self.root, "control": self.control, "share": self.share}  # a worker checks nothing again
 
     def __setstate__(self, state: dict) -> None:
         self.root, self.control, self.share = state["root"], state["control"], state["share"]

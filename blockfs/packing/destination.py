@@ -14,19 +14,22 @@ uploaded block by block, with the same steps and the same argument for crash saf
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..core import digest as dg
 from ..core import format as fmt
+from ..core.digest import file_digest
+from ..core.metadata import METADATA_VERSION, metadata_bytes
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..errors import PackError
 from ..storage.location import is_remote
 from .options import PackOptions
+from .parallel import Sums
 
 
 def prepare_dest(src: str | None, dest: str, force: bool) -> None:
@@ -118,29 +121,43 @@ class LocalDestination(Destination):
         commit(self.directory, metadata, self.fsync)
 
 
-def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, crcs: list[int], block_sizes: np.ndarray) -> None:
-    """Write the index, now that the file CRCs (``crcs``, in plan order) and the block sizes are known.
+def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray) -> None:
+    """Write the index, now that the file CRCs and digests (``sums``, in plan order), the blocks' digests
+    and the block sizes are known.
 
     ``plan_pos`` maps each entry of the index to its position in the plan (-1: not a file).  Called once
     every block is on disk: an index never names a block that a crash could lose.
     """
     is_file = plan_pos >= 0
     file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
-    file_crcs[is_file] = np.asarray(crcs, dtype=np.uint32)[plan_pos[is_file]]
+    file_crcs[is_file] = np.asarray(sums.crcs, dtype=np.uint32)[plan_pos[is_file]]
+    file_digests = np.zeros((len(plan_pos), dg.DIGEST_SIZE), dtype=np.uint8)
+    file_digests[is_file] = _rows(sums.file_digests)[plan_pos[is_file]]
+    block_chunks = np.zeros(len(sums.chunk_digests) + 1, dtype=np.uint64)
+    np.cumsum([len(c) // dg.DIGEST_SIZE for c in sums.chunk_digests], out=block_chunks[1:])
+    digests = (file_digests, _rows(sums.head_digests), _rows(sums.chunk_digests), block_chunks)
     tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
-    index.write(tmp_index, file_crcs, block_sizes)
+    index.write(tmp_index, file_crcs, block_sizes, digests)
     os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
+
+
+def _rows(digests: list[bytes]) -> np.ndarray:
+    """32-byte digests as the rows of a (n, 32) array."""
+    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, dg.DIGEST_SIZE)
 
 
 def dataset_metadata(
     dest: str, cols: IndexColumns, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
     options: PackOptions,
 ) -> dict:
-    """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and how it was packed."""
+    """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and digest (the link
+    to every digest in it) and how it was packed.  Nothing of when or where it was packed: the same files
+    packed with the same options give the same ``blockfs.json``, so the same name."""
     kinds = np.asarray(cols.kind)
+    index_path = os.path.join(dest, INDEX_NAME)
     return {
         "format": "blockfs",
-        "format_version": fmt.FORMAT_VERSION,
+        "format_version": METADATA_VERSION,
         "n_entries": len(cols.paths),
         "n_files": int(np.sum(kinds == KIND_FILE)),
         "n_dirs": int(np.sum(kinds == KIND_DIR)),
@@ -149,7 +166,7 @@ def dataset_metadata(
         "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
         "block_bytes": int(block_sizes.sum()),
         "classes": classes,
-        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(os.path.join(dest, INDEX_NAME))},
+        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(index_path), "blake3": file_digest(index_path).hex()},
         "pack": {
             "block_size": options.block_size,
             "files_per_block": options.files_per_block,
@@ -164,9 +181,8 @@ def dataset_metadata(
 def write_metadata_file(dest: str, metadata: dict, fsync: bool) -> None:
     """Write ``blockfs.json`` under its own name, through a temporary one (fsynced if ``fsync``)."""
     tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
-    with open(tmp_meta, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2, sort_keys=True)
-        f.write("\n")
+    with open(tmp_meta, "wb") as f:
+        f.write(metadata_bytes(metadata))
         if fsync:
             f.flush()
             os.fsync(f.fileno())

@@ -62,3 +62,4 @@ class PackResult:
     skipped_unreadable: list[str]
     seconds: float
     skipped_damaged: list[str] = dataclasses.field(default_factory=list)
+    digest: str = ""  # the dataset's name, blake3:<hex> of its blockfs.json (what --expect pins)

@@ -32,7 +32,9 @@ from .containers import open_source, spool_dir_for
 from .destination import Destination, LocalDestination, dataset_metadata, write_index
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
-from .parallel import write_blocks
+from .parallel import Sums, write_blocks
+from ..core.digest import name_of
+from ..core.metadata import metadata_bytes
 from .plan import BlockPlan, make_plan, plan_blocks
 from .remote_destination import RemoteDestination
 from .remote_source import RemotePrefixSource
@@ -77,10 +79,10 @@ def pack(
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
         target.claim(_source_location(source), options.force)
         plan = make_plan(entries, options)
-        crcs, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
+        sums, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
         unreadable |= too_long
         block_sizes = target.block_sizes(plan.n_blocks)
-        write_index(target.directory, index, plan_pos, crcs, block_sizes)
+        write_index(target.directory, index, plan_pos, sums, block_sizes)
         metadata = dataset_metadata(target.directory, cols, block_sizes, classes, labels, options)
         described = source.write_metadata(target.directory, target.fsync)  # containers: side files (labels.json)
         if described is not None:
@@ -88,7 +90,8 @@ def pack(
         target.commit(metadata)
     finally:
         target.close()
-    return _report(source, target.display, metadata, unreadable, time.monotonic() - started)
+    result = _report(source, target.display, metadata, unreadable, time.monotonic() - started)
+    return dataclasses.replace(result, digest=name_of(metadata_bytes(metadata)))
 
 
 def _destination(dest: str, options: PackOptions, storage_options: dict | None) -> Destination:
@@ -174,23 +177,23 @@ def _source_location(source: Source) -> str | None:
 
 def _write_blocks(
     source: Source, target: Destination, plan: BlockPlan, options: PackOptions, progress: ProgressCallback | None
-) -> tuple[list[int], tuple[IndexColumns, np.ndarray, PreparedIndex], frozenset[bytes]]:
+) -> tuple[Sums, tuple[IndexColumns, np.ndarray, PreparedIndex], frozenset[bytes]]:
     """Write every block and wait until they are where they last (on disk, or uploaded); return the file
-    CRCs in plan order, the index prepared for the entries kept, and the paths found unreadable (skipped
+    CRCs and digests in plan order with the blocks' digests, the index prepared for the entries kept, and the paths found unreadable (skipped
     with --skip-unreadable)."""
     with (
         source.reading(plan.stored),
         BlockWriter(source, target.directory, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
     ):
         workers = options.workers or os.cpu_count() or 1
-        crcs, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,
+        sums, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,
                                       on_written=target.block_written)  # fmt: skip
         writer.wait_durable()
     target.blocks_done()
     unreadable = frozenset(writer.unreadable)
     if unreadable:  # rare: the entries kept are not those the index was prepared with
         prepared = plan.index_without_crcs(unreadable)
-    return crcs, prepared, unreadable
+    return sums, prepared, unreadable
 
 
 def _report(source: Source, dest: str, metadata: dict, unreadable: frozenset[bytes], seconds: float) -> PackResult:

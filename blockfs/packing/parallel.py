@@ -1,5 +1,5 @@
 """Running the block writers side by side: forked worker processes where the source allows it, threads
-otherwise, with memory bounded, progress reported and the CRCs gathered in plan order.
+otherwise, with memory bounded, progress reported and the CRCs and digests gathered in plan order.
 
 Apart from :mod:`.writer` (what one block is) because this is about scheduling only: which pool, how many
 blocks in flight, what a dead worker means, and what the calling process does meanwhile (with processes
@@ -17,7 +17,7 @@ from ..errors import PackError
 from .forking import forked_pool
 from .options import ProgressCallback
 from .plan import BlockPlan
-from .writer import BlockWriter
+from .writer import BlockWriter, WrittenBlock
 
 T = TypeVar("T")
 
@@ -25,9 +25,10 @@ T = TypeVar("T")
 def write_blocks(
     writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T],
     on_written: Callable[[int], None] | None = None,
-) -> tuple[list[int], T]:
-    """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC of each stored
-    file, in plan order, and what ``meanwhile()`` returned.  ``on_written(block)`` is called in this
+) -> tuple["Sums", T]:
+    """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC and digest of
+    each stored file, in plan order, with each block's digests (:class:`Sums`), and what ``meanwhile()``
+    returned.  ``on_written(block)`` is called in this
     thread as each block's file is complete (a remote destination uploads it).
 
     Forked processes where the source allows it (see :mod:`blockfs.packing.forking`), threads otherwise.
@@ -42,7 +43,7 @@ def write_blocks(
     if pool is None:
         threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
         _run(threads, workers, plan.n_blocks, lambda b: threads.submit(writer.write, b, plan.files_of(b)), tally.add)
-        return tally.crcs, meanwhile()
+        return tally, meanwhile()
     # Created now, its thread only at the first submit: after the workers are forked.
     side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile")
     early: list[Future] = []
@@ -53,24 +54,36 @@ def write_blocks(
             early.append(side.submit(meanwhile))
         return written
 
-    def finished(block: int, result: tuple[list[int], list[bytes]]) -> None:
-        crcs, unreadable = result
+    def finished(block: int, result: tuple[WrittenBlock, list[bytes]]) -> None:
+        written, unreadable = result
         writer.written_elsewhere(block, unreadable)
-        tally.add(block, crcs)
+        tally.add(block, written)
 
     try:
         _run(pool, workers, plan.n_blocks, submit, finished)
     finally:
         side.shutdown(wait=True)
-    return tally.crcs, early[0].result()
+    return tally, early[0].result()
 
 
-class _Tally:
-    """The CRCs of the blocks written so far, in plan order, and the progress reports as blocks finish."""
+class Sums:
+    """The CRCs and digests of the blocks written so far: per stored file in plan order, per block."""
+
+    crcs: list[int]
+    file_digests: list[bytes]
+    head_digests: list[bytes]
+    chunk_digests: list[bytes]  # per block: its chunks' digests, back to back
+
+
+class _Tally(Sums):
+    """The sums of the blocks written so far, in plan order, and the progress reports as blocks finish."""
 
     def __init__(self, plan: BlockPlan, progress: ProgressCallback | None,
                  on_written: Callable[[int], None] | None = None) -> None:  # fmt: skip
         self.crcs = [0] * len(plan.stored)
+        self.file_digests = [b""] * len(plan.stored)
+        self.head_digests = [b""] * plan.n_blocks
+        self.chunk_digests = [b""] * plan.n_blocks
         self._on_written = on_written
         self._bounds = plan.bounds
         self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if len(plan.stored) else []
@@ -80,9 +93,12 @@ class _Tally:
         if progress is not None:
             progress(0, 0, len(self.crcs), self._total_bytes)
 
-    def add(self, block: int, crcs: list[int]) -> None:
+    def add(self, block: int, written: WrittenBlock) -> None:
         lo, hi = int(self._bounds[block]), int(self._bounds[block + 1])
-        self.crcs[lo:hi] = crcs
+        self.crcs[lo:hi] = written.crcs
+        self.file_digests[lo:hi] = written.file_digests
+        self.head_digests[block] = written.head_digest
+        self.chunk_digests[block] = written.chunk_digests
         self._files += hi - lo
         self._bytes += self._block_bytes[block]
         if self._progress is not None:
@@ -124,10 +140,10 @@ def _start_forked_writer(writer: BlockWriter, plan: BlockPlan) -> None:
     _forked_job = (writer.for_child(), plan)
 
 
-def _write_forked(block: int) -> tuple[list[int], list[bytes]]:
-    """In a worker process: write ``block``; return its CRCs and the files found unreadable."""
+def _write_forked(block: int) -> tuple[WrittenBlock, list[bytes]]:
+    """In a worker process: write ``block``; return its sums and the files found unreadable."""
     assert _forked_job is not None
     writer, plan = _forked_job
     seen = len(writer.unreadable)
-    crcs = writer.write(block, plan.files_of(block))
-    return crcs, writer.unreadable[seen:]
+    written = writer.write(block, plan.files_of(block))
+    return written, writer.unreadable[seen:]

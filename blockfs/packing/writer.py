@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..core import digest as dg
 from ..core import format as fmt
 from ..core.format import block_path
 from ..errors import PackError, SourceError
@@ -29,8 +31,20 @@ STREAM_PIECE = 16 << 20  # huge files are copied in pieces of this size
 GATHER_SIZE = 8 << 20
 
 
+@dataclass(frozen=True)
+class WrittenBlock:
+    """What the index records of a block just written: per-file CRC-32s and digests (slot order), the
+    digest of the block's header and of each 1 MiB chunk of its data section, back to back (the chain
+    drawn in :mod:`blockfs.core.format`)."""
+
+    crcs: list[int]
+    file_digests: list[bytes]
+    head_digest: bytes
+    chunk_digests: bytes
+
+
 class BlockWriter:
-    """Writes one block at a time per thread; returns per-file CRCs.
+    """Writes one block at a time per thread; returns its checksums and digests (:class:`WrittenBlock`).
 
     With fsync on, a written block is flushed by a separate thread while its writer goes on to the next
     block, so the disk's write time overlaps the reading and checksumming instead of adding to it;
@@ -93,14 +107,14 @@ class BlockWriter:
         for fut in syncs:
             fut.result()
 
-    def write(self, block: int, members: list[SourceEntry]) -> list[int]:
+    def write(self, block: int, members: list[SourceEntry]) -> WrittenBlock:
         tmp = block_path(self.dest, block) + ".tmp"
         if len(members) == 1 and members[0].size > STREAM_PIECE:
-            crcs = self._write_streamed(block, members[0], tmp)
+            written = self._write_streamed(block, members[0], tmp)
         else:
-            crcs = self._write_buffered(block, members, tmp)
+            written = self._write_buffered(block, members, tmp)
         os.replace(tmp, block_path(self.dest, block))
-        return crcs
+        return written
 
     def _read(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> bool:
         """Fill ``buf`` from the file; False if it is unreadable and --skip-unreadable allows that."""
@@ -138,12 +152,13 @@ class BlockWriter:
             buf = self._local.buf = bytearray(size)
         return memoryview(buf)
 
-    def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> list[int]:
+    def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> WrittenBlock:
         """Files gathered into the buffer, written each time it fills; the header last, at the front."""
         view = self._buffer(max(GATHER_SIZE, *(m.size for m in members)))
         pos = 0
-        sizes, labels, crcs = [], [], []
-        read_into, crc32 = self.source.read_into, fmt.crc32
+        sizes, labels, crcs, digests = [], [], [], []
+        read_into, crc32, digest = self.source.read_into, fmt.crc32, dg.digest
+        data_hash = dg.ChunkHasher(fmt.CHUNK_SIZE)
         with open(tmp, "wb") as f:
             f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
             # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
@@ -151,7 +166,7 @@ class BlockWriter:
             for m in members:
                 end = pos + m.size
                 if end > len(view):
-                    self._write_out(f, view[:pos])
+                    self._write_out(f, view[:pos], data_hash)
                     pos, end = 0, m.size
                 piece = view[pos:end]
                 try:
@@ -160,36 +175,43 @@ class BlockWriter:
                     self._unreadable(m, e)  # raises unless --skip-unreadable
                     # Keep the slot so slot numbers stay as planned; it holds nothing.
                     crcs.append(0)
+                    digests.append(digest(b""))
                     sizes.append(0)
                     labels.append(-1)
                     continue
                 if n != m.size:
                     raise self._changed(m)
                 crcs.append(crc32(piece))
+                digests.append(digest(piece))
                 sizes.append(m.size)
                 labels.append(m.label)
                 pos = end
-            self._write_out(f, view[:pos])
+            self._write_out(f, view[:pos], data_hash)
             f.seek(0)
-            f.write(fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs)))
+            header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
+            f.write(header)
             self._sync_later(f)
-        return crcs
+        return WrittenBlock(crcs, digests, digest(header), data_hash.digests())
 
-    def _write_out(self, f, data: memoryview) -> None:
-        """Append ``data`` to the block file; with fsync on, its writeback starts now (see writeback.py)."""
+    def _write_out(self, f, data: memoryview, data_hash=None) -> None:
+        """Append ``data`` to the block file (and to ``data_hash``, the digests of its 1 MiB chunks); with
+        fsync on, its writeback starts now (see writeback.py)."""
+        if data_hash is not None:
+            data_hash.update(data)
         start = f.tell()
         f.write(data)
         if self.fsync:
             f.flush()
             start_writeback(f.fileno(), start, len(data))
 
-    def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> list[int]:
+    def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> WrittenBlock:
         """One file larger than a block: copy it in pieces, header written last."""
         size = member.size
         wide = size >= fmt.NARROW_LIMIT
         head_len = fmt.header_size(1, wide, size)
         crc = 0
         chunk_crcs: list[int] = []
+        data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
         buf = memoryview(bytearray(STREAM_PIECE))
         with open(tmp, "wb") as f:
             f.write(b"\0" * head_len)
@@ -199,11 +221,13 @@ class BlockWriter:
                 if not self._read(member, piece, done):
                     size = done = 0
                     f.truncate(head_len)
+                    data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
                     break
                 crc = fmt.crc32(piece, crc)
                 if wide:
                     chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
-                self._write_out(f, piece)
+                file_hash.update(piece)
+                self._write_out(f, piece, data_hash)
                 done += len(piece)
             header = fmt.encode_header(
                 block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
@@ -214,4 +238,4 @@ class BlockWriter:
             f.seek(0)
             f.write(header)
             self._sync_later(f)
-        return [crc]
+        return WrittenBlock([crc], [file_hash.digest()], dg.digest(header), data_hash.digests())

@@ -41,7 +41,6 @@ import numpy as np
 
 from .. import protocol
 from ..core.dataset import PackedDataset
-from ..core.format import METADATA_NAME
 from ..core.index import KIND_DIR, KIND_FILE
 from ..errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
 
@@ -91,8 +90,7 @@ class ControlDirectory:
         self.path = b"/" + os.fsencode(name)
         self._ds = ds
         self._stats = stats
-        with open(os.path.join(ds.root, METADATA_NAME), "rb") as f:
-            self._metadata = f.read()
+        self._metadata = ds.metadata_bytes  # the bytes that name the dataset served, not DEST's file now
         self._index = ds.index.raw  # the bytes the mount serves from, not DEST's file (which may change)
         arrays = ds.index.arrays
         self._block_sizes = arrays["block_sizes"]

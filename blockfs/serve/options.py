@@ -48,6 +48,7 @@ class MountOptions:
     nodes: int = 1
     node_rank: int = 0
     partition_seed: int = 0
+    expect: str | None = None  # the pinned dataset name ("blake3:..."): another dataset is refused
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_ROUTES:

@@ -172,7 +172,7 @@ def assembled(
         from .fs import BlockFS as make_adapter
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
-        ds = PackedDataset(dest, storage=options.storage)
+        ds = PackedDataset(dest, storage=options.storage, expect=options.expect)
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached

@@ -175,6 +175,8 @@ class MountView:
                 "started": self.started,
             },
             "dataset": {
+                "digest": self.ds.digest,  # its name: what --expect and the loader's expect= pin
+                "digests": self.ds.has_digests,  # False: checked against accidents (CRC-32) only
                 "files": int(meta["n_files"]),
                 "file_bytes": dataset_bytes,
                 "blocks": int(meta["n_blocks"]),

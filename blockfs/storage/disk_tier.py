@@ -32,6 +32,7 @@ import threading
 
 from .owned import (
     is_temp_name,
+    read_regular_at,
     open_owned_dir,
     open_owned_subdir,
     read_file_at,
@@ -166,31 +167,9 @@ class DiskTier:
         except OSError as e:
             raise self._phrased(e, os.path.join(self.root, name)) from None
 
-    def file_crc(self, name: str) -> int | None:
-        """The CRC-32 of the key directory's regular file ``name``; None when there is none to reuse."""
-        import zlib
-
-        try:
-            fd = os.open(name, _OPEN_COPY, dir_fd=self._root_fd)
-        except OSError:
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            crc = 0
-            while chunk := os.read(fd, 1 << 20):
-                crc = zlib.crc32(chunk, crc)
-            return crc
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-
-    def has_file(self, name: str) -> bool:
-        try:
-            return stat.S_ISREG(os.stat(name, dir_fd=self._root_fd, follow_symlinks=False).st_mode)
-        except OSError:
-            return False
+    def read_file(self, name: str) -> bytes | None:
+        """The key directory's regular file ``name`` (never through a link); None when there is none."""
+        return read_regular_at(self._root_fd, name)
 
     @staticmethod
     def _phrased(e: OSError, path: str) -> OSError:

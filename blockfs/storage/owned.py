@@ -160,3 +160,23 @@ def read_file_at(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_regular_at(dir_fd: int, name: str) -> bytes | None:
+    """All of the regular file ``name`` in ``dir_fd``, or None when there is none (or it is a link, a FIFO,
+    a device, or unreadable): for files kept to be reused only if they prove right."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        pieces = []
+        while chunk := os.read(fd, 16 << 20):
+            pieces.append(chunk)
+        return b"".join(pieces)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

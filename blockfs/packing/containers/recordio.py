@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ...errors import SourceError
+from ...core.digest import digest, file_digest
+from ...core.format import METADATA_NAME
+from ...errors import FormatError, SourceError
 from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
@@ -226,6 +228,8 @@ class RecordIOSource(ListedOnce):
                     os.fsync(f.fileno())
             os.replace(tmp, os.path.join(dest, LABELS_FILE))
             meta["labels_file"] = LABELS_FILE
+            # A link of the chain that names the dataset (blockfs.json holds this): the labels are its data too.
+            meta["labels_blake3"] = file_digest(os.path.join(dest, LABELS_FILE)).hex()
         return meta
 
     def close(self) -> None:
@@ -340,8 +344,15 @@ def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
         raise SourceError(f"{ds.root!r} was not packed from a RecordIO file")
     full: dict[str, list[float]] = {}
     if "labels_file" in source:
-        with open(os.path.join(ds.root, source["labels_file"]), encoding="utf-8") as f:
-            full = json.load(f)["labels"]
+        path = os.path.join(ds.root, source["labels_file"])
+        with open(path, "rb") as f:
+            raw = f.read()
+        if ds.has_digests and digest(raw).hex() != source.get("labels_blake3"):
+            raise FormatError(
+                f"{path}: not the labels {METADATA_NAME} names (its BLAKE3 digest differs): restore the dataset "
+                "from a good copy or pack it again"
+            )
+        full = json.loads(raw)["labels"]
     out = {}
     for e in ds.file_ids:
         path = os.fsdecode(ds.path_of(int(e)))

@@ -20,7 +20,7 @@ from .dataset import PackedDataset
 from .index_format import write_arrays
 from .metadata import METADATA_VERSION, has_digests, metadata_bytes, read_metadata_bytes
 from ..errors import FormatError
-from ..storage.disk_tier import write_atomically
+from ..storage.owned import DIR_FLAGS, write_file_at
 from ..storage.location import is_remote
 
 BACKUP_NAME = fmt.INDEX_NAME + ".before-upgrade"
@@ -53,6 +53,15 @@ def upgrade(location: str | os.PathLike) -> tuple[str, bool]:
     write_atomically(os.path.join(root, fmt.METADATA_NAME), (new,))
     os.unlink(backup)
     return dg.name_of(new), True
+
+
+def write_atomically(path: str, pieces: tuple) -> None:
+    """Write ``path`` whole or not at all, through its directory's descriptor (never through a link)."""
+    fd = os.open(os.path.dirname(path) or ".", DIR_FLAGS)
+    try:
+        write_file_at(fd, os.path.basename(path), pieces, mode=0o644)
+    finally:
+        os.close(fd)
 
 
 def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

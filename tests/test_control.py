@@ -261,6 +261,7 @@ def _as_nobody(root: Path, rels: list[str]) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.fuse
 def test_under_allow_other_another_user_cannot_read_a_private_files_bytes_through_the_control_files(tmp_path):
     import os
 

@@ -47,16 +47,18 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 # --- libfuse ------------------------------------------------------------------------------------------
 @pytest.mark.fuse
-def test_a_bad_fuse_option_is_one_line_and_the_plan_is_printed_once(packed, tmp_path):
+@pytest.mark.parametrize("route, says", [("kernel", "mount option 'no_such_opt' is not one the kernel route takes"),
+                                         ("mfusepy", "libfuse does not know the option 'no_such_opt'")])
+def test_a_bad_fuse_option_is_one_line_and_the_plan_is_printed_once(packed, tmp_path, route, says):
     require(has_fuse(), "/dev/fuse")
     (tmp_path / "mnt").mkdir()
     command = [sys.executable, "-m", "blockfs", "mount", str(packed), str(tmp_path / "mnt"), "-o", "no_such_opt",
-               "--log", str(tmp_path / "log")]  # fmt: skip
+               "--log", str(tmp_path / "log"), "--fuse", route]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     try:
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1, done.stderr
-        assert "libfuse does not know the option 'no_such_opt'" in done.stderr and "remove it" in done.stderr
+        assert says in done.stderr and "remove it" in done.stderr
         assert done.stdout.count("memory budget:") == 1 and done.stdout.count("memory plan:") == 1, done.stdout
     finally:
         release(tmp_path / "mnt")

@@ -729,20 +729,18 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
         release(tmp_path / "mnt")
 
 
-def test_a_clean_background_mount_leaves_no_log_in_the_temp_directory(tiny, tmp_path, monkeypatch, capsys):
+def test_a_clean_background_mount_leaves_no_log_behind(tiny, tmp_path, monkeypatch, capsys):
     from blockfs.serve.process import default_log_path
 
-    import tempfile
-
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the default log's directory, this test's own
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # (this process has read TMPDIR already)
-    (tmp_path / "tmp").mkdir()
+    runtime = tmp_path / "runtime"  # where the default log goes (serve/process.log_directory), this test's own
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
         assert cli.main(["mount", str(tiny / "packed"), str(mnt), "--cache-size", "1MiB"]) == 0
         log = Path(default_log_path(mnt))
-        assert log.parent == tmp_path / "tmp" and log.exists() and str(log) in capsys.readouterr().out
+        assert log.parent == runtime / "blockfs" and log.exists() and str(log) in capsys.readouterr().out
         assert cli.main(["umount", str(mnt)]) == 0
         wait_until(lambda: not log.exists(), "the clean mount's log to be removed")
     finally:

@@ -22,6 +22,8 @@ from polling import wait_until
 FILES = 120
 
 
+pytestmark = pytest.mark.fuse  # every test here mounts
+
 @pytest.fixture(autouse=True)
 def _fuse():
     require(has_fuse(), "/dev/fuse")

@@ -93,8 +93,9 @@ class Session:
                 values[key] = value
             elif key not in IGNORED:
                 raise MountFailed(
-                    errno.EINVAL, f"mount option {item!r} is a libfuse option the kernel path does not take: "
-                    "drop it, or mount with --fuse mfusepy"
+                    errno.EINVAL, f"mount option {item!r} is not one the kernel route takes (allow_other, "
+                    "default_permissions, max_read=N, blksize=N): remove it from -o, or mount with --fuse mfusepy "
+                    "for libfuse's options"
                 )  # fmt: skip
         flags.add("default_permissions")
         self.mountpoint = mountpoint

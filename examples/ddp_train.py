@@ -71,6 +71,10 @@ def train_rank(rank: int, args: argparse.Namespace, init_file: str, out_dir: str
                   "final_params": params}  # fmt: skip
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        loader.close()
+        # Every rank reaches here before any tears the group down: a gloo peer torn down while another
+        # rank still talks to it can abort that rank (std::terminate in gloo's threads).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

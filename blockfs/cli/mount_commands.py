@@ -291,7 +291,9 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
         f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
-        + _shared_note(k.get("blocks_shared", 0)),
+        + _shared_note(k.get("blocks_shared", 0))
+        + ("; reads the kernel answers from pushed pages (below) reach no counter here"
+           if (s.get("page_cache") or {}).get("files_pushed") else ""),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "

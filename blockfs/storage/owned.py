@@ -85,6 +85,11 @@ def open_owned_dir(path: str | os.PathLike, what: str, fix: str, *, create: bool
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             check_owned(os.lstat(path), path, what, fix)  # says which
         raise
+    return _owned_or_closed(fd, path, what, fix)
+
+
+def _owned_or_closed(fd: int, path: str, what: str, fix: str) -> int:
+    """``fd`` if the directory it holds passes :func:`check_owned`; otherwise closed, and the refusal raised."""
     try:
         check_owned(os.fstat(fd), path, what, fix)
     except BaseException:
@@ -107,12 +112,7 @@ def open_owned_subdir(dir_fd: int, name: str, path: str, what: str, fix: str, *,
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             check_owned(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), path, what, fix)
         raise
-    try:
-        check_owned(os.fstat(fd), path, what, fix)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _owned_or_closed(fd, path, what, fix)
 
 
 def write_file_at(dir_fd: int, name: str, pieces: tuple, *, mode: int = 0o600, sync: bool = True) -> None:

@@ -146,7 +146,9 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     command = [sys.executable, str(TOOLS / "bench_storage.py"), "--storages", "local", "--datasets", "tiny",
                "--tiny-files", "400", "--no-peers", "--seconds", "5", "--work", str(tmp_path / "work"),
                "--json", str(out)]  # fmt: skip
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=240)
+    done = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
     systems = {(r["system"], r["readers"], r["epoch"]) for r in rows}
@@ -165,6 +167,6 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     assert by[("raw", 4, "1")]["storage_requests"] >= 400
     with open("/proc/self/mounts") as f:
         assert str(tmp_path) not in f.read()
-    assert not any(p.name.startswith("bfs-") for p in storage_emulation.BLKIO.iterdir())
+    assert not any(p.name.startswith(f"bfs-{proc.pid}-") for p in storage_emulation.BLKIO.iterdir())
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], check=False, capture_output=True, text=True)
     assert left.stdout == "", left.stdout

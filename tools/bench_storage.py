@@ -328,7 +328,9 @@ def mount_passes(results: list, storage: str, ds: dict, system: str, command: li
 def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse.Namespace) -> None:
     iops, bps = DISKS[storage]
     fmt, mnt = ds["formats"], work / "mnt"
-    with ThrottledDisk(f"bfs-{storage}", str(ds["tree"]), read_iops=iops, read_bps=bps) as disk:
+    # The cgroup's name carries this run's pid: two runs at once (a benchmark beside the suite's test of it)
+    # must not share, or remove, each other's group.
+    with ThrottledDisk(f"bfs-{os.getpid()}-{storage}", str(ds["tree"]), read_iops=iops, read_bps=bps) as disk:
         counters, enter = disk.counters, disk.enter
 
         def on(system: str, command: list[str], evicted: Path, **kw) -> None:

@@ -21,8 +21,8 @@ from polling import wait_until
 
 FILES = 120
 
-
 pytestmark = pytest.mark.fuse  # every test here mounts
+
 
 @pytest.fixture(autouse=True)
 def _fuse():

@@ -1,4 +1,4 @@
-"""``MountOptions``: how to serve a packed dataset — the one place a mount option is defined.
+"""``MountOptions``: how to serve a packed dataset (the command line's parser still declares each flag).
 
 Binding-free, so the command line, the assembly (:mod:`blockfs.serve.server`) and both FUSE adapters import
 it without importing a FUSE binding (or each other).

@@ -17,7 +17,7 @@ from hypothesis import settings
 REQUIRE_ALL = os.environ.get("BLOCKFS_REQUIRE_ALL") == "1"
 
 # No deadline anywhere: how long an example takes on a shared machine is a wall-clock assertion, and
-# speed is measured in tools/.  CI runs the property tests on a fixed set of examples, so its verdict is
+# speed is measured in tools/bench/.  CI runs the property tests on a fixed set of examples, so its verdict is
 # the code's and not the draw's; local runs keep exploring new examples (and remember failures in
 # .hypothesis/).  Both profiles say derandomize outright: Hypothesis derandomizes by itself when it sees
 # a CI variable (CI=true), and a profile that inherited that would make the two modes the same.

@@ -1,4 +1,4 @@
-"""tools/bench_remote.py runs end to end on a tiny tree: every scenario in its JSON, the remount served from
+"""tools/bench/bench_remote.py runs end to end on a tiny tree: every scenario in its JSON, the remount served from
 the disk tier with no block byte from the remote, and nothing left behind (no mount, no server)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import has_fuse, require
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_remote.py"
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench" / "bench_remote.py"
 
 
 @pytest.mark.fuse

@@ -1,5 +1,5 @@
 """The storage benchmark's parts: the delay proxy relays every byte late and counts what crossed it, the reader
-splits a list as DataLoader workers do, and tools/bench_storage.py runs end to end on the local disk through
+splits a list as DataLoader workers do, and tools/bench/bench_storage.py runs end to end on the local disk through
 its blkio cgroup, leaving no mount, cgroup or process behind."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 from conftest import has_fuse, require
 from polling import wait_until
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-sys.path.insert(0, str(TOOLS))
+BENCH = Path(__file__).resolve().parent.parent / "tools" / "bench"
+sys.path.insert(0, str(BENCH))
 
-import storage_emulation  # noqa: E402
+from helpers import HELPERS, storage_emulation  # noqa: E402
 
 
 def _free_port() -> int:
@@ -64,7 +64,7 @@ def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests
     payload = os.urandom(300_000)
     (root / "object.bin").write_bytes(payload)
     port, stats = _free_port(), tmp_path / "stats.json"
-    proxy = subprocess.Popen([sys.executable, str(TOOLS / "delay_proxy.py"), f"127.0.0.1:{port}",
+    proxy = subprocess.Popen([sys.executable, str(HELPERS / "delay_proxy.py"), f"127.0.0.1:{port}",
                               f"127.0.0.1:{target}", "--rtt-ms", "40", "--stats", str(stats)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -95,7 +95,7 @@ def test_the_reader_splits_the_list_among_threads_and_counts_every_file_and_erro
         names.append(f"f{i}")
     order = tmp_path / "order"
     order.write_text("\n".join([*names, "missing"]) + "\n")
-    done = subprocess.run([sys.executable, str(TOOLS / "storage_reader.py"), str(tree), str(order), "--threads", "4"],
+    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(tree), str(order), "--threads", "4"],
                           check=True, capture_output=True, text=True)  # fmt: skip
     out = json.loads(done.stdout)
     assert out["files"] == 50 and out["bytes"] == sum(range(50)) and out["errors"] == 1
@@ -143,7 +143,7 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     require(has_fuse(), "/dev/fuse")
     require(_blkio(), "root and a cgroup v1 blkio controller")
     out = tmp_path / "bench.json"
-    command = [sys.executable, str(TOOLS / "bench_storage.py"), "--storages", "local", "--datasets", "tiny",
+    command = [sys.executable, str(BENCH / "bench_storage.py"), "--storages", "local", "--datasets", "tiny",
                "--tiny-files", "400", "--no-peers", "--seconds", "5", "--work", str(tmp_path / "work"),
                "--json", str(out)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,6 +1,6 @@
 """The loader's default order mixes classes in its batches as well as a global shuffle, on a class-sorted tree.
 
-The property that keeps accuracy (tools/bench_fidelity.py trains on it): an ImageFolder tree is sorted by
+The property that keeps accuracy (tools/bench/bench_fidelity.py trains on it): an ImageFolder tree is sorted by
 class, and a block-shuffled epoch over blocks cut in that order feeds batches of a few classes. A default
 (shuffled) pack plus the loader's default order must give batches whose mean class entropy is at least
 0.95x a global shuffle's; a ``--order directory`` pack must fail that same check, so the check can fail.

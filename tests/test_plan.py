@@ -223,7 +223,7 @@ def test_default_plan_meets_the_target_at_twice_the_budget():
 
 
 def test_a_million_files_are_planned_within_the_budget():
-    # How fast: tools/bench_plan.py (a ratio to one argsort of the sizes).
+    # How fast: tools/bench/bench_plan.py (a ratio to one argsort of the sizes).
     sizes = np.random.default_rng(3).lognormal(np.log(100_000), 1.5, 1_000_000).astype(np.int64)
     budget = int(sizes.sum()) // 3
     for strategy in ("most-files", "threshold"):

@@ -182,7 +182,7 @@ def test_open_mode_targets_keeps_kernel_pages_of_retained_files_only(packed, tmp
 
 
 def test_plan_selection_for_a_million_files_keeps_the_smallest_within_the_budget():
-    # How fast this is: tools/bench_plan.py.
+    # How fast this is: tools/bench/bench_plan.py.
     from blockfs.serve.plan import make_memory_plan
 
     sizes = np.random.default_rng(0).lognormal(11, 1, 1_000_000).astype(np.int64)

@@ -1,6 +1,6 @@
 """Benchmark ``blockfs mount``: throughput against the raw directory and ratarmount, and cache hit rates.
 
-    python tools/bench_mount.py [--out results/bench_mount] [--imagenet-files 2000] [--tiny-files 20000]
+    python tools/bench/bench_mount.py [--out results/bench_mount] [--imagenet-files 2000] [--tiny-files 20000]
                                 [--repeats 2] [--no-ratarmount] [--no-variants] [--work DIR]
 
 Everything runs in one go on the same generated trees (tools/make_dataset.py): ImageNet-like files (~110 KiB)
@@ -11,8 +11,9 @@ file (what PIL and numpy do), a new order every epoch, over:
 * the mount: epoch 1 cold (blocks read from disk), epoch 2 warm (the kernel page cache serves it), then
   with the page cache dropped (every read served from blockfs memory) and with every kernel cache dropped
   (lookups too go through Python);
-* tools/null_fs.py, a FUSE server on the same route (``BLOCKFS_FUSE``, default kernel) that does no work per read, read the
-  same ways as the mount's memory: the ceiling the FUSE round trips leave on this machine;
+* tools/bench/helpers/null_fs.py, a FUSE server on the same route (``BLOCKFS_FUSE``, default kernel) that
+  does no work per read, read the same ways as the mount's memory: the ceiling the FUSE round trips leave on
+  this machine;
 * ratarmount on a tar of the same tree (when it is installed), cold and warm;
 * mount-option variants on the tiny tree (open ENOSYS / keep_cache / none, thread pool or single thread,
   fusepy on libfuse 2), which the defaults in blockfs/fs.py were chosen from.
@@ -41,19 +42,17 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from benchutil import drop_caches  # noqa: E402
+from helpers import HELPERS
+from helpers.benchutil import drop_caches
 
-import make_dataset as md  # noqa: E402
+import make_dataset as md
 
-import blockfs  # noqa: E402
-from blockfs.client import read_stats  # noqa: E402
-from blockfs.serve.process import start_background, unmount  # noqa: E402
-from blockfs.packing.packer import plan_blocks  # noqa: E402
-from blockfs.serve.plan import parse_size  # noqa: E402
-from blockfs.serve.policies import make_policy  # noqa: E402
+import blockfs
+from blockfs.client import read_stats
+from blockfs.serve.process import start_background, unmount
+from blockfs.packing.packer import plan_blocks
+from blockfs.serve.plan import parse_size
+from blockfs.serve.policies import make_policy
 
 RATIOS = (0.25, 0.5, 0.75)
 POLICIES = ("cache-once", "lru", "fifo")
@@ -199,7 +198,7 @@ def bench_blockfs(tree: dict, work: Path, repeats: int) -> dict:
 
 
 def bench_null(tree: dict, work: Path, repeats: int) -> dict:
-    """The same reads from tools/null_fs.py, a FUSE server that does no work: what the round trips cost."""
+    """The same reads from tools/bench/helpers/null_fs.py, a FUSE server that does no work: what the round trips cost."""
     from blockfs.serve.process import wait_until_mounted
 
     keys = ("memory", "memory_no_kernel_cache", "memory_4_threads")
@@ -208,7 +207,7 @@ def bench_null(tree: dict, work: Path, repeats: int) -> dict:
     mnt.mkdir(parents=True, exist_ok=True)
     with open(work / "nullmnt.log", "ab") as log:
         route = os.environ.get("BLOCKFS_FUSE") or "kernel"  # the route the mount rows are served by
-        proc = subprocess.Popen([sys.executable, str(HERE / "null_fs.py"), str(tree["src"]), str(mnt), "--fuse", route],
+        proc = subprocess.Popen([sys.executable, str(HELPERS / "null_fs.py"), str(tree["src"]), str(mnt), "--fuse", route],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_until_mounted(mnt, proc, 60, str(work / "nullmnt.log"))
@@ -343,7 +342,7 @@ def measured_cache_once(tree: dict, work: Path) -> dict:
     """Cache-once through the mount (page-cache reuse off, so every read reaches blockfs), per epoch.
 
     Blocks only (``--no-retain``): with retention, the memory plan would spend these budgets on the tiny
-    tree's smallest files instead (tools/bench_memory.py measures that)."""
+    tree's smallest files instead (tools/bench/bench_memory.py measures that)."""
     packed = work / "tiny-1m.blockfs"
     blockfs.pack(tree["src"], packed, block_size=1 << 20, force=True, fsync=False)
     total = tree["bytes"]

@@ -31,9 +31,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import drop_caches, evict_file  # noqa: E402
-from make_dataset import make_dataset  # noqa: E402
+from helpers.benchutil import drop_caches, evict_file
+
+from make_dataset import make_dataset
 
 TAR_FLAG = {"none": "", "gz": "z", "bz2": "j", "xz": "J"}
 

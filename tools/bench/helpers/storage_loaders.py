@@ -1,6 +1,6 @@
-"""One epoch of a data loader over one storage, timed: the loaders ``tools/bench_storage.py`` compares.
+"""One epoch of a data loader over one storage, timed: the loaders ``tools/bench/bench_storage.py`` compares.
 
-    python tools/storage_loaders.py KIND [options]      # prints one JSON line: files, bytes, seconds
+    python tools/bench/helpers/storage_loaders.py KIND [options]      # prints one JSON line: files, bytes, seconds
 
 Kinds (each with ``--workers`` DataLoader workers, batches of 32, bytes only, no decoding):
 

@@ -6,7 +6,7 @@ cost floor of choosing by size), so the figure means the same on a fast or a slo
 Python loop would show as a ratio in the hundreds.  Moved here from the test suite, which checks what
 the plan chooses, not how fast.
 
-    python tools/bench_plan.py [--files 1000000 4000000] [--repeat 5] [--out results/bench_plan.json]
+    python tools/bench/bench_plan.py [--files 1000000 4000000] [--repeat 5] [--out results/bench_plan.json]
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from blockfs.serve.plan import STRATEGIES, make_memory_plan  # noqa: E402
+import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
+
+from blockfs.serve.plan import STRATEGIES, make_memory_plan
 
 
 def median_seconds(run, repeat: int) -> float:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks in tools/."""
+"""Helpers shared by the benchmarks in tools/bench/: dropping caches, a memory cgroup, child servers on a port."""
 
 from __future__ import annotations
 

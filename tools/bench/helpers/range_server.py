@@ -1,10 +1,10 @@
 """A static HTTP server for benchmarks on loopback: byte ranges sent with ``sendfile``, no log.
 
-    python tools/range_server.py ROOT PORT
+    python tools/bench/helpers/range_server.py ROOT PORT
 
 Serves the files under ROOT (GET and HEAD, one ``bytes=START-END`` range or the whole file) until killed.
 A ranged GET costs it in proportion to the range, not to the object — unlike moto, which reads an object's
-whole value for every GET — so ``tools/bench_remote.py --parts`` uses it to show what part size and
+whole value for every GET — so ``tools/bench/bench_remote.py --parts`` uses it to show what part size and
 concurrency cost the client where the server's cost per GET is the range's.
 """
 

@@ -1,6 +1,6 @@
 """Measure the hashes blockfs could verify blocks with, per core, side by side in one run.
 
-    python tools/bench_hash.py [--sizes 4K,110K,1M,64M] [--repeats 7] [--json results/bench_hash.json]
+    python tools/bench/bench_hash.py [--sizes 4K,110K,1M,64M] [--repeats 7] [--json results/bench_hash.json]
 
 Candidates: zlib-ng's CRC-32 (what blocks are checked with against accidents), hashlib's SHA-256 and
 BLAKE2b, and BLAKE3 (the ``blake3`` package) on one thread and, for comparison, with its own thread pool

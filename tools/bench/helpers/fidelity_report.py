@@ -1,4 +1,4 @@
-"""The reports of tools/bench_fidelity.py: summaries over seeds, the verdict, tables, the accuracy plot, and
+"""The reports of tools/bench/bench_fidelity.py: summaries over seeds, the verdict, tables, the accuracy plot, and
 the interleave sweep (batch class entropy of the loader's epoch plans, no training)."""
 
 from __future__ import annotations

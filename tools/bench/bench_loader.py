@@ -1,6 +1,6 @@
 """Benchmark the companion loader against the loaders people use today, on one generated dataset.
 
-    python tools/bench_loader.py WORKDIR [--mode imagenet] [--files 20000] [--classes 100] [--seed 0]
+    python tools/bench/bench_loader.py WORKDIR [--mode imagenet] [--files 20000] [--classes 100] [--seed 0]
         [--batch-size 256] [--workers 2] [--epochs 2] [--shard-files 500] [--cache-size auto]
         [--systems blockfs,blockfs-no-share,dataloader-raw,dataloader-mount,webdataset]
         [--out FILE.json] [--plot FILE.png]
@@ -43,11 +43,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+from helpers.benchutil import drop_caches
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import drop_caches  # noqa: E402
-
-import make_dataset as md  # noqa: E402
+import make_dataset as md
 
 SYSTEMS = ("blockfs", "blockfs-no-share", "dataloader-raw", "dataloader-mount", "webdataset")
 

@@ -1,6 +1,6 @@
 """Read a list of files as a training job would, and say how fast: the reader every system is measured with.
 
-    python tools/storage_reader.py ROOT LIST --threads 4 [--seconds 30]
+    python tools/bench/helpers/storage_reader.py ROOT LIST --threads 4 [--seconds 30]
 
 ``LIST`` holds one path per line, relative to ``ROOT``, already in the order to read (shuffled by the
 caller).  ``--list`` first lists every directory under ``ROOT`` (``os.walk``, as ``ImageFolder`` does before its

@@ -1,15 +1,15 @@
-"""Which FUSE route can a Python server take?  The no-work servers of tools/null_fs.py, side by side.
+"""Which FUSE route can a Python server take?  The no-work servers of tools/bench/helpers/null_fs.py, side by side.
 
-    python tools/bench_fuse_routes.py [--files 20000] [--size 4096] [--routes kernel,mfusepy,pyfuse3]
-                                      [--pyfuse3-python PATH] [--repeats 3] [--json OUT]
+    python tools/bench/bench_fuse_routes.py [--files 20000] [--size 4096] [--routes kernel,mfusepy,pyfuse3]
+                                            [--pyfuse3-python PATH] [--repeats 3] [--json OUT]
 
 Routes: ``kernel`` (blockfs.serve.session), ``lowlevel`` (libfuse 3's low-level API through ctypes),
 ``mfusepy`` (libfuse 3's high-level API: today's adapter), ``pyfuse3``; ``ROUTE:N`` runs it with N server
 threads (``kernel:1``, ``lowlevel:1`` for libfuse's single-threaded loop).
 
-For each route, a fresh mount of ``tools/null_fs.py`` over one generated tree, read as an ImageFolder-style
+For each route, a fresh mount of :mod:`helpers.null_fs` over one generated tree, read as an ImageFolder-style
 script reads it: list every directory (``os.scandir``, what ``os.walk`` and ``ImageFolder`` do), then
-open/read/close every file in a random order with 1 or 4 reader threads (``tools/storage_reader.py``), then
+open/read/close every file in a random order with 1 or 4 reader threads (:mod:`helpers.storage_reader`), then
 the same order again (epoch 2, which the kernel may answer from its caches).  Reported per pass: files/s,
 and the server's CPU seconds per 1,000 files (``/proc/PID/stat``: what a request costs the server).  Each
 figure is the median of ``--repeats`` fresh mounts; the table also gives each route's ratio to mfusepy's
@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from helpers import HELPERS
+
 ROUTES = ("kernel", "lowlevel", "mfusepy", "pyfuse3")
 
 
@@ -83,7 +84,7 @@ def listing(root: Path) -> float:
 
 
 def read_pass(root: Path, order_file: Path, threads: int) -> float:
-    done = subprocess.run([sys.executable, str(HERE / "storage_reader.py"), str(root), str(order_file),
+    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file),
                            "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if result["errors"]:
@@ -94,7 +95,7 @@ def read_pass(root: Path, order_file: Path, threads: int) -> float:
 def one_mount(route: str, python: str, src: Path, mnt: Path, order_file: Path, n: int, threads: int) -> dict:
     route, _, server_threads = route.partition(":")  # "lowlevel:1": that route with that many server threads
     extra = ["--threads", server_threads] if server_threads else []
-    proc = subprocess.Popen([python, str(HERE / "null_fs.py"), str(src), str(mnt), "--fuse", route, *extra],
+    proc = subprocess.Popen([python, str(HELPERS / "null_fs.py"), str(src), str(mnt), "--fuse", route, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         wait_mounted(mnt, proc)

@@ -1,11 +1,11 @@
 """A FUSE filesystem that does no work: the ceiling of a Python FUSE server on this machine, per route.
 
-    python tools/null_fs.py SRC MOUNTPOINT [--fuse kernel|mfusepy|pyfuse3] [--threads N]
+    python tools/bench/helpers/null_fs.py SRC MOUNTPOINT [--fuse kernel|mfusepy|pyfuse3] [--threads N]
 
 It shows SRC's tree (names, sizes, modes, taken once at start) and answers every read with zero bytes from
 one preallocated buffer: no index, no cache, no copy of file data in Python.  Whatever a reader gets from it
-per second is what the FUSE round trip and the route cost; ``tools/bench_mount.py`` and
-``tools/bench_fuse_routes.py`` read it side by side with the mount.  The routes:
+per second is what the FUSE round trip and the route cost; ``tools/bench/bench_mount.py``
+and ``tools/bench/bench_fuse_routes.py`` read it side by side with the mount.  The routes:
 
 * ``kernel`` — :mod:`blockfs.serve.session`, the kernel protocol spoken on ``/dev/fuse`` directly, with what
   ``blockfs mount`` asks of it: READDIRPLUS listings with attributes, no OPEN/OPENDIR round trips;
@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The checkout, for blockfs: a child script, started by path, perhaps by another venv's interpreter
+# (bench_fuse_routes.py --pyfuse3-python), so the helpers package's path set-up does not reach it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 ZEROS = bytes(1 << 20)
 

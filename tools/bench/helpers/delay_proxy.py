@@ -1,6 +1,6 @@
 """A TCP relay that delays each direction by half a round trip: a distant server on loopback.
 
-    python tools/delay_proxy.py LISTEN_HOST:PORT TARGET_HOST:PORT --rtt-ms 10 [--stats FILE]
+    python tools/bench/helpers/delay_proxy.py LISTEN_HOST:PORT TARGET_HOST:PORT --rtt-ms 10 [--stats FILE]
 
 Each chunk read from one side is sent to the other ``rtt/2`` after it arrived, by a sender thread per
 direction, so a connection carries many chunks in flight, as a long link does, and a request's answer

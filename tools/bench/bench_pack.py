@@ -8,8 +8,8 @@ tar + sync, pack --no-fsync vs tar).  Nothing is dirty when a run starts (``sync
 process to measure open time (reading the index, its CRC against blockfs.json and every check at open),
 resident memory added, and ``PackedDataset.stat`` lookups per second (targets: open <= 0.5 s, >= 100k lookups/s).
 
-    python tools/bench_pack.py --files 3000 --tiny-files 20000 --repeat 3 --out results/bench_pack.json
-    python tools/bench_pack.py --only index --repeat 5   # the million-entry index alone
+    python tools/bench/bench_pack.py --files 3000 --tiny-files 20000 --repeat 3 --out results/bench_pack.json
+    python tools/bench/bench_pack.py --only index --repeat 5   # the million-entry index alone
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import drop_caches  # noqa: E402
-from make_dataset import make_dataset  # noqa: E402
+from helpers.benchutil import drop_caches
 
-import blockfs  # noqa: E402
-from blockfs.core.format import METADATA_NAME, FORMAT_VERSION, crc32  # noqa: E402
-from blockfs.core.index import KIND_DIR, KIND_FILE, IndexColumns, write_index  # noqa: E402
-from blockfs.core.verify import summary  # noqa: E402
+from make_dataset import make_dataset
+
+import blockfs
+from blockfs.core.format import METADATA_NAME, FORMAT_VERSION, crc32
+from blockfs.core.index import KIND_DIR, KIND_FILE, IndexColumns, write_index
+from blockfs.core.verify import summary
 
 
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Install what tools/bench_storage.py compares blockfs with, into the project's .venv (after tools/setup.sh):
+# Install what tools/bench/bench_storage.py compares blockfs with, into the project's .venv (after tools/setup.sh):
 # ratarmount, squashfuse_ll, s3fs-fuse, rclone, MosaicML Streaming, WebDataset, and hadro (the S3 server the
 # object-store runs read from).  Debian/Ubuntu, root (apt-get).  Safe to run again.
 #
-#   bash tools/setup.sh && bash tools/bench_storage_setup.sh && sudo .venv/bin/python tools/bench_storage.py
+#   bash tools/setup.sh && bash tools/bench/bench_storage_setup.sh && sudo .venv/bin/python tools/bench/bench_storage.py
 #
 # MosaicML Streaming is installed without its declared dependencies: it asks for torchvision, which has no
 # build for the CPU torch setup.sh installs, and pip would replace that torch with a CUDA one to get it.
 # Its other dependencies that an S3 run imports are installed by name.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VPY=$PWD/.venv/bin/python
 [ -x "$VPY" ] || { echo "bench_storage_setup: run tools/setup.sh first (no .venv)" >&2; exit 1; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -34,4 +34,4 @@ if ! have mosaicml-streaming; then
 fi
 "$VPY" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' ||
   { echo "bench_storage_setup: a CUDA torch got into .venv: run tools/setup.sh again" >&2; exit 1; }
-echo "bench_storage_setup: ready (sudo .venv/bin/python tools/bench_storage.py)"
+echo "bench_storage_setup: ready (sudo .venv/bin/python tools/bench/bench_storage.py)"

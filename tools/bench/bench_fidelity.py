@@ -1,6 +1,6 @@
 """Does a model trained through the blockfs loader reach the accuracy of one trained with a global shuffle?
 
-    python tools/bench_fidelity.py WORKDIR [--files 6000] [--test-files 2500] [--classes 50] [--image-size 16]
+    python tools/bench/bench_fidelity.py WORKDIR [--files 6000] [--test-files 2500] [--classes 50] [--image-size 16]
         [--files-per-block 60] [--epochs 5] [--batch-size 64] [--lr 0.05] [--seeds 0,1,2]
         [--configs global,blockfs,no-interleave,directory,reuse,importance] [--cache-size 256MiB]
         [--out FILE.json] [--table FILE.md] [--plot FILE.png]
@@ -48,13 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from helpers import ROOT
+from helpers.fidelity_report import entropy_sweep, plot, summarise, sweep_table, table, verdict
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
-sys.path.insert(0, str(TOOLS.parent / "examples"))
-import make_dataset as md  # noqa: E402
-from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted  # noqa: E402
-from fidelity_report import entropy_sweep, plot, summarise, sweep_table, table, verdict  # noqa: E402
+import make_dataset as md
+from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted
+
+sys.path.insert(0, str(ROOT / "examples"))  # train_block_loader's model and decoder, imported where used
 
 
 @dataclass(frozen=True)

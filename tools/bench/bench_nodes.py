@@ -2,7 +2,7 @@
 """How many bytes N nodes fetch from one object store per epoch, with ``partition="node"`` against
 ``"global"``, and what the node split costs in batch mixing.
 
-One run, against moto's S3 server on loopback (a child process; ``tools/bench_remote.py``'s helpers):
+One run, against moto's S3 server on loopback (a child process; ``tools/bench/bench_remote.py``'s helpers):
 the dataset is packed straight to the store; for N = 1, 2, 4 simulated nodes, N mounts of it (each with
 the same memory budget, ``--open-mode none`` so every read reaches blockfs, ``--nodes N --node-rank k``)
 and one reader per node reading, each epoch, exactly the samples its rank gets from the loader's order
@@ -12,7 +12,7 @@ with ``"node"`` and ``D - B`` with ``"global"`` (each node reads ``D / N`` and k
 it reads).  Then the per-batch class entropy of both orders against a global shuffle's, from the orders
 alone.
 
-    python tools/bench_nodes.py [--files 3000] [--budget 0.3] [--epochs 3] [--json FILE]
+    python tools/bench/bench_nodes.py [--files 3000] [--budget 0.3] [--epochs 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_remote as br  # noqa: E402  (the loopback server and mount helpers)
+import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 
-import blockfs  # noqa: E402
-from blockfs.client import read_stats  # noqa: E402
-from blockfs.serve.plan import parse_size  # noqa: E402
-from blockfs.loader.order import BlockLayout, batch_class_entropy, block_shuffled_order, global_shuffled_order  # noqa: E402
+import bench_remote as br  # the loopback server and mount helpers
+import blockfs
+from blockfs.client import read_stats
+from blockfs.serve.plan import parse_size
+from blockfs.loader.order import BlockLayout, batch_class_entropy, block_shuffled_order, global_shuffled_order
 
 
 def rank_names(packed: Path, nodes: int, partition: str, seed: int, epoch: int) -> list[list[str]]:

@@ -1,6 +1,6 @@
 """Benchmark the memory plan (issue 4): datasets larger than the budget, read in a new random order per epoch.
 
-    python tools/bench_memory.py [--budget 64MiB] [--ratios 2 4] [--epochs 3] [--out results/bench_memory]
+    python tools/bench/bench_memory.py [--budget 64MiB] [--ratios 2 4] [--epochs 3] [--out results/bench_memory]
 
 ImageNet-like files (tools/make_dataset.py, mode imagenet) packed in 4 MiB blocks, at dataset = 2x and 4x
 the budget; each configuration is mounted with the same total budget and read ``--epochs`` times, one file
@@ -32,17 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from benchutil import MemoryCgroup, drop_caches  # noqa: E402
+from helpers.benchutil import MemoryCgroup, drop_caches
 
-import make_dataset as md  # noqa: E402
+import make_dataset as md
 
-import blockfs  # noqa: E402
-from blockfs.client import read_stats  # noqa: E402
-from blockfs.serve.process import unmount  # noqa: E402
-from blockfs.serve.plan import parse_size  # noqa: E402
+import blockfs
+from blockfs.client import read_stats
+from blockfs.serve.process import unmount
+from blockfs.serve.plan import parse_size
 
 CONFIGS = {
     "none": ["--policy", "none"],

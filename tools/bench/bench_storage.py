@@ -1,23 +1,23 @@
 """Benchmark blockfs against the tools users would pick instead, on slow and remote storage, in one run.
 
-    python tools/bench_storage.py --json results/bench_storage.json [--png results/bench_storage.png]
+    python tools/bench/bench_storage.py --json results/bench_storage.json [--png results/bench_storage.png]
         [--storages local,cloud-volume,hard-disk,object-2ms,object-10ms] [--datasets inet,tiny]
         [--files 6000] [--tiny-files 30000] [--seconds 20] [--work DIR]
 
-Root only: the storages are emulated (:mod:`storage_emulation`) and each is set up and torn down here.
+Root only: the storages are emulated (:mod:`helpers.storage_emulation`) and each is set up and torn down here.
 
 * **Disks** — the local disk as it is, a *cloud volume* (3,000 read IOPS, 125 MiB/s: AWS gp3's baseline) and a
   *hard disk* (150 IOPS, 150 MiB/s): a blkio cgroup throttles reads; every server and reader runs inside
   it; each system's files are evicted from the page cache before its first epoch.
 * **Object store** at 2 ms and 10 ms round trip behind a 1 Gbit/s link: hadro (a read-only S3 server over a
-  folder) inside a network namespace, behind :mod:`delay_proxy`, with ``tbf`` on the namespace's link.
+  folder) inside a network namespace, behind :mod:`helpers.delay_proxy`, with ``tbf`` on the namespace's link.
 
 Systems, where they apply: the raw directory (``open().read()`` per file) and a torch ``DataLoader`` over it;
-ratarmount over a tar; squashfuse_ll over a squashfs image; a no-work FUSE server (``tools/null_fs.py``, the
+ratarmount over a tar; squashfuse_ll over a squashfs image; a no-work FUSE server (:mod:`helpers.null_fs`, the
 ceiling of any Python FUSE server here); s3fs-fuse and rclone mounting the raw objects; per-file GETs in a
 ``DataLoader``; MosaicML Streaming (MDS shards) and WebDataset (tar shards over HTTP) from the store; the
 blockfs mount (epoch 1, epoch 2, a remount) and the blockfs loader.  Readers: one thread and four threads
-splitting the same shuffled list (:mod:`storage_reader`); loaders use four workers.  Slow systems are cut
+splitting the same shuffled list (:mod:`helpers.storage_reader`); loaders use four workers.  Slow systems are cut
 after ``--seconds`` and rated over what they read.
 
 Per system and epoch: files/s, MB/s, the bytes and requests that reached the storage (the cgroup's
@@ -44,14 +44,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
-sys.path.insert(0, str(TOOLS.parent))
+from helpers import HELPERS, TOOLS
+from helpers.benchutil import started_server, stop_process
+from helpers.storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
 
-from benchutil import started_server, stop_process  # noqa: E402
-from storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict  # noqa: E402
-
-from blockfs.serve.process import is_mounted, unmount, wait_until_mounted  # noqa: E402
+from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
 
 MiB = 1 << 20
 DISKS = {  # name: (read IOPS, read bytes/s); None: not throttled
@@ -102,7 +99,7 @@ def fuse_mount(command: list[str], mnt: Path, enter, env: dict | None = None, ti
 
 # --- datasets --------------------------------------------------------------------------------------------
 def available_peers(skip: bool) -> dict[str, bool]:
-    """Which peers this machine has (``bash tools/bench_storage_setup.sh`` installs them all)."""
+    """Which peers this machine has (``bash tools/bench/bench_storage_setup.sh`` installs them all)."""
     def module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
 
@@ -112,7 +109,7 @@ def available_peers(skip: bool) -> dict[str, bool]:
              "mosaic": module("streaming"), "webdataset": module("webdataset")}  # fmt: skip
     for name, present in found.items():
         if not present and not skip:
-            log(f"{name}: not installed, left out (bash tools/bench_storage_setup.sh installs it)")
+            log(f"{name}: not installed, left out (bash tools/bench/bench_storage_setup.sh installs it)")
     return {name: present and not skip for name, present in found.items()}
 
 
@@ -156,7 +153,7 @@ def make_dataset(work: Path, name: str, files: int, peers: dict[str, bool]) -> d
 
 def write_mds(tree: Path, names: list[str], out: Path, shard_bytes: int) -> None:
     """MosaicML Streaming's MDS shards of the same files, as big as the blocks."""
-    from storage_loaders import _import_streaming
+    from helpers.storage_loaders import _import_streaming
 
     streaming = _import_streaming()
     with streaming.MDSWriter(out=str(out), columns={"data": "bytes"}, size_limit=shard_bytes) as writer:
@@ -215,13 +212,13 @@ def _finish(proc: subprocess.Popen, what: str):
 
 
 def reader_command(root: Path, ds: dict, threads: int, seconds: float | None) -> list[str]:
-    cmd = [sys.executable, str(TOOLS / "storage_reader.py"), str(root), str(ds["order"]), "--threads", str(threads),
+    cmd = [sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(ds["order"]), "--threads", str(threads),
            "--list"]  # every system is listed first, as an ImageFolder script does  # fmt: skip
     return [*cmd, "--seconds", str(seconds)] if seconds else cmd
 
 
 def loader_command(args: list[str], seconds: float | None, epochs: int = 1) -> list[str]:
-    cmd = [sys.executable, str(TOOLS / "storage_loaders.py"), *args, "--epochs", str(epochs)]
+    cmd = [sys.executable, str(HELPERS / "storage_loaders.py"), *args, "--epochs", str(epochs)]
     return [*cmd, "--seconds", str(seconds)] if seconds else cmd
 
 
@@ -350,7 +347,7 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
                                                           enter, args.seconds)[0])  # fmt: skip
         record(results, storage, ds, "raw DataLoader", 4, "1", out)
         # A no-work FUSE server reads nothing from the disk: its rate is the FUSE ceiling in this run.
-        null = [sys.executable, str(TOOLS / "null_fs.py"), str(ds["tree"]), str(mnt)]
+        null = [sys.executable, str(HELPERS / "null_fs.py"), str(ds["tree"]), str(mnt)]
         on("null FUSE (ceiling)", [*null, "--fuse", "mfusepy"], ds["tree"])
         on("null FUSE, kernel route", [*null, "--fuse", "kernel"], ds["tree"])
 
@@ -379,12 +376,13 @@ def object_store(work: Path, rtt_ms: float, stats: Path) -> Iterator[tuple[str, 
     with NetworkLink(rate_mbit=LINK_MBIT) as link:
         hadro = [*link.command("hadro", str(work / "store"), "--host", "127.0.0.1", "--port", "9001",
                                "--log-level", "error")]  # fmt: skip
-        proxy = [*link.command(sys.executable, str(TOOLS / "delay_proxy.py"), f"{link.address}:9000",
+        proxy = [*link.command(sys.executable, str(HELPERS / "delay_proxy.py"), f"{link.address}:9000",
                                "127.0.0.1:9001", "--rtt-ms", str(rtt_ms), "--stats", str(stats))]  # fmt: skip
         with open(work / "hadro.log", "ab") as out:
             hadro_proc = subprocess.Popen(hadro, stdout=out, stderr=out)
         try:
-            with started_server("tools/delay_proxy.py", proxy, 9000, work / "proxy.log", host=link.address) as proxy_proc:
+            with started_server("tools/bench/helpers/delay_proxy.py", proxy, 9000, work / "proxy.log",
+                                host=link.address) as proxy_proc:
                 one_at_a_time = threading.Lock()  # two SIGUSR1 close together are delivered as one
 
                 def read() -> dict:
@@ -712,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     if any(s in OBJECT_STORES for s in storages) and not shutil.which("hadro"):
-        print("bench_storage: the object-store runs need hadro (bash tools/bench_storage_setup.sh)", file=sys.stderr)
+        print("bench_storage: the object-store runs need hadro (bash tools/bench/bench_storage_setup.sh)",
+              file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
     args.peers = available_peers(args.no_peers)

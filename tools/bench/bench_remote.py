@@ -1,6 +1,6 @@
 """Benchmark a remote dataset: blockfs's tiers against one GET per file, the S3 client libraries, and part sizes.
 
-    python tools/bench_remote.py [--work DIR] [--json FILE] [--files 2000] [--min-size 10KiB] [--max-size 100KiB]
+    python tools/bench/bench_remote.py [--work DIR] [--json FILE] [--files 2000] [--min-size 10KiB] [--max-size 100KiB]
         [--block-size 4MiB] [--order random|block] [--epochs 2] [--readers 1] [--seed 0]
         [--mount] [--clients] [--parts] [--quick] [--endpoint URL]
 
@@ -35,8 +35,8 @@ round-robin so that a busy machine slows them alike.
 
 ``--parts``: a whole 64 MiB object fetched with ``RemoteStore(url, {"part_size": P, "concurrency": C})
 .get_into(...)`` for P in 2/8/16 MiB and C in 1/4/16, median of 3 after one warm-up fetch, MB/s, over the
-S3 server and over tools/range_server.py (plain HTTP, ranges sent with ``sendfile``): the measurement the
-defaults in blockfs/storage/remote.py (8 MiB, 16) are chosen by.
+S3 server and over tools/bench/helpers/range_server.py (plain HTTP, ranges sent with ``sendfile``): the
+measurement the defaults in blockfs/storage/remote.py (8 MiB, 16) are chosen by.
 
 Caveats.  moto reads an object's whole value for every GET (then slices the range) under a per-object lock,
 so on moto a ranged GET costs in proportion to the object's size and parallel GETs of one object queue
@@ -71,13 +71,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import HELPERS
+from helpers.benchutil import child_server, free_port, stop_process
+
 import blockfs
 from blockfs.client import read_stats
 from blockfs.errors import MountError
 from blockfs.serve.plan import parse_size
 from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
-from benchutil import child_server, free_port, stop_process
 
 MiB = 1 << 20
 BUCKET = "blockfs-bench"
@@ -119,10 +120,10 @@ def moto_server(log: Path) -> contextlib.AbstractContextManager[str]:
 
 
 def range_server(root: Path, log: Path) -> contextlib.AbstractContextManager[str]:
-    """tools/range_server.py serving ``root``: ranged GETs at a cost in proportion to the range."""
+    """tools/bench/helpers/range_server.py serving ``root``: ranged GETs at a cost in proportion to the range."""
     port = free_port()
-    command = [sys.executable, str(Path(__file__).resolve().parent / "range_server.py"), str(root), str(port)]
-    return child_server("tools/range_server.py", command, port, log)
+    command = [sys.executable, str(HELPERS / "range_server.py"), str(root), str(port)]
+    return child_server("tools/bench/helpers/range_server.py", command, port, log)
 
 
 def s3_env(endpoint: str, given: bool) -> dict[str, str]:
@@ -397,7 +398,7 @@ def sweep_parts(url: str, size: int, expected: int, part_sizes: list[int], concu
 
 def bench_parts(bucket: str, prefix: str, work: Path, size: int, part_sizes: list[int], concurrencies: list[int],
                 repeats: int) -> dict:  # fmt: skip
-    """The sweep against the S3 server, then against tools/range_server.py serving the same object."""
+    """The sweep against the S3 server, then against tools/bench/helpers/range_server.py serving the same object."""
     data = np.random.default_rng(2).bytes(size)
     expected = zlib.crc32(data)
     boto3_client().put_object(Bucket=bucket, Key=f"{prefix}/object.bin", Body=data)
@@ -409,7 +410,7 @@ def bench_parts(bucket: str, prefix: str, work: Path, size: int, part_sizes: lis
     log("  over the S3 server")
     servers["s3"] = sweep_parts(f"s3://{bucket}/{prefix}", size, expected, part_sizes, concurrencies, repeats)
     with range_server(served, work / "range-server.log") as endpoint:
-        log("  over tools/range_server.py (HTTP, sendfile)")
+        log("  over tools/bench/helpers/range_server.py (HTTP, sendfile)")
         servers["http"] = sweep_parts(f"{endpoint}/parts", size, expected, part_sizes, concurrencies, repeats)
     return {"object_bytes": size, "repeats": repeats, "servers": servers}
 
@@ -476,7 +477,8 @@ def table(results: dict) -> str:
         lines.append("")
     parts = results.get("parts")
     if parts:
-        labels = {"s3": results["server"], "http": "tools/range_server.py (HTTP, sendfile: a GET costs its range)"}
+        labels = {"s3": results["server"],
+                  "http": "tools/bench/helpers/range_server.py (HTTP, sendfile: a GET costs its range)"}
         for server, rows in parts["servers"].items():
             concurrencies = sorted({row["concurrency"] for row in rows})
             lines.append(f"RemoteStore.get_into of a whole {parts['object_bytes'] / MiB:g} MiB object, MB/s "

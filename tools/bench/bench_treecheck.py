@@ -1,6 +1,6 @@
 """What the index's tree check (blockfs/core/treecheck.py) adds to opening a million-entry index.
 
-Builds the synthetic 1,001,001-entry index of ``tools/bench_pack.py`` (reused if ``--dest`` already holds
+Builds the synthetic 1,001,001-entry index of ``tools/bench/bench_pack.py`` (reused if ``--dest`` already holds
 one), then opens it ``--repeat`` times with the check and as many times with it switched off, alternating,
 and prints the minimum and median of each, in wall-clock and in CPU seconds of this process (minimum,
 and CPU time: the least disturbed by other work on a shared machine).
@@ -16,13 +16,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 
-from bench_pack import synthetic_million  # noqa: E402
+from bench_pack import synthetic_million
 
-import blockfs.core.index as index_module  # noqa: E402
-from blockfs.core.treecheck import check_tree  # noqa: E402
+import blockfs.core.index as index_module
+from blockfs.core.treecheck import check_tree
 
 
 def time_open(path: str, checked: bool) -> tuple[float, float]:

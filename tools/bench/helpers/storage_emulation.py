@@ -1,4 +1,4 @@
-"""Slow storage on a fast machine, for ``tools/bench_storage.py``: a throttled disk and a distant object store.
+"""Slow storage on a fast machine, for ``tools/bench/bench_storage.py``: a throttled disk and a distant object store.
 
 The kernel here has no ``netem`` and no device-mapper, so the two storages are built from what it has:
 

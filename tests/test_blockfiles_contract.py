@@ -26,11 +26,11 @@ import pytest
 import blockfs
 from blockfs.core import format as fmt
 from blockfs.storage.blockfiles import BlockFiles, LocalBlockFiles
+from blockfs.storage.remote_blocks import HEAD_BYTES as HEAD  # reads below it come from a block's kept head
 from conftest import require
 from s3server import ACCESS_KEY, REGION, SECRET
 
 MiB = 1 << 20
-HEAD = 64 << 10  # remote_blocks.HEAD_BYTES: reads below it come from a block's kept head
 PART = 300_000  # the remote's part size: a read_into bigger than it is several parallel GETs
 PLAIN = ["local", "s3", "http"]
 TIERED = ["tiered-cold", "tiered-warm"]
@@ -79,10 +79,6 @@ class Impl:
     replace: Callable[[int, bytes], None]  # put other bytes where block b lives (a new file or object)
     remove: Callable[[int], None]  # delete block b where it lives (a tier's copy is left alone)
     sizes_from_index: bool  # size() is the index's (remote): it sends no request, even for a missing block
-
-    @property
-    def remote(self) -> bool:
-        return self.kind != "local"
 
     @property
     def tiered(self) -> bool:

@@ -30,7 +30,13 @@ def raise_open_file_limit() -> None:
 
 
 class BlockFiles:
-    """Reads of block files by number.  ``names[b]`` says where block ``b`` lives (for messages)."""
+    """Reads of block files by number.  ``names[b]`` says where block ``b`` lives (for messages).
+
+    The contract every implementation keeps (``tests/test_blockfiles_contract.py`` runs it on each): a
+    block number outside ``0 .. len(names) - 1`` is an ``IndexError`` (a caller's mistake, never a read of
+    another block), a negative offset or size an ``OSError`` (EINVAL), and a read past the end an
+    ``OSError`` (EIO) that leaves every kept copy and head as it was.
+    """
 
     names: list[str]
     keeps_copies = False  # a tier that keeps copies of verified blocks (the disk tier)
@@ -80,7 +86,16 @@ class BlockFiles:
         return {}
 
     def close(self) -> None:
-        pass
+        """Release descriptors and threads; idempotent.  A later read opens what it needs again (a read
+        still in flight at teardown must not fail), so close once more after it."""
+
+    def _check(self, block: int, offset: int = 0, size: int = 0) -> None:
+        """Refuse what no block file holds: a list would read block -1 as the last one, and ``preadv``
+        reads offset -1 as the file's current position."""
+        if not 0 <= block < len(self.names):
+            raise IndexError(f"block {block}: not a block of this dataset (0 to {len(self.names) - 1})")
+        if offset < 0 or size < 0:
+            raise OSError(errno.EINVAL, f"cannot read {size} bytes at offset {offset}: both must be >= 0")
 
 
 class _Descriptor:
@@ -179,6 +194,7 @@ class LocalBlockFiles(BlockFiles):
             raise _phrased("cannot open", e) from e
 
     def size(self, block: int) -> int:
+        self._check(block)
         d = self._acquire(block)
         try:
             return os.fstat(d.fd).st_size
@@ -188,6 +204,7 @@ class LocalBlockFiles(BlockFiles):
             self._fds.release(d)
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
+        self._check(block, offset, size)
         d = self._acquire(block)
         try:
             data = os.pread(d.fd, size, offset)
@@ -204,6 +221,7 @@ class LocalBlockFiles(BlockFiles):
         return bytes(whole)
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        self._check(block, offset)
         d = self._acquire(block)
         try:
             done, size = 0, len(view)
@@ -231,6 +249,7 @@ class LocalBlockFiles(BlockFiles):
         self._fds.discard(block)
 
     def version(self, block: int):
+        self._check(block)
         try:
             st = os.stat(self.names[block])  # the path, not the descriptor: a rename puts a new file there
         except OSError:

@@ -103,6 +103,7 @@ class RemoteCounters:
 
 
 _STATUS = re.compile(r"status(?: code)?:? (\d{3})")
+_PAST_THE_END = re.compile(r"InvalidRangeRequest|Wanted range starting at")
 
 
 def _retriable(e: Exception) -> bool:
@@ -113,6 +114,8 @@ def _retriable(e: Exception) -> bool:
         return True
     if not isinstance(e, GenericError):
         return False
+    if _PAST_THE_END.search(str(e)):
+        return False  # the client's own check of a range against the object's size: no status, not transient
     m = _STATUS.search(str(e))
     if m is None:
         return True  # no HTTP status: the connection failed or timed out

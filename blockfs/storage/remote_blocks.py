@@ -30,6 +30,7 @@ class RemoteBlockFiles(BlockFiles):
         self._heads_lock = threading.Lock()
 
     def size(self, block: int) -> int:
+        self._check(block)
         return self._sizes[block]
 
     def _get(self, block: int, start: int, length: int) -> memoryview:
@@ -57,11 +58,13 @@ class RemoteBlockFiles(BlockFiles):
         return head
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
+        self._check(block, offset, size)
         if offset + size <= min(HEAD_BYTES, self._sizes[block]):
             return bytes(self._head(block)[offset : offset + size])
         return bytes(self._get(block, offset, size))
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
+        self._check(block, offset)
         try:
             self.remote.get_into(self._objects[block], offset, view)
         except RemoteError as e:
@@ -73,6 +76,7 @@ class RemoteBlockFiles(BlockFiles):
 
     def version(self, block: int):
         """The object's ETag and size (one HEAD); None when the store does not answer."""
+        self._check(block)
         try:
             return self.remote.version(self._objects[block])
         except RemoteError:

@@ -41,10 +41,12 @@ class TieredBlockFiles(BlockFiles):
     def size(self, block: int) -> int:
         return self.remote.size(block)
 
-    def _on_disk(self, block: int, read):
+    def _on_disk(self, block: int, size: int, offset: int, read):
         """``read(files)`` from the disk copy if there is one and it reads; else None.  A copy that cannot
-        be read (deleted under us, an I/O error) is forgotten: the remote still has the block."""
-        if not self.tier.has(block):
+        be read (deleted under us, an I/O error) is forgotten: the remote still has the block.  A range past
+        the block's end is left to the remote to refuse (EIO): the copy is not to blame for it."""
+        self._check(block, offset, size)
+        if not self.tier.has(block) or offset + size > self.remote.size(block):
             return None
         try:
             return read(self._local)
@@ -56,7 +58,7 @@ class TieredBlockFiles(BlockFiles):
             return None
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
-        data = self._on_disk(block, lambda files: files.pread(block, size, offset))
+        data = self._on_disk(block, size, offset, lambda files: files.pread(block, size, offset))
         if data is not None:
             self._count("disk", size)
             return data
@@ -65,7 +67,7 @@ class TieredBlockFiles(BlockFiles):
         return data
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
-        if self._on_disk(block, lambda files: files.read_into(block, view, offset) or True):
+        if self._on_disk(block, len(view), offset, lambda files: files.read_into(block, view, offset) or True):
             self._count("disk", len(view))
             return
         self.remote.read_into(block, view, offset)

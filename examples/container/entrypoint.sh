@@ -12,8 +12,8 @@ shift
 mnt=${BLOCKFS_MOUNT:-/mnt/dataset}
 mkdir -p "$mnt"
 # shellcheck disable=SC2086  # the options are words
-blockfs mount "$dataset" "$mnt" ${BLOCKFS_MOUNT_OPTIONS:-}
+blockfs mount "$dataset" "$mnt" ${BLOCKFS_MOUNT_OPTIONS:-} >&2   # its messages on stderr: stdout is the command's
 status=0
 "$@" || status=$?
-blockfs umount "$mnt"
+blockfs umount "$mnt" >&2
 exit "$status"

@@ -82,7 +82,10 @@ def _check(field: dataclasses.Field, got: MountOptions, expected: object) -> Non
 def test_every_field_declares_its_command_line():
     undeclared = [f.name for f in FIELDS if not isinstance(f.metadata.get(CLI), (Flag, FromFlags, NoFlag))]
     assert not undeclared, f"MountOptions fields without a Flag, FromFlags or NoFlag: {undeclared}"
+    worked_out = [f.metadata[CLI] for f in FIELDS if isinstance(f.metadata.get(CLI), FromFlags)]
     assert sorted(WORKED_OUT) == sorted(f.name for f in FIELDS if isinstance(f.metadata.get(CLI), FromFlags))
+    mount = build_parser()._subparsers._group_actions[0].choices["mount"]  # argparse keeps them there
+    assert {flag for cli in worked_out for flag in cli.flags} <= set(mount._option_string_actions)
 
 
 @pytest.mark.parametrize("field", REACHABLE, ids=lambda f: f.name)

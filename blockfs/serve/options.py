@@ -25,8 +25,8 @@ OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
 # "auto": the kernel protocol where this machine allows it (Linux, /dev/fuse, FUSE 7.31+), else mfusepy
 FUSE_ROUTES = ("auto", "kernel", "mfusepy", "fusepy")
 
-# Where the command line lists a flag: the cli lays these out (the budget's and the nodes' sections are
-# shared by ``blockfs plan``; "dataset" by every command that opens a dataset).
+# Where ``--help`` lists a flag; blockfs.cli lays the sections out ("memory" and "nodes" are ``blockfs plan``'s
+# too, "dataset" every command's that opens a dataset).
 SECTIONS = ("memory", "nodes", "cache", "fuse", "tuning", "dataset")
 CLI = "blockfs.cli"  # the key of a field's declaration in its metadata
 
@@ -40,7 +40,8 @@ class Flag:
     help: str
     section: str  # one of SECTIONS
     type: Callable[[str], Any] | None = None  # argparse's: a bad value is refused as the line is parsed
-    convert: Callable[[str], Any] | None = None  # applied to the text as MountOptions is built (a size)
+    # Applied to the text as MountOptions is built (a size): a bad one is the command's one-line error.
+    convert: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None  # default: the flag's name in capitals
     repeat: bool = False  # given any number of times; the field is the tuple of the values
@@ -160,9 +161,11 @@ class MountOptions:
              "print it; every byte read is then checked against the digests it names",
     ), None)  # fmt: skip
     timeout_s: float = _declared(  # entry / attribute / negative lookup timeouts
-        NoFlag("the data never changes, so the kernel may keep what it looked up for a day"), 86400.0)
+        NoFlag("the data never changes, so the kernel may keep what it looked up for a day"), 86400.0
+    )
     control_name: str = _declared(
-        NoFlag("the control directory's name is the loaders' contract (protocol.py)"), protocol.DEFAULT_CONTROL)
+        NoFlag("the control directory's name is the loaders' contract (protocol.py)"), protocol.DEFAULT_CONTROL
+    )
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_ROUTES:

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from ..serve.options import MountOptions
 from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
 from .mount_flags import flag_value, mount_options
@@ -199,7 +200,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mount_options(args: argparse.Namespace, size: int):
+def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
     """The parsed ``mount`` command line as :class:`~blockfs.serve.options.MountOptions` (its flags made from
     the fields' declarations; the budget and the storage options worked out here)."""
     return mount_options(args, cache_bytes=size, storage=storage_options(args))

@@ -13,9 +13,9 @@ from typing import Sequence
 from .. import __version__
 from ..errors import BlockfsError
 from ..packing.options import ORDERS
-from ..serve.options import FUSE_ROUTES, OPEN_MODES
 
 from .locations import add_expect_argument, add_storage_arguments
+from .mount_flags import add_flags
 from .output import log_level
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_upgrade, cmd_verify
 from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
@@ -24,24 +24,12 @@ log = logging.getLogger("blockfs")
 
 def _memory_arguments(p: argparse.ArgumentParser) -> None:
     """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
-    from ..serve.plan import STRATEGIES
-
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
                         f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
     budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
-
-    p.add_argument("--retain-strategy", choices=STRATEGIES, default=None,
-                   help="which files stay in memory after their first read when the dataset does not fit: "
-                        "most-files (the default: as many as fit, smallest first) or threshold")
-    p.add_argument("--retain-threshold", metavar="SIZE|auto", default=None,
-                   help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)")
-    p.add_argument("--no-retain", action="store_true", help="no retained files: the whole budget caches blocks")
-    nodes = p.add_argument_group("multi-node training with BlockLoader(partition='node')")
-    nodes.add_argument("--nodes", type=int, default=1, help="the nodes the dataset is split among (default 1)")
-    nodes.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to NODES-1 (torchrun's "
-                       "GROUP_RANK); the mount loads ahead only this node's part")
-    nodes.add_argument("--partition-seed", type=int, default=0, help="the loaders' seed (the split depends on it)")
+    add_flags(p, "memory")
+    add_flags(p.add_argument_group("multi-node training with BlockLoader(partition='node')"), "nodes")
 
 
 DESCRIPTION = """\
@@ -158,12 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", help="the packed dataset (a directory or a URL)")
     p.add_argument("mountpoint", help="an empty directory")
     _memory_arguments(p)
-    p.add_argument("--preload", action="store_true", help="read what the plan keeps before serving")
-    p.add_argument("--policy", choices=("cache-once", "lru", "fifo", "none"), default="cache-once",
-                   help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none")
+    add_flags(p, "cache")
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
-    p.add_argument("--allow-other", action="store_true", help="let other users see the mount (FUSE allow_other)")
-    p.add_argument("-o", action="append", metavar="FUSE_OPTIONS", help="extra libfuse options, comma-separated")
+    add_flags(p, "fuse")
     p.add_argument("--log", help="log file (default for a background mount: one in a private directory, "
                    "$XDG_RUNTIME_DIR/blockfs, /run/blockfs for root, else ~/.cache/blockfs/logs)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
@@ -171,21 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
     p.add_argument("--handoff-fd", type=int, help=argparse.SUPPRESS)  # a background mount's: its secrets' pipe
     add_storage_arguments(p, disk_tier=True)
-    tuning = p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)")
-    tuning.add_argument("--fuse", choices=FUSE_ROUTES, default="auto",
-                        help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
-                        "attributes, loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
-                        "a binding); auto: kernel where it can run, else mfusepy")
-    tuning.add_argument("--open-mode", choices=OPEN_MODES,
-                        default="auto", help="how the kernel page cache is kept across opens (auto: enosys with "
-                        "libfuse 3; targets: only the files the memory plan retains)")
-    tuning.add_argument("--single-threaded", action="store_true", help="one FUSE request at a time")
-    tuning.add_argument("--readahead", type=int, default=2, help="blocks loaded ahead of reads in block order")
-    tuning.add_argument("--no-prefill", action="store_true",
-                        help="load blocks only when read (default: fill the budget in the background from mount on)")
-    tuning.add_argument("--no-mlock", action="store_true", help="do not try to lock cached blocks in memory")
-    tuning.add_argument("--no-share", action="store_true", help="do not hand cached blocks to loaders on this "
-                        "machine as shared memory (they then read every file through FUSE)")
+    add_flags(p.add_argument_group("tuning (defaults chosen by tools/bench_mount.py)"), "tuning")
     add_expect_argument(p)
     p.set_defaults(func=cmd_mount)
 

@@ -11,6 +11,7 @@ from ..core.dataset import PackedDataset
 from ..core.location import StorageOptions
 from ..sizes import parse_size
 from ..storage.remote import parse_options
+from .mount_flags import add_flags
 
 DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space under --disk-cache
 
@@ -30,9 +31,7 @@ def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -
 
 
 def add_expect_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--expect", metavar="DIGEST",
-                   help="refuse any dataset but this one: its name, blake3:<hex>, as 'blockfs pack' and 'blockfs info' "
-                        "print it; every byte read is then checked against the digests it names")  # fmt: skip
+    add_flags(p, "dataset")  # --expect, declared with MountOptions.expect
 
 
 def disk_cache_size(directory: str, text: str) -> int:

@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
+from ..serve.options import MountOptions
 from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
+from .mount_flags import flag_value, mount_options
 from ..sizes import parse_size
 from .output import human, log_level, progress_bar
 
@@ -48,10 +50,6 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
     return _cache_size(args.cache_size)
 
 
-def _threshold(text: str | None) -> int | str | None:
-    return None if text is None else ("auto" if text == "auto" else parse_size(text))
-
-
 def _memory_plan(args: argparse.Namespace, size: int, ds):
     """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset),
     and for a remote dataset the disk tier's part (None for a local one)."""
@@ -59,8 +57,8 @@ def _memory_plan(args: argparse.Namespace, size: int, ds):
     from ..serve.retain import plan_dataset
 
     plan, _files = plan_dataset(
-        ds.index.arrays, size, strategy=args.retain_strategy, threshold=_threshold(args.retain_threshold),
-        retain=not args.no_retain and getattr(args, "policy", "cache-once") != "none",
+        ds.index.arrays, size, strategy=args.retain_strategy, threshold=flag_value(args, "retain_threshold"),
+        retain=args.retain and getattr(args, "policy", "cache-once") != "none",
     )  # fmt: skip
     tier, disk = ds.disk_tier, None
     if tier is not None:
@@ -202,32 +200,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mount_options(args: argparse.Namespace, size: int):
-    """The parsed ``mount`` command line as :class:`~blockfs.serve.server.MountOptions`."""
-    from ..serve.options import MountOptions
-
-    return MountOptions(
-        cache_bytes=size,
-        policy=args.policy,
-        allow_other=args.allow_other,
-        fuse_options=tuple(args.o or ()),
-        fuse=args.fuse,
-        threads=not args.single_threaded,
-        open_mode=args.open_mode,
-        readahead=args.readahead,
-        prefill=not args.no_prefill,
-        lock_memory=not args.no_mlock,
-        share=not args.no_share,
-        retain=not args.no_retain,
-        retain_strategy=args.retain_strategy,
-        retain_threshold=_threshold(args.retain_threshold),
-        preload=args.preload,
-        storage=storage_options(args),
-        nodes=args.nodes,
-        node_rank=args.node_rank,
-        partition_seed=args.partition_seed,
-        expect=args.expect,
-    )
+def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
+    """The parsed ``mount`` command line as :class:`~blockfs.serve.options.MountOptions` (its flags made from
+    the fields' declarations; the budget and the storage options worked out here)."""
+    return mount_options(args, cache_bytes=size, storage=storage_options(args))
 
 
 def _serve_here(args: argparse.Namespace, size: int) -> int:

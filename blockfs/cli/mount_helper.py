@@ -18,6 +18,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from .mount_flags import not_in_fstab
+
 __all__ = ["blockfs_argv", "main"]
 
 # mount(8)'s and systemd's options, which they act on themselves; blockfs is read-only whatever is asked.
@@ -51,7 +53,7 @@ def _is_secret(key: str) -> bool:
 
 def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[str]:
     """``blockfs``'s command line for mount(8)'s ``DATASET MNT -o a,b=c`` (``options``: the ``-o`` values)."""
-    known = _mount_options()
+    known, refused = _mount_options(), {"foreground"} | not_in_fstab()  # not_in_fstab: "o" (-o)
     argv, fuse = ["mount", dataset, mountpoint], []
     for item in (i.strip() for opt in options for i in opt.split(",")):
         if not item or item in MOUNT_OWN or item.startswith(MOUNT_OWN_PREFIXES):
@@ -63,7 +65,7 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[
                 raise ValueError(f"option {name!r} is a credential: fstab is readable by every user; give it "
                                  "through the environment, a profile or an instance role instead")  # fmt: skip
             argv += ["--storage-option", f"{key}={value}"]
-        elif name in ("foreground", "o"):
+        elif name in refused:
             raise ValueError(f"option {name!r} cannot be given in fstab: mount(8) needs the mount in the background")
         elif name in known:
             if known[name] != bool(eq):

@@ -1,54 +1,171 @@
-"""``MountOptions``: how to serve a packed dataset (the command line's parser still declares each flag).
+"""``MountOptions``: how to serve a packed dataset, and the one place to add a mount option.
+
+Each field declares how it is given on the command line (:class:`Flag`: ``blockfs mount --flag``, and
+``mount.fuse.blockfs -o flag=value`` with the flag's dashes as underscores; or :class:`FromFlags` /
+:class:`NoFlag`).  :mod:`blockfs.cli.mount_flags` builds the parser's arguments and ``MountOptions`` from
+these declarations, so a new option is one field here plus the code that uses it.
 
 Binding-free, so the command line, the assembly (:mod:`blockfs.serve.server`) and both FUSE adapters import
-it without importing a FUSE binding (or each other).
+it without importing a FUSE binding (or each other); it never imports the command line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 from .. import protocol
 from ..core.location import StorageOptions
+from ..sizes import parse_size
 from .background import READAHEAD_BLOCKS
-from .policies import DEFAULT_POLICY
+from .plan import STRATEGIES
+from .policies import DEFAULT_POLICY, POLICIES
 
 OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
 # "auto": the kernel protocol where this machine allows it (Linux, /dev/fuse, FUSE 7.31+), else mfusepy
 FUSE_ROUTES = ("auto", "kernel", "mfusepy", "fusepy")
 
+# Where ``--help`` lists a flag; blockfs.cli lays the sections out ("memory" and "nodes" are ``blockfs plan``'s
+# too, "dataset" every command's that opens a dataset).
+SECTIONS = ("memory", "nodes", "cache", "fuse", "tuning", "dataset")
+CLI = "blockfs.cli"  # the key of a field's declaration in its metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """A field given by one flag.  A boolean field's flag sets the opposite of its default (``--no-prefill``
+    makes ``prefill`` False); any other flag takes a value."""
+
+    flag: str  # "--policy"; mount.fuse.blockfs's key is "policy"
+    help: str
+    section: str  # one of SECTIONS
+    type: Callable[[str], Any] | None = None  # argparse's: a bad value is refused as the line is parsed
+    # Applied to the text as MountOptions is built (a size): a bad one is the command's one-line error.
+    convert: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None  # default: the flag's name in capitals
+    repeat: bool = False  # given any number of times; the field is the tuple of the values
+    fstab: bool = True  # whether mount.fuse.blockfs takes it as ``-o key[=value]``
+
+    def __post_init__(self) -> None:
+        if self.section not in SECTIONS:
+            raise ValueError(f"flag {self.flag}: section {self.section!r} is not one of {', '.join(SECTIONS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FromFlags:
+    """A field the command line works out from options of its own (``flags``), not one flag's value."""
+
+    flags: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoFlag:
+    """A field no command line sets: the default serves every mount; code (tests, tools) may set it."""
+
+    why: str
+
+
+def size_or_auto(text: str) -> int | str:
+    """``--retain-threshold``'s value: bytes, or ``"auto"``."""
+    return "auto" if text == "auto" else parse_size(text)
+
+
+def _declared(cli: Flag | FromFlags | NoFlag, default: Any = dataclasses.MISSING) -> Any:
+    return dataclasses.field(default=default, metadata={CLI: cli})
+
 
 @dataclasses.dataclass(frozen=True)
 class MountOptions:
-    """How to serve a packed dataset.  ``fuse_options`` are extra ``-o`` options, ``"name"`` or ``"name=value"``."""
+    """How to serve a packed dataset.  ``fuse_options`` are extra ``-o`` options, ``"name"`` or ``"name=value"``.
 
-    cache_bytes: int
-    policy: str = DEFAULT_POLICY
-    allow_other: bool = False
-    fuse_options: tuple[str, ...] = ()
-    fuse: str = "auto"  # the FUSE route (FUSE_ROUTES): blockfs.serve.kernelfs, or blockfs.serve.fs's binding
-    threads: bool = True  # libfuse's thread pool: a cached file never waits behind another file's disk read
-    # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
-    # only (measured by tools/bench_memory.py --kernel); "none": no page-cache reuse.
-    open_mode: str = "auto"
-    timeout_s: float = 86400.0  # entry / attribute / negative lookup timeouts: the data never changes
-    readahead: int = READAHEAD_BLOCKS
-    prefill: bool = True  # load the blocks the budget will hold in the background, from mount on
-    lock_memory: bool = True
-    share: bool = True  # hand cached blocks to loaders on this machine as sealed memory (share.py)
-    control_name: str = protocol.DEFAULT_CONTROL
+    Fields are listed in the order ``blockfs mount --help`` shows them within each section."""
+
     # The memory plan: ``cache_bytes`` is the whole budget, split between retained files and blocks.
-    retain: bool = True
-    retain_strategy: str | None = None  # plan.DEFAULT_STRATEGY
-    retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
-    preload: bool = False  # read what the plan keeps before serving
-    storage: StorageOptions | None = None  # a remote dataset's options and its disk tier
+    cache_bytes: int = _declared(FromFlags(("--cache-size", "--memory-fraction")))
+    retain_strategy: str | None = _declared(Flag(  # None: plan.DEFAULT_STRATEGY
+        "--retain-strategy", section="memory", choices=STRATEGIES,
+        help="which files stay in memory after their first read when the dataset does not fit: "
+             "most-files (the default: as many as fit, smallest first) or threshold",
+    ), None)  # fmt: skip
+    retain_threshold: int | str | None = _declared(Flag(  # bytes, "auto" or None (threshold strategy only)
+        "--retain-threshold", section="memory", metavar="SIZE|auto", convert=size_or_auto,
+        help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)",
+    ), None)  # fmt: skip
+    retain: bool = _declared(Flag(
+        "--no-retain", section="memory", help="no retained files: the whole budget caches blocks",
+    ), True)  # fmt: skip
     # partition="node": this mount serves node ``node_rank`` of ``nodes``, whose loaders read only the part
     # core.partition gives it for ``partition_seed`` (the loaders' seed): prefill and read-ahead keep to it.
-    nodes: int = 1
-    node_rank: int = 0
-    partition_seed: int = 0
-    expect: str | None = None  # the pinned dataset name ("blake3:..."): another dataset is refused
+    nodes: int = _declared(Flag(
+        "--nodes", section="nodes", type=int, help="the nodes the dataset is split among (default 1)",
+    ), 1)  # fmt: skip
+    node_rank: int = _declared(Flag(
+        "--node-rank", section="nodes", type=int,
+        help="this node's number, 0 to NODES-1 (torchrun's GROUP_RANK); the mount loads ahead only this node's part",
+    ), 0)  # fmt: skip
+    partition_seed: int = _declared(Flag(
+        "--partition-seed", section="nodes", type=int, help="the loaders' seed (the split depends on it)",
+    ), 0)  # fmt: skip
+    preload: bool = _declared(Flag(
+        "--preload", section="cache", help="read what the plan keeps before serving",
+    ), False)  # fmt: skip
+    policy: str = _declared(Flag(
+        "--policy", section="cache", choices=tuple(POLICIES),
+        help="cache-once (default: fill once, never replace), lru, fifo (for comparison) or none",
+    ), DEFAULT_POLICY)  # fmt: skip
+    allow_other: bool = _declared(Flag(
+        "--allow-other", section="fuse", help="let other users see the mount (FUSE allow_other)",
+    ), False)  # fmt: skip
+    fuse_options: tuple[str, ...] = _declared(Flag(  # mount.fuse.blockfs passes the -o items it does not know
+        "-o", section="fuse", metavar="FUSE_OPTIONS", repeat=True, fstab=False,
+        help="extra libfuse options, comma-separated",
+    ), ())  # fmt: skip
+    storage: StorageOptions | None = _declared(  # a remote dataset's options and its disk tier
+        FromFlags(("--storage-option", "--disk-cache", "--disk-cache-size")), None)  # fmt: skip
+    # The FUSE route (FUSE_ROUTES): blockfs.serve.kernelfs, or blockfs.serve.fs's binding.
+    fuse: str = _declared(Flag(
+        "--fuse", section="tuning", choices=FUSE_ROUTES,
+        help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
+             "attributes, loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
+             "a binding); auto: kernel where it can run, else mfusepy",
+    ), "auto")  # fmt: skip
+    # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
+    # only (measured by tools/bench_memory.py --kernel); "none": no page-cache reuse.
+    open_mode: str = _declared(Flag(
+        "--open-mode", section="tuning", choices=OPEN_MODES,
+        help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3; targets: only the "
+             "files the memory plan retains)",
+    ), "auto")  # fmt: skip
+    threads: bool = _declared(Flag(  # libfuse's thread pool: a cached file never waits behind another's disk read
+        "--single-threaded", section="tuning", help="one FUSE request at a time",
+    ), True)  # fmt: skip
+    readahead: int = _declared(Flag(
+        "--readahead", section="tuning", type=int, help="blocks loaded ahead of reads in block order",
+    ), READAHEAD_BLOCKS)  # fmt: skip
+    prefill: bool = _declared(Flag(  # load the blocks the budget will hold in the background, from mount on
+        "--no-prefill", section="tuning",
+        help="load blocks only when read (default: fill the budget in the background from mount on)",
+    ), True)  # fmt: skip
+    lock_memory: bool = _declared(Flag(
+        "--no-mlock", section="tuning", help="do not try to lock cached blocks in memory",
+    ), True)  # fmt: skip
+    share: bool = _declared(Flag(  # hand cached blocks to loaders on this machine as sealed memory (share.py)
+        "--no-share", section="tuning",
+        help="do not hand cached blocks to loaders on this machine as shared memory (they then read every file "
+             "through FUSE)",
+    ), True)  # fmt: skip
+    expect: str | None = _declared(Flag(  # the pinned dataset name ("blake3:..."): another dataset is refused
+        "--expect", section="dataset", metavar="DIGEST",
+        help="refuse any dataset but this one: its name, blake3:<hex>, as 'blockfs pack' and 'blockfs info' "
+             "print it; every byte read is then checked against the digests it names",
+    ), None)  # fmt: skip
+    timeout_s: float = _declared(  # entry / attribute / negative lookup timeouts
+        NoFlag("the data never changes, so the kernel may keep what it looked up for a day"), 86400.0
+    )
+    control_name: str = _declared(
+        NoFlag("the control directory's name is the loaders' contract (protocol.py)"), protocol.DEFAULT_CONTROL
+    )
 
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_ROUTES:
@@ -66,3 +183,15 @@ class MountOptions:
         if self.open_mode != "auto":
             return self.open_mode
         return "enosys" if libfuse_major >= 3 else "keep_cache"
+
+
+def declarations() -> list[tuple[dataclasses.Field, Flag | FromFlags | NoFlag]]:
+    """Every field of :class:`MountOptions` with its declaration, in order; a field without one is an error."""
+    out = []
+    for field in dataclasses.fields(MountOptions):
+        cli = field.metadata.get(CLI)
+        if not isinstance(cli, (Flag, FromFlags, NoFlag)):
+            raise TypeError(f"MountOptions.{field.name} declares no command line: give it a Flag, FromFlags or "
+                            "NoFlag in blockfs/serve/options.py")  # fmt: skip
+        out.append((field, cli))
+    return out

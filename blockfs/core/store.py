@@ -176,7 +176,7 @@ class BlockStore:
         except CorruptBlockError as e:
             e.block = block
             raise
-        self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
+        self._sizes[block] = head.sizes.data  # a memoryview: indexes to Python ints faster than numpy
         self._headers[block] = head
         return head
 
@@ -351,6 +351,7 @@ class BlockStore:
 
     def _chunks_of(self, block: int) -> np.ndarray:
         """The index's digests of block ``block``'s data chunks, one 32-byte row each."""
+        assert self._chunk_digest is not None and self._block_chunks is not None  # asked only where they are
         return self._chunk_digest[int(self._block_chunks[block]) : int(self._block_chunks[block + 1])]
 
     def _check_chunks(self, block: int, first: int, data) -> None:
@@ -386,6 +387,7 @@ class BlockStore:
         e = int(entries[slot])
         if e < 0:  # a slot no entry names is empty (checked with the header)
             return dg.digest(b""), 0
+        assert self._file_digest is not None  # asked only of a dataset with digests
         return self._file_digest[e].tobytes(), int(self._index["crc"][e])
 
     def copy_into_tier(self, block: int) -> None:
@@ -502,6 +504,7 @@ class BlockStore:
 
     def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
         """A range of a WIDE block, verified chunk by chunk."""
+        assert head.chunk_crcs is not None  # a WIDE block's header has them
         if size == 0:
             return b""
         first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE

@@ -28,6 +28,8 @@ _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CL
 class UnpackError(BlockfsError, OSError):
     """An entry cannot be created under OUT as the index describes it (the message names it)."""
 
+    errno = errno.EIO  # BlockfsError's, restated: OSError's would be None (made with a message alone)
+
 
 def unpack(ds: PackedDataset, out: str | os.PathLike, on_file: Callable[[int], None] | None = None) -> int:
     """Recreate the tree under ``out`` (which must be empty or absent); return the number of entries.

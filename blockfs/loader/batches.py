@@ -187,7 +187,7 @@ class BatchReader(torch.utils.data.Dataset):
         return offsets
 
     def _fill(self, ids: np.ndarray, offsets: np.ndarray, buffer: np.ndarray) -> None:
-        view = memoryview(buffer)
+        view = buffer.data  # a memoryview of the batch's bytes
         for i, start, end in zip(ids.tolist(), offsets[:-1].tolist(), offsets[1:].tolist()):
             self.mount.read_into(i, view[start:end])
 

@@ -290,7 +290,7 @@ def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarr
     return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
-def file_crcs_of(header: BlockHeader, data: bytes | memoryview) -> np.ndarray:
+def file_crcs_of(header: BlockHeader, data: bytes | bytearray | memoryview) -> np.ndarray:
     """The CRC-32 of each file of a data section, by slot."""
     view = memoryview(data)
     return np.fromiter(

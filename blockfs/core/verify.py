@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,7 +100,7 @@ def _differing(ds: PackedDataset, b: int, head, data: bytearray, entries: np.nda
     return bad
 
 
-def _names(ds: PackedDataset, entries: np.ndarray) -> list[str]:
+def _names(ds: PackedDataset, entries: Iterable[int]) -> list[str]:
     return [os.fsdecode(ds.path_of(int(e))) for e in entries]
 
 

@@ -7,6 +7,7 @@ it without importing a FUSE binding (or each other).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from .. import protocol
 from ..core.location import StorageOptions
@@ -40,7 +41,7 @@ class MountOptions:
     # The memory plan: ``cache_bytes`` is the whole budget, split between retained files and blocks.
     retain: bool = True
     retain_strategy: str | None = None  # plan.DEFAULT_STRATEGY
-    retain_threshold: int | str | None = None  # bytes, "auto" or None (threshold strategy only)
+    retain_threshold: int | Literal["auto"] | None = None  # bytes, "auto" or None (threshold strategy only)
     preload: bool = False  # read what the plan keeps before serving
     storage: StorageOptions | None = None  # a remote dataset's options and its disk tier
     # partition="node": this mount serves node ``node_rank`` of ``nodes``, whose loaders read only the part

@@ -26,10 +26,10 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BlockfsError
 from .location import is_remote, join, redact, scrub, store_kind
@@ -489,8 +489,8 @@ class RemoteStore:
             if e.errno != errno.ENOENT:
                 raise
 
-    def list(self, prefix: str = "") -> Iterator[list[ObjectInfo]]:
-        """The objects under ``prefix`` (relative to the store's), a page at a time."""
+    def list(self, prefix: str = "") -> Generator[list[ObjectInfo], None, None]:
+        """The objects under ``prefix`` (relative to the store's), a page at a time (close() ends the listing)."""
         import obstore
 
         pages = self._call("LIST", prefix or "/", lambda: obstore.list(self._store, prefix=prefix or None, chunk_size=1000))

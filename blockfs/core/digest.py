@@ -96,7 +96,15 @@ def parse_name(text: str) -> str:
     return name
 
 
-def check_name(where: str, actual: str, expected: str | None) -> None:
-    """Refuse a dataset whose name is not the pinned one, in one line naming both."""
-    if expected is not None and actual != parse_name(expected):
+def check_name(where: str, actual: str | None, expected: str | None) -> None:
+    """Refuse a dataset whose name is not the pinned one, in one line naming both; ``actual`` None: a dataset
+    with no metadata to name it by (a mount's control directory without it), which no pin can accept."""
+    if expected is None:
+        return
+    if actual is None:
+        raise IdentityError(
+            f"{where} has no name (no metadata to derive it from), so it cannot be the pinned "
+            f"{parse_name(expected)}: refusing to read it"
+        )
+    if actual != parse_name(expected):
         raise IdentityError(f"{where} is {actual}, not the pinned {parse_name(expected)}: refusing to read it")

@@ -262,7 +262,9 @@ class SampleCache:
 
         Always a copy, so a consumer that changes its batch in place cannot change a cached sample.
         """
-        parts, base, rows = [], {}, []
+        parts: list[Any] = []
+        base: dict[int, int] = {}  # a cached batch's key -> where its rows start in the result
+        rows: list[int] = []
         if fresh is not None:
             parts.append(fresh)
             rows.extend(range(len(fresh[2])))
@@ -282,7 +284,7 @@ class SampleCache:
 
 
 # --- pinned memory and the device -----------------------------------------------------------------------
-def _map_tensors(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_tensors(x: Any, fn: Callable[[torch.Tensor], object]) -> Any:
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, tuple):

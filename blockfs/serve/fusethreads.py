@@ -140,13 +140,14 @@ def max_threads_applied(binding: ModuleType) -> Iterator[bool]:
     if functions is None or not hasattr(binding, "fuse_main_real"):
         yield False
         return
-    original = binding.fuse_main_real
+    # getattr/setattr: the binding is a module chosen at run time, whose attributes mypy cannot know
+    original = getattr(binding, "fuse_main_real")
 
     def main(argc, argv, operations, operations_size, user_data):
         return main_with_max_threads(functions, argc, argv, operations, operations_size, user_data)
 
-    binding.fuse_main_real = main
+    setattr(binding, "fuse_main_real", main)
     try:
         yield True
     finally:
-        binding.fuse_main_real = original
+        setattr(binding, "fuse_main_real", original)

@@ -54,6 +54,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 try:  # the same CRC-32 as zlib's, 5-8x faster (vectorised): it bounds how fast a block loads
     from zlib_ng.zlib_ng import crc32
@@ -276,7 +277,7 @@ def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
     )
 
 
-def crc_of_crcs(crcs) -> int:
+def crc_of_crcs(crcs: npt.ArrayLike) -> int:
     """The block data checksum: CRC-32 over the files' CRC-32s as little-endian u32, in slot order."""
     return crc32(np.asarray(crcs, dtype="<u4").tobytes())
 

@@ -42,7 +42,8 @@ import dataclasses
 import os
 import threading
 from collections import OrderedDict
-from typing import Mapping
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from . import digest as dg
 from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer  # bytearray, memoryview, a writable mmap
 
 VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
 VERIFIED_KEPT = 64  # big narrow files remembered as verified, so reading one in pieces checks it once
@@ -145,7 +149,7 @@ class BlockStore:
                     raise
                 retried = True
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         """What identifies the stored block now (a file's device, inode, size and mtime; an object's ETag
         and size), so that damage is remembered for that version only; None when it cannot be told."""
         return self._files.version(block)
@@ -306,7 +310,9 @@ class BlockStore:
         return raw
 
     # --- whole blocks ---------------------------------------------------------------------------------
-    def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, held_in_memory: bool = False) -> np.ndarray:
+    def read_data_into(
+        self, block: int, head: fmt.BlockHeader, buf: WriteableBuffer, *, held_in_memory: bool = False
+    ) -> np.ndarray:
         """Read ``block``'s data section into ``buf`` (writable, ``head.data_size`` bytes: the caller's
         memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
 

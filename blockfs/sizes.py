@@ -25,7 +25,7 @@ def parse_size(text: str) -> int:
     """
     match = _SIZE_RE.fullmatch(text)
     unit = _UNITS.get(match.group(2).lower()) if match else None
-    if unit is None:
+    if match is None or unit is None:
         raise ValueError(
             f"cannot read {text!r} as a size: write a number of bytes ('123') or a number with a unit, "
             "K/M/G/T/P or KiB/MiB/GiB/TiB/PiB (powers of 1024) or KB/MB/GB/TB/PB (powers of 1000), "

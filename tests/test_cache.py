@@ -436,3 +436,23 @@ def test_out_of_descriptors_fails_one_read_and_the_next_succeeds(packed, tmp_pat
         assert refused and cache.stats()["counters"]["damaged_blocks"] == 0 and 0 in cache._blocks
     finally:
         cache.close()
+
+
+def test_a_block_found_damaged_while_claiming_ahead_is_declined(packed, monkeypatch):
+    # claim_ahead looks for damage outside the lock; a reader's failed load may mark the block damaged
+    # before the claim takes the lock, and the claim then has no load to run.
+    dest, _ = packed
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    looked = cache._is_damaged
+
+    def look_then_found_damaged(block):
+        answer = looked(block)
+        cache._mark_damaged(block)  # what the reader that failed does, between the look and the lock
+        return answer
+
+    monkeypatch.setattr(cache, "_is_damaged", look_then_found_damaged)
+    try:
+        assert cache.load_ahead(0, "prefill_loads", fill_only=False) is None
+        assert 0 not in cache._blocks and 0 not in cache._loading and cache.stats()["cache"]["used_bytes"] == 0
+    finally:
+        cache.close()

@@ -212,6 +212,16 @@ def test_changed_metadata_changes_the_name_and_a_pin_refuses_it(dest, packed):
         blockfs.open_dataset(dest, expect=name)
 
 
+def test_a_dataset_with_no_name_is_refused_under_a_pin_in_words():
+    # A mount's control directory without metadata gives the loader no name: the refusal says so (it said
+    # "is None").
+    pin = "blake3:" + "0" * 64
+    with pytest.raises(IdentityError, match="has no name") as refused:
+        dg.check_name("the dataset mounted at /mnt", None, pin)
+    assert "None" not in str(refused.value) and pin in str(refused.value)
+    dg.check_name("the dataset mounted at /mnt", None, None)  # nothing pinned: nothing to check
+
+
 def test_pack_and_info_print_the_name_and_packing_is_deterministic(packed, tmp_path, capsys):
     root, _, name = packed
     rc, out, _ = run_cli(["pack", "--files-per-block", "8", "--no-fsync", str(root / "src"), str(tmp_path / "again")], capsys)

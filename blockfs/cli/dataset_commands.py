@@ -17,7 +17,7 @@ from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..sizes import parse_size
 from ..storage.remote import parse_options
-from .output import human, progress_bar
+from .output import human, progress_bar, terminal_bar
 
 
 log = logging.getLogger("blockfs")
@@ -42,10 +42,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
     src = args.src[0] if len(args.src) == 1 else args.src  # several: WebDataset shards
     bar = listed = None
 
+    # Both are called only when stderr is a terminal (tty below).
     def listing(n: int) -> None:  # a million-file tree takes seconds to list: show that it is moving
         nonlocal listed
         if listed is None:
-            listed = progress_bar(None, " entries", "list")
+            listed = terminal_bar(None, " entries", "list")
         listed.update(n - listed.n)
 
     def progress(files: int, nbytes: int, total_files: int, total_bytes: int) -> None:
@@ -53,7 +54,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         if listed is not None:
             listed.close()
         if bar is None:
-            bar = progress_bar(total_bytes, "B", "pack")
+            bar = terminal_bar(total_bytes, "B", "pack")
         bar.set_postfix(files=f"{files}/{total_files}", refresh=False)
         bar.update(nbytes - bar.n)
 

@@ -11,6 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
     return _cache_size(args.cache_size)
 
 
-def _memory_plan(args: argparse.Namespace, size: int, ds):
+def _memory_plan(args: argparse.Namespace, size: int, ds) -> tuple[Any, bool, dict | None]:
     """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset),
     and for a remote dataset the disk tier's part (None for a local one)."""
     from ..serve.plan import disk_tier_plan
@@ -221,8 +222,9 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
     bar = progress_bar(1, "B", "preload") if args.preload else None
 
     def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
+        if bar is not None:  # always: serve is given progress only with a bar
+            bar.total = total
+            bar.update(done - bar.n)
 
     serve(args.dest, args.mountpoint, options, progress if bar else None)
     if bar:

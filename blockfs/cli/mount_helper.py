@@ -35,7 +35,8 @@ def _mount_options() -> dict[str, bool]:
     """``blockfs mount``'s long options: name (with underscores) -> whether it takes a value."""
     from . import build_parser
 
-    mount = build_parser()._subparsers._group_actions[0].choices["mount"]  # argparse keeps them there
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    mount = commands.choices["mount"]  # argparse keeps the subcommands' parsers there
     options = {}
     for action in mount._actions:
         for flag in action.option_strings:

@@ -5,14 +5,21 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from ..sizes import format_size
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
-def progress_bar(total: int | None, unit: str, desc: str):
+
+def progress_bar(total: int | None, unit: str, desc: str) -> tqdm[NoReturn] | None:
     """A tqdm bar on a terminal (a counter when ``total`` is None); None (quiet) when stderr is not one."""
-    if not sys.stderr.isatty():
-        return None
+    return terminal_bar(total, unit, desc) if sys.stderr.isatty() else None
+
+
+def terminal_bar(total: int | None, unit: str, desc: str) -> tqdm[NoReturn]:
+    """:func:`progress_bar`'s bar, for a caller that checked stderr is a terminal."""
     from tqdm import tqdm
 
     divisor = 1024 if unit == "B" else 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
 from .index_format import DIGEST_ARRAYS, REPACK
 from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
 from .location import StorageOptions, locate
+
+if TYPE_CHECKING:
+    from ..storage.disk_tier import DiskTier
 from .metadata import has_digests, read_metadata, read_metadata_bytes  # noqa: F401  (read_metadata: this module's API)
 from .store import BlockStore
 from ..errors import IdentityError
@@ -305,7 +308,7 @@ class PackedDataset:
         return self._location.is_remote
 
     @property
-    def disk_tier(self):
+    def disk_tier(self) -> DiskTier | None:
         """The local-disk tier of a remote dataset (:class:`blockfs.storage.disk_tier.DiskTier`), or None."""
         return self._location.tier
 

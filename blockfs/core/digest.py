@@ -10,18 +10,23 @@ thread hashes the block it loaded, and the mount's other threads keep the other 
 
 from __future__ import annotations
 
+import os
 import re
+from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
 from ..errors import IdentityError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, bytearray, memoryview, mmap: anything with the buffer protocol
 
 ALGORITHM = "blake3"
 DIGEST_SIZE = 32
 _NAME = re.compile(r"^blake3:[0-9a-f]{64}$")
 
 
-def digest(data) -> bytes:
+def digest(data: ReadableBuffer) -> bytes:
     """The 32-byte BLAKE3 digest of ``data`` (bytes or any buffer; the GIL is released while it hashes)."""
     return blake3(data).digest()
 
@@ -41,7 +46,7 @@ class ChunkHasher:
         self._filled = 0
         self._done: list[bytes] = []
 
-    def update(self, data) -> None:
+    def update(self, data: ReadableBuffer) -> None:
         view = memoryview(data)
         while len(view):
             take = min(len(view), self._chunk - self._filled)
@@ -60,13 +65,13 @@ class ChunkHasher:
         return b"".join(self._done)
 
 
-def chunk_digests(data, chunk: int) -> bytes:
+def chunk_digests(data: ReadableBuffer, chunk: int) -> bytes:
     """The digest of each ``chunk``-byte piece of ``data``, back to back."""
     view = memoryview(data)
     return b"".join(blake3(view[i : i + chunk]).digest() for i in range(0, len(view), chunk))
 
 
-def file_digest(path) -> bytes:
+def file_digest(path: str | os.PathLike) -> bytes:
     """The digest of a whole file, read in 16 MiB pieces."""
     h = blake3()
     with open(path, "rb") as f:
@@ -96,7 +101,15 @@ def parse_name(text: str) -> str:
     return name
 
 
-def check_name(where: str, actual: str, expected: str | None) -> None:
-    """Refuse a dataset whose name is not the pinned one, in one line naming both."""
-    if expected is not None and actual != parse_name(expected):
+def check_name(where: str, actual: str | None, expected: str | None) -> None:
+    """Refuse a dataset whose name is not the pinned one, in one line naming both; ``actual`` None: a dataset
+    with no metadata to name it by (a mount's control directory without it), which no pin can accept."""
+    if expected is None:
+        return
+    if actual is None:
+        raise IdentityError(
+            f"{where} has no name (no metadata to derive it from), so it cannot be the pinned "
+            f"{parse_name(expected)}: refusing to read it"
+        )
+    if actual != parse_name(expected):
         raise IdentityError(f"{where} is {actual}, not the pinned {parse_name(expected)}: refusing to read it")

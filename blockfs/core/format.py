@@ -54,6 +54,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 try:  # the same CRC-32 as zlib's, 5-8x faster (vectorised): it bounds how fast a block loads
     from zlib_ng.zlib_ng import crc32
@@ -276,7 +277,7 @@ def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
     )
 
 
-def crc_of_crcs(crcs) -> int:
+def crc_of_crcs(crcs: npt.ArrayLike) -> int:
     """The block data checksum: CRC-32 over the files' CRC-32s as little-endian u32, in slot order."""
     return crc32(np.asarray(crcs, dtype="<u4").tobytes())
 
@@ -290,7 +291,7 @@ def encode_block(block_id: int, files: list[bytes], labels: list[int] | np.ndarr
     return encode_header(block_id, sizes, np.asarray(labels), data_crc, chunk) + data
 
 
-def file_crcs_of(header: BlockHeader, data: bytes | memoryview) -> np.ndarray:
+def file_crcs_of(header: BlockHeader, data: bytes | bytearray | memoryview) -> np.ndarray:
     """The CRC-32 of each file of a data section, by slot."""
     view = memoryview(data)
     return np.fromiter(

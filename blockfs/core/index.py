@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -42,6 +43,8 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     read_toc,
     write_arrays,
 )
+
+_IntFormat = Literal["B", "I", "Q", "i", "q"]  # memoryview.cast formats of the index's integer columns
 
 
 @dataclass
@@ -254,7 +257,7 @@ class PackedIndex:
         self.raw = memoryview(self._buf).toreadonly()  # the file's bytes as read and checked
 
         # Hot-path views: plain memoryview indexing returns Python ints far faster than NumPy's.
-        def view(name: str, fmt: str) -> memoryview:
+        def view(name: str, fmt: _IntFormat) -> memoryview:
             offset, count = placed[name]
             return self.raw[offset : offset + count * self.arrays[name].itemsize].cast(fmt)
 
@@ -265,11 +268,11 @@ class PackedIndex:
         self._child_start = view("child_start", "I")
         self._child_count = view("child_count", "I")
         # What stat needs, one view per column: a stat reads eight of them.
-        self._stat_views = tuple(
-            view(name, fmt)
-            for name, fmt in (("kind", "B"), ("mode", "I"), ("size", "Q"), ("mtime_ns", "q"), ("ino", "Q"),
-                              ("nlink", "I"), ("label", "i"), ("block", "i"))
+        stat_columns: tuple[tuple[str, _IntFormat], ...] = (
+            ("kind", "B"), ("mode", "I"), ("size", "Q"), ("mtime_ns", "q"), ("ino", "Q"), ("nlink", "I"),
+            ("label", "i"), ("block", "i"),
         )  # fmt: skip
+        self._stat_views = tuple(view(name, fmt) for name, fmt in stat_columns)
         self._mask = int(self.arrays["hash_start"].size) - 2
         self._paths_start = placed["paths"][0]
 

@@ -42,7 +42,8 @@ import dataclasses
 import os
 import threading
 from collections import OrderedDict
-from typing import Mapping
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from . import digest as dg
 from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer  # bytearray, memoryview, a writable mmap
 
 VERIFY_PIECE = 16 << 20  # a big file in a narrow block is verified in pieces of this size
 VERIFIED_KEPT = 64  # big narrow files remembered as verified, so reading one in pieces checks it once
@@ -145,7 +149,7 @@ class BlockStore:
                     raise
                 retried = True
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         """What identifies the stored block now (a file's device, inode, size and mtime; an object's ETag
         and size), so that damage is remembered for that version only; None when it cannot be told."""
         return self._files.version(block)
@@ -176,7 +180,7 @@ class BlockStore:
         except CorruptBlockError as e:
             e.block = block
             raise
-        self._sizes[block] = memoryview(head.sizes)  # indexes to Python ints faster than numpy
+        self._sizes[block] = head.sizes.data  # a memoryview: indexes to Python ints faster than numpy
         self._headers[block] = head
         return head
 
@@ -306,7 +310,9 @@ class BlockStore:
         return raw
 
     # --- whole blocks ---------------------------------------------------------------------------------
-    def read_data_into(self, block: int, head: fmt.BlockHeader, buf, *, held_in_memory: bool = False) -> np.ndarray:
+    def read_data_into(
+        self, block: int, head: fmt.BlockHeader, buf: WriteableBuffer, *, held_in_memory: bool = False
+    ) -> np.ndarray:
         """Read ``block``'s data section into ``buf`` (writable, ``head.data_size`` bytes: the caller's
         memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
 
@@ -351,6 +357,7 @@ class BlockStore:
 
     def _chunks_of(self, block: int) -> np.ndarray:
         """The index's digests of block ``block``'s data chunks, one 32-byte row each."""
+        assert self._chunk_digest is not None and self._block_chunks is not None  # asked only where they are
         return self._chunk_digest[int(self._block_chunks[block]) : int(self._block_chunks[block + 1])]
 
     def _check_chunks(self, block: int, first: int, data) -> None:
@@ -386,6 +393,7 @@ class BlockStore:
         e = int(entries[slot])
         if e < 0:  # a slot no entry names is empty (checked with the header)
             return dg.digest(b""), 0
+        assert self._file_digest is not None  # asked only of a dataset with digests
         return self._file_digest[e].tobytes(), int(self._index["crc"][e])
 
     def copy_into_tier(self, block: int) -> None:
@@ -502,6 +510,7 @@ class BlockStore:
 
     def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
         """A range of a WIDE block, verified chunk by chunk."""
+        assert head.chunk_crcs is not None  # a WIDE block's header has them
         if size == 0:
             return b""
         first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE

@@ -28,8 +28,10 @@ _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CL
 class UnpackError(BlockfsError, OSError):
     """An entry cannot be created under OUT as the index describes it (the message names it)."""
 
+    errno = errno.EIO  # BlockfsError's, restated: OSError's would be None (made with a message alone)
 
-def unpack(ds: PackedDataset, out: str | os.PathLike, on_file: Callable[[int], None] | None = None) -> int:
+
+def unpack(ds: PackedDataset, out: str | os.PathLike, on_file: Callable[[int], object] | None = None) -> int:
     """Recreate the tree under ``out`` (which must be empty or absent); return the number of entries.
 
     Contents, modes, mtimes (ns), symlinks and hard links come back as packed.  Directory modes and
@@ -182,7 +184,7 @@ class _Tree:
             return step()
         except OSError as err:
             path = os.fsdecode(self.ds.path_of(e))
-            why = _FORGED.get(err.errno)
+            why = _FORGED.get(err.errno) if err.errno is not None else None
             detail = f"{why}; the dataset's index is damaged or forged" if why else err.strerror
             raise UnpackError(f"cannot unpack {path!r} into {self.out!r}: {detail}") from err
 

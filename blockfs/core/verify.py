@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,7 @@ class Problem:
     files: list[str] = field(default_factory=list)
 
 
-def verify(ds: PackedDataset, on_block=None) -> list[Problem]:
+def verify(ds: PackedDataset, on_block: Callable[[int], object] | None = None) -> list[Problem]:
     """Check every checksum: each block's header and data, and each file's CRC and size against the index.
 
     The index itself was checked when ``ds`` was opened (its CRC against ``blockfs.json``, its schema and
@@ -99,7 +100,7 @@ def _differing(ds: PackedDataset, b: int, head, data: bytearray, entries: np.nda
     return bad
 
 
-def _names(ds: PackedDataset, entries: np.ndarray) -> list[str]:
+def _names(ds: PackedDataset, entries: Iterable[int]) -> list[str]:
     return [os.fsdecode(ds.path_of(int(e))) for e in entries]
 
 

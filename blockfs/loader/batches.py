@@ -187,7 +187,7 @@ class BatchReader(torch.utils.data.Dataset):
         return offsets
 
     def _fill(self, ids: np.ndarray, offsets: np.ndarray, buffer: np.ndarray) -> None:
-        view = memoryview(buffer)
+        view = buffer.data  # a memoryview of the batch's bytes
         for i, start, end in zip(ids.tolist(), offsets[:-1].tolist(), offsets[1:].tolist()):
             self.mount.read_into(i, view[start:end])
 
@@ -262,7 +262,9 @@ class SampleCache:
 
         Always a copy, so a consumer that changes its batch in place cannot change a cached sample.
         """
-        parts, base, rows = [], {}, []
+        parts: list[Any] = []
+        base: dict[int, int] = {}  # a cached batch's key -> where its rows start in the result
+        rows: list[int] = []
         if fresh is not None:
             parts.append(fresh)
             rows.extend(range(len(fresh[2])))
@@ -282,7 +284,7 @@ class SampleCache:
 
 
 # --- pinned memory and the device -----------------------------------------------------------------------
-def _map_tensors(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_tensors(x: Any, fn: Callable[[torch.Tensor], object]) -> Any:
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, tuple):

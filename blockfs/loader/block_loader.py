@@ -328,7 +328,7 @@ class BlockLoader:
         )  # fmt: skip
 
     def _select(self) -> np.ndarray | None:
-        if self._tracker is None:
+        if self._tracker is None or self.importance is None:  # a tracker exists exactly with importance
             return None
         if self.epoch != self._planned_epoch:
             self._all_reduce(self._tracker.pending_sum, self._tracker.pending_count)
@@ -356,10 +356,10 @@ class BlockLoader:
         if dist.get_backend() == "nccl":
             flat = flat.cuda()
         dist.all_reduce(flat)
-        flat = flat.cpu().numpy()
+        summed = flat.cpu().numpy()
         start = 0
         for a in arrays:
-            a[:] = flat[start : start + a.size].astype(a.dtype)
+            a[:] = summed[start : start + a.size].astype(a.dtype)
             start += a.size
 
     def report_losses(self, ids: Any, losses: Any) -> None:

@@ -23,9 +23,9 @@ def deal(sizes: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     Returns each item's bin and the bin's load before it (where the item starts inside its bin).
     """
     if n_bins == 1:
-        starts = np.zeros(sizes.size, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        return np.zeros(sizes.size, dtype=np.int64), starts
+        within = np.zeros(sizes.size, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=within[1:])
+        return np.zeros(sizes.size, dtype=np.int64), within
     heap = [(0, b) for b in range(n_bins)]
     bins, starts = [], []
     for size in sizes.tolist():

@@ -70,7 +70,8 @@ def plan_reuse(
     rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, _REUSE_STREAM], spawn_key=(rank,)))
     half = batch_size // 2
     cache: list[int] = []
-    bounds, offsets, reused = [0], [0], []
+    bounds, offsets = [0], [0]
+    reused: list[int] = []
     start = 0
     while start < n or cache:
         take = min(half, len(cache))

@@ -168,7 +168,7 @@ def dataset_metadata(
         "classes": classes,
         "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(index_path), "blake3": file_digest(index_path).hex()},
         "pack": {
-            "block_size": options.block_size,
+            "block_size": options.block_bytes,
             "files_per_block": options.files_per_block,
             "labels": labels if labels in ("dirname", "none", "source") else "csv",
             "order": options.order,

@@ -39,15 +39,21 @@ class PackOptions:
     staging: str | None = None  # a URL DEST: where blocks wait for their upload (default: the temp directory)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "block_size", to_bytes(self.block_size, "block_size"))
-        if not 1 <= self.block_size < MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size must be between 1 byte and 4 GiB, got {self.block_size}")
+        size = to_bytes(self.block_size, "block_size")
+        object.__setattr__(self, "block_size", size)
+        if not 1 <= size < MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be between 1 byte and 4 GiB, got {size}")
         if self.files_per_block is not None and self.files_per_block < 1:
             raise ValueError(f"files_per_block must be positive, got {self.files_per_block}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be 'shuffled' or 'directory', got {self.order!r}")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be positive, got {self.workers}")
+
+    @property
+    def block_bytes(self) -> int:
+        """``block_size`` as the int of bytes it is once constructed."""
+        return to_bytes(self.block_size, "block_size")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def pack(
     storage_options: dict | None = None,
     progress: ProgressCallback | None = None,
     listing: Callable[[int], None] | None = None,
-    **overrides: object,
+    **overrides: Any,
 ) -> PackResult:
     """Pack a directory tree, a tar, a RecordIO file or WebDataset shards (picked by
     :func:`~blockfs.packing.containers.open_source`), the objects under a URL prefix (``s3://bucket/raw/``)

@@ -48,7 +48,7 @@ def write_blocks(
     side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-meanwhile")
     early: list[Future] = []
 
-    def submit(block: int) -> Future:
+    def submit(block: int) -> Future[tuple[WrittenBlock, list[bytes]]]:
         written = pool.submit(_write_forked, block)
         if not early:  # the workers are forked by now: no thread of ours is copied into them
             early.append(side.submit(meanwhile))
@@ -108,13 +108,13 @@ class _Tally(Sums):
 
 
 def _run(
-    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future],
-    finished: Callable[[int, object], None],
+    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future[T]],
+    finished: Callable[[int, T], None],
 ) -> None:
     """Submit blocks 0..n_blocks-1 in order, at most two in flight per worker, and hand each result to
     ``finished`` as it comes; shut ``pool`` down whatever happens."""
     try:
-        pending: dict[Future, int] = {}
+        pending: dict[Future[T], int] = {}
         for b in range(n_blocks):
             pending[submit(b)] = b
             # Bound memory: at most two blocks in flight per worker; drain at the end.

@@ -78,7 +78,7 @@ def make_plan(entries: list[SourceEntry], options: PackOptions) -> BlockPlan:
         stored_at = stored_at[np.random.default_rng(options.seed).permutation(len(stored_at))]
     stored = [entries[i] for i in stored_at]
     sizes = np.fromiter((f.size for f in stored), dtype=np.int64, count=len(stored))
-    bounds = plan_blocks(sizes, options.block_size, options.files_per_block)
+    bounds = plan_blocks(sizes, options.block_bytes, options.files_per_block)
     return BlockPlan(entries, primary, stored_at, stored, sizes, bounds)
 
 

@@ -129,7 +129,7 @@ class RemotePrefixSource(Source):
             return length
         ahead = self._ahead
         future = ahead.take(entry) if ahead is not None else None
-        if future is None:
+        if ahead is None or future is None:
             data = self._fetch_whole(entry)
         else:
             try:

@@ -46,6 +46,8 @@ class SourceEntry:
 class SourceChangedError(SourceError, OSError):
     """A file or directory of SRC is not the one the walk listed (swapped, or a symlink on its path)."""
 
+    errno = errno.EIO  # BlockfsError's, restated: OSError's would be None (made with a message alone)
+
 
 class Source(ABC):
     """The packer's view of its input: what every source must do, and what it may offer.
@@ -135,10 +137,10 @@ class DirectorySource(Source):
         st = self._root_stat
         yield SourceEntry(b"", KIND_DIR, st.st_mode, st.st_mtime_ns, identity=(st.st_dev, st.st_ino))
         # With --follow-symlinks a link may lead back to one of its own ancestors: refuse that cycle.
-        stack = [(b"", ((st.st_dev, st.st_ino),))]
+        stack: list[tuple[bytes, tuple[tuple[int, int], ...]]] = [(b"", ((st.st_dev, st.st_ino),))]
         while stack:
             rel, ancestors = stack.pop()
-            subdirs = []
+            subdirs: list[tuple[bytes, tuple[tuple[int, int], ...]]] = []
             with self._listing(rel, ancestors[-1]) as (found, dir_fd):
                 for dirent in found:
                     name = os.fsencode(dirent.name)  # str when listed through a descriptor
@@ -148,6 +150,7 @@ class DirectorySource(Source):
                         continue
                     yield entry
                     if entry.kind == KIND_DIR:
+                        assert entry.identity is not None  # _entry gives every directory its identity
                         if entry.identity in ancestors:
                             raise PackError(
                                 f"directory cycle through a symlink at {os.fsdecode(path)!r}: "
@@ -168,7 +171,7 @@ class DirectorySource(Source):
             where = os.path.join(self.root, rel) if rel else self.root
             try:
                 with os.scandir(where) as it:
-                    found = sorted(it, key=lambda d: d.name)
+                    found: list[os.DirEntry] = sorted(it, key=lambda d: d.name)
             except OSError as e:
                 raise PackError(f"cannot list directory {os.fsdecode(where)!r}: {e.strerror}") from e
             yield found, None

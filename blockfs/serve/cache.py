@@ -68,9 +68,9 @@ class _CachedBlock:
         self.fd = fd  # the sealed memfd behind ``buf``, or None (not shareable)
         self.nbytes = head.data_size
         self.locked = locked
-        # memoryviews index to Python ints several times faster than numpy arrays do.
-        self.offsets = memoryview(head.offsets)
-        self.sizes = memoryview(head.sizes)
+        # memoryviews (ndarray.data) index to Python ints several times faster than numpy arrays do.
+        self.offsets = head.offsets.data
+        self.sizes = head.sizes.data
 
     def view(self, slot: int) -> memoryview:
         """One file's bytes without a copy (they stay valid while the view is held)."""
@@ -177,16 +177,16 @@ class BlockCache:
             self._served(block, offset, len(data), hit=True)
             return data
         self._served(block, offset, 0, hit=False)
-        data = None
+        loaded: bytes | None = None
         if future is not None:
             try:
-                data = self._await(block, head, future, mine).read(slot, offset, size)
+                loaded = self._await(block, head, future, mine).read(slot, offset, size)
             except CorruptBlockError:
                 pass  # the block is damaged: read (and verify) this file alone
-        if data is None:
-            data = self._files.read(block, slot, crc, offset, size, head)
-        self._counters.add("bytes_served", len(data))
-        return data
+        if loaded is None:
+            loaded = self._files.read(block, slot, crc, offset, size, head)
+        self._counters.add("bytes_served", len(loaded))
+        return loaded
 
     def _header(self, block: int) -> fmt.BlockHeader:
         """The store's header of ``block``; a damaged or foreign one is remembered and counted once."""
@@ -340,7 +340,9 @@ class BlockCache:
             room = self._policy.budget_bytes - self._policy.used_bytes
             if (fill_only and head.data_size > room) or not self._policy.would_admit(block, head.data_size):
                 return None
-            future, _mine = self._claim(block, head)  # new, so ours to load
+            future, mine = self._claim(block, head)
+            if future is None or not mine:  # marked damaged since the look above, outside the lock
+                return None
         self._counters.add(counter)
 
         def load() -> int:

@@ -91,7 +91,7 @@ class ControlDirectory:
         self._ds = ds
         self._stats = stats
         self._metadata = ds.metadata_bytes  # the bytes that name the dataset served, not DEST's file now
-        self._index = ds.index.raw  # the bytes the mount serves from, not DEST's file (which may change)
+        self._index: memoryview | bytes = ds.index.raw  # the bytes the mount serves from, not DEST's file (which may change)
         arrays = ds.index.arrays
         self._block_sizes = arrays["block_sizes"]
         self._root_ino = int(arrays["ino"][0])
@@ -234,7 +234,7 @@ class ControlDirectory:
         generation = self._snapshot_of(leaf)
         with self._lock:
             kept = self._snapshots.get(generation) if generation is not None else None
-            if kept is not None:
+            if generation is not None and kept is not None:
                 data = kept[0]
                 self._snapshots[generation] = (data, time.monotonic())
                 self._snapshots.move_to_end(generation)

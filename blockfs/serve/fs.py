@@ -41,7 +41,7 @@ import stat
 import threading
 from ctypes.util import find_library
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Literal
 
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
 from .fusethreads import MAX_THREADS, max_threads_applied
@@ -78,7 +78,7 @@ def load_binding(name: str | None = None) -> ModuleType:
 
 binding = load_binding()
 FuseOSError = binding.FuseOSError
-BINDING_NAME = "mfusepy" if binding.__name__ == "mfusepy" else "fusepy"
+BINDING_NAME: Literal["mfusepy", "fusepy"] = "mfusepy" if binding.__name__ == "mfusepy" else "fusepy"
 LIBFUSE_MAJOR = int(getattr(binding, "fuse_version_major", 2))
 
 
@@ -127,10 +127,10 @@ def _refuse(self: Any, *args: Any) -> None:
     raise FuseOSError(errno.EROFS)
 
 
-class BlockFS(binding.Operations):
+class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chosen at import: mypy cannot follow it
     """The FUSE operations of one mounted dataset, by path, over :class:`blockfs.serve.view.MountView`."""
 
-    route = BINDING_NAME
+    route: ClassVar[Literal["mfusepy", "fusepy"]] = BINDING_NAME
     use_ns = True  # times are integer nanoseconds, so ns mtimes survive
     # Not implemented on purpose: libfuse answers these in C (or the kernel stops asking), no Python call.
     flush = release = opendir = releasedir = access = fsync = fsyncdir = lock = ioctl = None

@@ -21,7 +21,7 @@ import ctypes
 import logging
 from ctypes.util import find_library
 from types import ModuleType
-from typing import Iterator
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,9 @@ def _bind(lib: ctypes.CDLL) -> dict | None:
     return found
 
 
-def main_with_max_threads(f: dict, argc: int, argv, operations, operations_size: int, user_data) -> int:
-    """libfuse 3.14's ``fuse_main_real`` (lib/helper.c), with ``max_threads`` applied to the loop."""
+def main_with_max_threads(f: dict, argc: int, argv: Any, operations: Any, operations_size: int, user_data: Any) -> int:
+    """libfuse 3.14's ``fuse_main_real`` (lib/helper.c), with ``max_threads`` applied to the loop; the
+    arguments are the ctypes values the binding passes to ``fuse_main_real``."""
     libc = ctypes.CDLL(find_library("c"))
     libc.free.argtypes = [ctypes.c_void_p]
     args = _FuseArgs(argc, ctypes.cast(argv, ctypes.POINTER(ctypes.c_char_p)), 0)
@@ -140,13 +141,14 @@ def max_threads_applied(binding: ModuleType) -> Iterator[bool]:
     if functions is None or not hasattr(binding, "fuse_main_real"):
         yield False
         return
-    original = binding.fuse_main_real
+    # getattr/setattr: the binding is a module chosen at run time, whose attributes mypy cannot know
+    original = getattr(binding, "fuse_main_real")
 
     def main(argc, argv, operations, operations_size, user_data):
         return main_with_max_threads(functions, argc, argv, operations, operations_size, user_data)
 
-    binding.fuse_main_real = main
+    setattr(binding, "fuse_main_real", main)
     try:
         yield True
     finally:
-        binding.fuse_main_real = original
+        setattr(binding, "fuse_main_real", original)

@@ -29,7 +29,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Literal
 
 from ..errors import BlockfsError
 from . import wire
@@ -66,7 +66,7 @@ def answers(method: Callable) -> Callable:
 class KernelFS:
     """The kernel-protocol adapter of one mounted dataset."""
 
-    route = "kernel"
+    route: ClassVar[Literal["kernel"]] = "kernel"
 
     def __init__(self, view: MountView) -> None:
         self.view = view
@@ -274,6 +274,7 @@ class KernelFS:
     def getxattr(self, nodeid: int, body: memoryview, unique: int) -> bytes:
         size, _ = wire.GETXATTR_IN.unpack_from(body)
         name = bytes(body[wire.GETXATTR_IN.size :]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        value: bytes | None
         if nodeid >= CONTROL_NODES:
             value = self.control.getxattr(self._control_path(nodeid), name)
         else:

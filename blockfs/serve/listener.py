@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ class SocketServer:
                 elif key.fileobj == self._wake_r:
                     self._drain_wake()
                 else:
-                    self._serve(self._conns.get(key.fileobj))  # type: ignore[arg-type]
+                    # the rest registered are connections' sockets (None: closed since)
+                    self._serve(self._conns.get(cast(socket.socket, key.fileobj)))
 
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_ROUND):

@@ -12,7 +12,7 @@ it without importing a FUSE binding (or each other); it never imports the comman
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from .. import protocol
 from ..core.location import StorageOptions
@@ -66,7 +66,7 @@ class NoFlag:
     why: str
 
 
-def size_or_auto(text: str) -> int | str:
+def size_or_auto(text: str) -> int | Literal["auto"]:
     """``--retain-threshold``'s value: bytes, or ``"auto"``."""
     return "auto" if text == "auto" else parse_size(text)
 
@@ -88,7 +88,7 @@ class MountOptions:
         help="which files stay in memory after their first read when the dataset does not fit: "
              "most-files (the default: as many as fit, smallest first) or threshold",
     ), None)  # fmt: skip
-    retain_threshold: int | str | None = _declared(Flag(  # bytes, "auto" or None (threshold strategy only)
+    retain_threshold: int | Literal["auto"] | None = _declared(Flag(  # bytes, "auto" or None (threshold strategy only)
         "--retain-threshold", section="memory", metavar="SIZE|auto", convert=size_or_auto,
         help="with --retain-strategy threshold: files up to SIZE (auto: the largest that fits)",
     ), None)  # fmt: skip

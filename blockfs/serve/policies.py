@@ -39,8 +39,9 @@ __all__ = [
 ]
 
 
-class _EvictionLog:
-    """Mixed into a cachetools cache: remembers the keys that ``popitem()`` evicts."""
+class _EvictionLog(cachetools.Cache[int, int]):
+    """A byte-counted cache that remembers the keys ``popitem()`` evicts; listed first among a cache's bases,
+    it wraps that cache's own ``popitem()`` (LRU, FIFO)."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize, getsizeof=int)  # values are sizes in bytes
@@ -129,7 +130,7 @@ class BlockPolicy(ABC):
     @property
     def used_bytes(self) -> int:
         """Bytes of the blocks held now."""
-        return self._cache.currsize
+        return int(self._cache.currsize)  # a sum of the int sizes; typed float for float-valued getsizeof
 
     def stats(self) -> dict[str, int]:
         """Counters and fill, for the mount's statistics."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mmap
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def plan_dataset(
     budget_bytes: int,
     *,
     strategy: str | None = None,
-    threshold: int | str | None = None,
+    threshold: int | Literal["auto"] | None = None,
     retain: bool = True,
 ) -> tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The memory plan of a dataset's index (``blockfs plan`` and the mount share it) and its files.

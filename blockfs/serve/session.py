@@ -190,7 +190,12 @@ class Session:
             self.stopped.set()
 
         old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+        def restore() -> None:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+        return restore
 
     def _loop(self) -> None:
         buf = bytearray(BUFFER_BYTES)

@@ -16,6 +16,7 @@ import errno
 import os
 import resource
 import threading
+from collections.abc import Hashable
 from typing import Callable
 
 
@@ -58,7 +59,7 @@ class BlockFiles:
         """A read of ``block`` failed, or its bytes failed a check: forget any state (a descriptor, bytes
         kept from a fetch), so the next read starts afresh."""
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         """What identifies the stored block now (hashable), so damage is remembered for that version only;
         None when it cannot be told (then the damage stays remembered)."""
         return None
@@ -248,7 +249,7 @@ class LocalBlockFiles(BlockFiles):
     def discard(self, block: int) -> None:
         self._fds.discard(block)
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         self._check(block)
         try:
             st = os.stat(self.names[block])  # the path, not the descriptor: a rename puts a new file there

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
+from typing import TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
 # scheme -> the kind of store; fsspec's spellings are accepted, since they are what users already type
@@ -19,7 +21,7 @@ SCHEMES = {
 }  # fmt: skip
 
 
-def is_remote(location: str | os.PathLike) -> bool:
+def is_remote(location: str | os.PathLike) -> TypeGuard[str]:
     """Whether ``location`` names an object store (a URL with a known scheme) rather than a local path."""
     if not isinstance(location, str):
         return False
@@ -67,7 +69,7 @@ _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?]*)\?[^\s]*")
 
 
-def scrub(text: str, secrets: list[str] = ()) -> str:
+def scrub(text: str, secrets: Sequence[str] = ()) -> str:
     """``text`` with every URL's user part and query string dropped and every secret value masked."""
     text = _QUERY.sub(r"\1", _USERINFO.sub(r"\1", text))
     for secret in secrets:

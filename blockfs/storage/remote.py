@@ -26,9 +26,10 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BlockfsError
 from .location import is_remote, join, redact, scrub, store_kind
@@ -56,12 +57,14 @@ SECRET_OPTIONS = {"secret_access_key", "session_token", "access_key", "account_k
 class RemoteError(BlockfsError, OSError):
     """A remote request failed for good (after any retries): ``errno`` says how (EIO, ENOENT, EACCES)."""
 
+    errno: int  # always set, unlike OSError's (int | None)
+
     def __init__(self, code: int, message: str) -> None:
         super().__init__(code, message)
         self.errno = code  # BlockfsError's class-wide EIO would hide OSError's own
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or super().__str__()
 
 
 class RemoteConfigError(BlockfsError, ValueError):
@@ -127,7 +130,7 @@ class RangeNotServedError(RemoteError):
     """The server answered a ranged GET with more than the range: a limit of the server, not damage."""
 
 
-def _first_line(e: Exception) -> str:
+def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
@@ -146,11 +149,11 @@ def parse_options(pairs: list[str] | None) -> dict[str, str]:
 def split_options(options: Mapping[str, object] | None) -> tuple[RemoteSettings, dict[str, str]]:
     """blockfs's own settings, and the client's options with fsspec spellings translated."""
     given = dict(options or {})
-    ours = {}
+    ours: dict[str, Any] = {}
     for field, kind in (("part_size", int), ("concurrency", int), ("retry_timeout", float),
                         ("request_timeout", float), ("connect_timeout", float)):  # fmt: skip
         if field in given:
-            raw = given.pop(field)
+            raw: Any = given.pop(field)  # whatever the caller gave: int() or float() judges it
             try:
                 ours[field] = kind(raw)
             except (TypeError, ValueError):
@@ -257,7 +260,8 @@ class RemoteStore:
             client_options["allow_http"] = "true"
         for key in CLIENT_OPTIONS & config.keys():  # the HTTP client's, not the store's
             client_options[key] = config.pop(key)
-        kwargs: dict[str, object] = {"client_options": client_options, "retry_config": {"max_retries": 0}}
+        # config holds the user's keys as strings; obstore checks them (its typed dicts list the known ones)
+        kwargs: dict[str, Any] = {"client_options": client_options, "retry_config": {"max_retries": 0}}
         if self.kind != "http":
             kwargs["config"] = config
             provider = self._profile_credentials(config)
@@ -488,8 +492,8 @@ class RemoteStore:
             if e.errno != errno.ENOENT:
                 raise
 
-    def list(self, prefix: str = "") -> Iterator[list[ObjectInfo]]:
-        """The objects under ``prefix`` (relative to the store's), a page at a time."""
+    def list(self, prefix: str = "") -> Generator[list[ObjectInfo], None, None]:
+        """The objects under ``prefix`` (relative to the store's), a page at a time (close() ends the listing)."""
         import obstore
 
         pages = self._call("LIST", prefix or "/", lambda: obstore.list(self._store, prefix=prefix or None, chunk_size=1000))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 
 from .blockfiles import BlockFiles
 from .remote import RemoteError, RemoteStore
@@ -74,7 +75,7 @@ class RemoteBlockFiles(BlockFiles):
         with self._heads_lock:
             self._heads.pop(block, None)
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         """The object's ETag and size (one HEAD); None when the store does not answer."""
         self._check(block)
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Hashable
 
 from .blockfiles import BlockFiles, LocalBlockFiles
 from .disk_tier import DiskTier
@@ -77,7 +78,7 @@ class TieredBlockFiles(BlockFiles):
         self._local.discard(block)
         self.remote.discard(block)
 
-    def version(self, block: int):
+    def version(self, block: int) -> Hashable | None:
         return self.remote.version(block)  # a copy that fails a check is deleted: the remote's block decides
 
     def wants_copy(self, block: int) -> bool:

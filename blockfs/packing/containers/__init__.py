@@ -35,7 +35,7 @@ __all__ = [
 
 
 def open_source(
-    spec: str | os.PathLike | Sequence[str | os.PathLike],
+    spec: str | bytes | os.PathLike | Sequence[str | os.PathLike],
     *,
     follow_symlinks: bool = False,
     skip_damaged: bool = False,
@@ -49,7 +49,7 @@ def open_source(
     Compressed tars are spooled, decompressed, into an unnamed file in ``spool_dir`` (default: the
     system temporary directory; ``pack`` passes the directory beside its destination).
     """
-    if isinstance(spec, (list, tuple)):
+    if not isinstance(spec, (str, bytes, os.PathLike)):  # a list of shard paths
         shards = [name for s in spec for name in expand_shards(s)]
         return _webdataset(shards, skip_damaged, spool_dir, workers)
     path = os.fspath(spec)

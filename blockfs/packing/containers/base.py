@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from abc import abstractmethod
 from typing import Callable, Iterator
 
 from ...errors import SourceError
@@ -51,6 +52,10 @@ class ListedOnce(Source):
         if self._entries is None:
             self._entries = self._load()
         return iter(self._entries)
+
+    @abstractmethod
+    def _load(self) -> list[SourceEntry]:
+        """The container's entries, from one pass over it."""
 
 
 class WindowReader:

@@ -252,7 +252,7 @@ class RecordIOSource(ListedOnce):
         tree.set_root(DIR_MODE, st.st_mtime_ns)
         if self.idx_path is None:
             log.info("%s has no .idx beside it: finding its records by scanning", self.path)
-        records = self._indexed(st.st_size) if self.idx_path else self._scanned(st.st_size)
+        records = self._indexed(self.idx_path, st.st_size) if self.idx_path else self._scanned(st.st_size)
         used: set[bytes] = set()
         for pos, parts in records:
             entry = self._record_entry(pos, parts, st.st_mtime_ns, used)
@@ -272,26 +272,26 @@ class RecordIOSource(ListedOnce):
             yield pos, parts
             pos = nxt
 
-    def _indexed(self, size: int) -> Iterator[tuple[int, Parts]]:
+    def _indexed(self, idx_path: str, size: int) -> Iterator[tuple[int, Parts]]:
         try:
-            with open(self.idx_path, encoding="utf-8", errors="replace") as f:
+            with open(idx_path, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()
         except OSError as e:
-            raise SourceError(f"cannot read index {self.idx_path!r}: {e.strerror}") from e
+            raise SourceError(f"cannot read index {idx_path!r}: {e.strerror}") from e
         for number, line in enumerate(lines, 1):
             fields = line.split("\t")
             if not line.strip():
                 continue
             if len(fields) != 2 or not fields[1].strip().isdigit():
                 raise SourceError(
-                    f"{self.idx_path} line {number}: expected 'key<TAB>offset', got {line[:60]!r}; "
+                    f"{idx_path} line {number}: expected 'key<TAB>offset', got {line[:60]!r}; "
                     "fix or delete the .idx file (without it the records are found by scanning)"
                 )
             pos = int(fields[1])
             try:
                 parts, _ = parse_parts(self._reader, pos, size)
             except DamagedRecord as d:
-                self._damage.report(d.offset, f"{d.problem} (key {fields[0]!r} in {os.path.basename(self.idx_path)})")
+                self._damage.report(d.offset, f"{d.problem} (key {fields[0]!r} in {os.path.basename(idx_path)})")
                 continue
             yield pos, parts
 

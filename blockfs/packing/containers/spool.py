@@ -24,7 +24,7 @@ import os
 import signal
 import tempfile
 import zlib
-from typing import Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Union
 
 from ...errors import SourceError
 from ..forking import fork_child
@@ -65,7 +65,7 @@ def anonymous_file(directory: str) -> int:
     return fd
 
 
-def decompressed(raw, compression: str) -> Iterator[bytes]:
+def decompressed(raw: BinaryIO, compression: str) -> Iterator[bytes]:
     """The decompressed bytes of ``raw``, piece by piece; concatenated streams (``cat a.gz b.gz``) join.
 
     Raises ``_Damaged`` when the data cannot be decoded or ends before the stream's end marker.

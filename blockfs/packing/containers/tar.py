@@ -79,7 +79,7 @@ class TarSource(ListedOnce):
     def read_into(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> int:
         assert isinstance(entry, TarEntry)
         if entry.sparse is not None:
-            return self._read_sparse(entry, buf, offset)
+            return self._read_sparse(entry.sparse, buf, offset)
         return pread_into(self._fd, buf, entry.data_offset + offset)
 
     def skipped(self) -> list[bytes]:
@@ -92,8 +92,9 @@ class TarSource(ListedOnce):
         return {"kind": "tar", "compression": self.compression or "none", "skipped_damaged": self.damaged()}
 
     def close(self) -> None:
-        if getattr(self, "_sparse_tar", None) is not None:
-            self._sparse_tar.close()
+        sparse = getattr(self, "_sparse_tar", None)  # None also when __init__ did not get that far
+        if sparse is not None:
+            sparse.close()
             self._sparse_tar = None
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
@@ -178,7 +179,7 @@ class TarSource(ListedOnce):
                         sparse=target.sparse)
 
     # --- reading ---------------------------------------------------------------------------------
-    def _read_sparse(self, entry: TarEntry, buf: memoryview, offset: int) -> int:
+    def _read_sparse(self, member: tarfile.TarInfo, buf: memoryview, offset: int) -> int:
         with self._sparse_lock:  # tarfile objects are not thread-safe; sparse members are rare
             if self._sparse_tar is None or self._sparse_pid != os.getpid():
                 # Its own open file (a fresh offset): forked packers must not move each other's offset.
@@ -186,7 +187,7 @@ class TarSource(ListedOnce):
                 self._sparse_pid = os.getpid()
                 self._sparse_tar = tarfile.open(fileobj=open(own, "rb"), mode="r:",
                                                 encoding=ENCODING[0], errors=ENCODING[1])
-            f = self._sparse_tar.extractfile(entry.sparse)
+            f = self._sparse_tar.extractfile(member)
             assert f is not None
             f.seek(offset)
             data = f.read(len(buf))
@@ -262,7 +263,9 @@ def _members(f, extent: _Extent | Spool, damage: DamageLog) -> Iterator[tarfile.
     while base < size:
         f.seek(base)
         try:
-            tar = tarfile.open(fileobj=_Window(f, base), mode="r:", encoding=ENCODING[0], errors=ENCODING[1])
+            # Reading needs only read, seek and tell: typeshed's file protocol also asks write and close.
+            window = _Window(f, base)
+            tar = tarfile.open(fileobj=window, mode="r:", encoding=ENCODING[0], errors=ENCODING[1])  # type: ignore[call-overload]
         except tarfile.ReadError as e:
             base = damage.report(base, f"not a tar header ({e})", lambda: _next_header(fd, base + BLOCK, size))
             continue

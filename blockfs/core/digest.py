@@ -2,7 +2,7 @@
 
 The chain (drawn in :mod:`.format`): the dataset's name is the digest of its ``blockfs.json`` as stored;
 ``blockfs.json`` holds the index file's digest; the index holds, per block, the digest of its header and
-of its data section, and per file the digest of its bytes.  Chosen by measurement (``tools/bench_hash.py``):
+of its data section, and per file the digest of its bytes.  Chosen by measurement (``tools/bench/bench_hash.py``):
 on one core BLAKE3 hashes 1 MiB-64 MiB buffers 3.5-5x faster than SHA-256 or BLAKE2b from ``hashlib``;
 only CRC-32, which proves nothing against a writer who means it, is faster.  Single-threaded: a reader
 thread hashes the block it loaded, and the mount's other threads keep the other cores busy.

@@ -15,7 +15,7 @@ naming the block and the file being read; anything unexpected is logged with its
 ``EIO`` (never the bindings' default ``EINVAL``).
 
 Open modes (the data never changes, so the kernel may keep what it read; the README gives the figures
-``tools/bench_mount.py`` measures for each):
+``tools/bench/bench_mount.py`` measures for each):
 
 * ``enosys`` (the default with libfuse 3): ``open`` answers ENOSYS, the kernel stops sending open/release
   and keeps file pages across opens, so a re-read costs no Python call;

@@ -38,7 +38,7 @@ from .view import ROOT, MountView
 
 log = logging.getLogger(__name__)
 
-READER_THREADS = 2  # answer requests; measured by tools/bench_fuse_routes.py (2 cores: more only contend)
+READER_THREADS = 2  # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 CONTROL_NODES = 1 << 48  # control-directory nodes: this plus the control file's inode number
 PUSH_RETRY_S = 0.05

@@ -131,7 +131,7 @@ class MountOptions:
              "a binding); auto: kernel where it can run, else mfusepy",
     ), "auto")  # fmt: skip
     # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
-    # only (measured by tools/bench_memory.py --kernel); "none": no page-cache reuse.
+    # only (measured by tools/bench/bench_memory.py --kernel); "none": no page-cache reuse.
     open_mode: str = _declared(Flag(
         "--open-mode", section="tuning", choices=OPEN_MODES,
         help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3; targets: only the "

@@ -4,7 +4,7 @@ Why not a binding: the kernel protocol carries the node id of every request, REA
 not the file was opened — libfuse's high-level API hides node ids and pyfuse3's ``read`` sees only the
 file handle, so neither can serve reads with ``open`` skipped *and* push pages into the kernel's cache.
 Speaking the protocol directly costs one ``readv`` and one ``writev`` per request, with no ctypes
-callback and no thread-state switch in between (``tools/null_fs.py`` measures it against the bindings).
+callback and no thread-state switch in between (``tools/bench/helpers/null_fs.py`` measures it against the bindings).
 
 * **Mounting.**  As root, ``mount(2)`` with the device's descriptor in the options, as libfuse does; as
   anyone else, ``fusermount3`` (setuid), which mounts and hands the descriptor back over a socket

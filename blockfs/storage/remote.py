@@ -2,7 +2,7 @@
 
 Why obstore: it is Rust (``object_store``) and releases the GIL, so parallel ranged GETs from Python
 threads overlap; measured on loopback it answers a 4 KiB GET in a fraction of boto3's time
-(``tools/bench_remote.py --clients``, figures in the README).  Its URL and option names are the ones users
+(``tools/bench/bench_remote.py --clients``, figures in the README).  Its URL and option names are the ones users
 know from fsspec, and the fsspec spellings (``endpoint_url``, ``key``, ``secret``, ``anon``) are accepted.
 
 What this layer adds to the client:
@@ -34,7 +34,7 @@ from typing import Any
 from ..errors import BlockfsError
 from .location import is_remote, join, redact, scrub, store_kind
 
-# Options blockfs itself reads (the rest go to the client); defaults chosen with tools/bench_remote.py.
+# Options blockfs itself reads (the rest go to the client); defaults chosen with tools/bench/bench_remote.py.
 PART_SIZE = 8 << 20  # bytes per ranged GET when a whole block is fetched
 CONCURRENCY = 16  # ranged GETs in flight per store
 RETRY_TIMEOUT = 30.0  # seconds one request may spend retrying before it fails

@@ -792,5 +792,8 @@ def test_training_script_gives_identical_losses_on_the_mount(tmp_path):
         got = train(m.path, tmp_path / "mnt.json")
         stats = read_stats(m.path)
     assert got["losses"] == expected["losses"] and len(got["losses"]) == 6
-    assert stats["counters"]["files_served"] >= 192
+    # Every file's bytes reached the kernel from the mount: answered to a read, or pushed into its page cache
+    # before the script read it (the kernel route; which of the two wins for a file is a race).
+    pushed = stats.get("page_cache", {}).get("files_pushed", 0)
+    assert stats["counters"]["files_served"] + pushed >= 192
 

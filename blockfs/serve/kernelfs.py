@@ -113,8 +113,9 @@ class KernelFS:
     def _ready(self) -> None:
         self.served = True
         view = self.view
-        log.info("serving %s at %s (kernel protocol 7.%d, cache %d bytes %s)", view.ds.location, view.mountpoint,
-                 self.session.minor, view.cache.budget_bytes, view.cache.policy_name)  # fmt: skip
+        log.info("serving %s at %s (kernel protocol 7.%d, open %s, cache %d bytes %s)", view.ds.location,
+                 view.mountpoint, self.session.minor, self.open_mode, view.cache.budget_bytes,
+                 view.cache.policy_name)  # fmt: skip
         threading.Thread(target=self._forget_loop, name="blockfs-forget", daemon=True).start()
         if view.options.prefill:
             view.cache.start_prefill()

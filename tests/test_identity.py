@@ -410,6 +410,56 @@ def test_a_piece_of_a_big_file_is_checked_by_its_chunks_on_every_read(tmp_path, 
             ds.read("big.bin", 2 * fmt.CHUNK_SIZE, piece)
 
 
+def test_a_local_block_is_hashed_piece_by_piece_behind_its_read(tmp_path, monkeypatch):
+    """A local block's data is read in pieces, each hashed on a hashing thread while the next is read: every
+    piece is checked (a forgery in the last one is refused, naming its chunk), and a read that fails half
+    way returns only once every hash has let go of the caller's buffer."""
+    import blockfs.core.store as store_module
+    from blockfs.errors import BlockReadError
+    from blockfs.storage.blockfiles import LocalBlockFiles
+
+    monkeypatch.setattr(store_module, "READ_PIECE", 2 * fmt.CHUNK_SIZE)
+    rng = random.Random(5)
+    (tmp_path / "src").mkdir()
+    for i in range(5):
+        (tmp_path / "src" / f"f{i}.bin").write_bytes(rng.randbytes(fmt.CHUNK_SIZE + 1000 * i))
+    name = blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False).digest
+    hashed: list = []
+    later = dg.chunk_digests_later
+    monkeypatch.setattr(dg, "chunk_digests_later", lambda data, chunk: hashed.append(later(data, chunk)) or hashed[-1])
+    with blockfs.open_dataset(tmp_path / "p", expect=name) as ds:
+        head = ds.store.header(0)
+        expected = [zlib.crc32((tmp_path / "src" / f"f{i}.bin").read_bytes()) for i in range(5)]
+        assert sorted(ds.store.verified_crcs(0).tolist()) == sorted(expected)
+        assert len(hashed) == -(-head.data_size // (2 * fmt.CHUNK_SIZE)) >= 3  # one hash per piece
+
+        reads = []
+        real_read_into = LocalBlockFiles.read_into
+
+        def failing_second_piece(self, block, view, offset):
+            reads.append(offset)
+            if len(reads) == 2:
+                raise OSError(errno.EIO, "injected")
+            real_read_into(self, block, view, offset)
+
+        hashed.clear()
+        monkeypatch.setattr(LocalBlockFiles, "read_into", failing_second_piece)
+        with pytest.raises(BlockReadError):
+            ds.store.verified_crcs(0)
+        assert hashed and all(f.done() for f in hashed)  # nothing still reads the buffer
+        monkeypatch.setattr(LocalBlockFiles, "read_into", real_read_into)
+
+        path = Path(ds.store.block_paths[0])
+        raw = bytearray(path.read_bytes())
+        last_chunk = fmt.n_chunks(head.data_size) - 1
+        at = head.data_start + last_chunk * fmt.CHUNK_SIZE + 10
+        raw[at : at + 64] = forge(bytes(raw[at : at + 64]))
+        path.write_bytes(bytes(raw))
+        ds.store._files.discard(0)
+        with pytest.raises(CorruptBlockError, match=f"chunk {last_chunk}"):
+            ds.store.verified_crcs(0)
+
+
 def test_a_pack_to_a_url_has_the_name_of_the_same_pack_on_disk(s3, packed, tmp_path, capsys):
     root, contents, name = packed
     bucket = s3.new_bucket()

@@ -4,14 +4,17 @@ The chain (drawn in :mod:`.format`): the dataset's name is the digest of its ``b
 ``blockfs.json`` holds the index file's digest; the index holds, per block, the digest of its header and
 of its data section, and per file the digest of its bytes.  Chosen by measurement (``tools/bench/bench_hash.py``):
 on one core BLAKE3 hashes 1 MiB-64 MiB buffers 3.5-5x faster than SHA-256 or BLAKE2b from ``hashlib``;
-only CRC-32, which proves nothing against a writer who means it, is faster.  Single-threaded: a reader
-thread hashes the block it loaded, and the mount's other threads keep the other cores busy.
+only CRC-32, which proves nothing against a writer who means it, is faster.  A block read from a local
+file is hashed in pieces on two hashing threads while its next piece is read (``chunk_digests_later``),
+so the hash overlaps the read; anything else is hashed by the thread that read it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from blake3 import blake3
@@ -69,6 +72,31 @@ def chunk_digests(data: ReadableBuffer, chunk: int) -> bytes:
     """The digest of each ``chunk``-byte piece of ``data``, back to back."""
     view = memoryview(data)
     return b"".join(blake3(view[i : i + chunk]).digest() for i in range(0, len(view), chunk))
+
+
+class _HashingThreads:
+    """Two threads that hash behind a reader (BLAKE3 releases the GIL), made anew in a forked child, where
+    the parent's threads do not exist."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def submit(self, data: ReadableBuffer, chunk: int) -> Future[bytes]:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool, self._pid = ThreadPoolExecutor(2, thread_name_prefix="blockfs-hash"), os.getpid()
+            return self._pool.submit(chunk_digests, data, chunk)
+
+
+_HASHING = _HashingThreads()
+
+
+def chunk_digests_later(data: ReadableBuffer, chunk: int) -> Future[bytes]:
+    """:func:`chunk_digests` of ``data`` on a hashing thread; the future's ``result()`` is the digests.
+    ``data`` must stay unchanged until then."""
+    return _HASHING.submit(data, chunk)
 
 
 def file_digest(path: str | os.PathLike) -> bytes:

@@ -41,6 +41,9 @@ class BlockFiles:
 
     names: list[str]
     keeps_copies = False  # a tier that keeps copies of verified blocks (the disk tier)
+    # Whether a block read in pieces costs what one read of it costs (local files: yes; ranged GETs: no, a
+    # whole block is fetched as parallel parts), so the store may check each piece while the next is read.
+    reads_in_pieces = False
     copies_memory_blocks = True  # whether that tier also copies blocks memory holds for good
 
     def size(self, block: int) -> int:
@@ -182,6 +185,8 @@ WILLNEED_FROM = 1 << 20  # reads this big tell the kernel their whole range firs
 class LocalBlockFiles(BlockFiles):
     """Block files in a local directory (``paths[b]`` is block ``b``'s file).  ``opener(b)``, when given,
     opens block ``b`` instead of its path (the disk tier opens its copies relative to its directory)."""
+
+    reads_in_pieces = True
 
     def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self.names = paths

@@ -167,6 +167,40 @@ def test_a_foreground_mount_tells_systemd_it_is_ready_once_it_answers(dataset, t
     wait_until(lambda: not is_mounted(mnt), "the mount to go")
 
 
+def test_readiness_never_asks_the_mount_itself(tmp_path, monkeypatch):
+    """The watcher that sends READY=1 runs inside the server: a stat of the mount point would be a request
+    to its own process, and a server killed while that request is in flight can never exit (its mount
+    then hangs).  It reads the mount table instead."""
+    import threading
+    import types
+
+    from blockfs.serve import server
+
+    require(os.geteuid() == 0, "root (a tmpfs mount stands in for the FUSE mount)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], check=True, timeout=30)
+    try:
+        real_stat, real_lstat = os.stat, os.lstat
+
+        def refuse(real):
+            def call(path, *args, **kw):
+                assert os.fspath(path) != str(mnt), "a request to the server's own mount"
+                return real(path, *args, **kw)
+
+            return call
+
+        sent = []
+        monkeypatch.setattr(os, "stat", refuse(real_stat))
+        monkeypatch.setattr(os, "lstat", refuse(real_lstat))
+        monkeypatch.setattr(server, "notify", sent.append)
+        fs = types.SimpleNamespace(served=True, stopped=threading.Event())
+        server._when_serving(fs, str(mnt))
+        assert sent and sent[0].startswith("READY=1")
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True, timeout=30)
+
+
 # --- the deployment examples: run what can run here ---------------------------------------------------
 def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     """The unit as written, with this machine's blockfs in place of /opt/blockfs/bin/blockfs (systemd is

@@ -33,6 +33,7 @@ from .libfuse_messages import StderrCapture, distill
 from .notify import notify
 from .options import FUSE_ROUTES, MountOptions
 from .plan import MemoryPlan
+from .process import is_mounted
 from .retain import RetainingReader, plan_dataset
 from .share import ShareServer
 from .view import MountView
@@ -272,10 +273,15 @@ def _split_options(fuse_options: tuple[str, ...]) -> Iterator[str]:
 
 def _when_serving(fs: "Adapter", mountpoint: str) -> None:
     """Once the mount answers: stderr back from libfuse's capture (libfuse routes), and READY=1 to systemd
-    (Type=notify)."""
+    (Type=notify).
+
+    "Answers" is the kernel's INIT answered (``fs.served``) and the mount in the mount table, never a
+    ``stat`` of the mount point: that would be a request to this very process, and a server killed while
+    one of its own requests is in flight cannot exit (the kernel waits for the answer uninterruptibly, and
+    the device closes only when every thread is gone), so the mount hangs until aborted."""
     said = getattr(fs, "libfuse_said", None)
     while not fs.stopped.wait(0.01):
-        if fs.served and os.path.ismount(mountpoint):
+        if fs.served and is_mounted(mountpoint):
             if said is not None:
                 said.release()
             notify(f"READY=1\nSTATUS=serving {mountpoint}")

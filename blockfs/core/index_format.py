@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from typing import BinaryIO
 
 import numpy as np
 
@@ -106,9 +107,10 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write an index file holding ``arrays`` (converted to their schema dtypes) at ``path``, fsynced:
-    version 2 when the digest arrays are given, version 1 (no digests) otherwise."""
+def write_arrays(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+    """Write an index file holding ``arrays`` (converted to their schema dtypes) into ``f``, a new binary file
+    (``storage.owned.created_at``: it also flushes and fsyncs): version 2 when the digest arrays are given,
+    version 1 (no digests) otherwise."""
     version = INDEX_VERSION if all(arrays.get(name) is not None for name in DIGEST_ARRAYS) else OLDEST_INDEX_VERSION
     arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt).reshape(-1) for name, dt in schema_of(version).items()}
     # Two passes: the table of contents holds offsets, which depend on its own length.
@@ -125,15 +127,12 @@ def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
             break
         toc_len = len(raw) + 64
     raw = raw.ljust(toc_len)
-    with open(path, "wb") as f:
-        f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
-        f.write(raw)
-        for name, arr in arrays.items():
-            f.write(b"\0" * (toc[name][1] - f.tell()))
-            f.write(arr.tobytes())
-        f.write(b"\0" * _pad(f.tell()))
-        f.flush()
-        os.fsync(f.fileno())
+    f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
+    f.write(raw)
+    for name, arr in arrays.items():
+        f.write(b"\0" * (toc[name][1] - f.tell()))
+        f.write(arr.tobytes())
+    f.write(b"\0" * _pad(f.tell()))
 
 
 def read_index_file(path: str, where: str) -> mmap.mmap:

@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ...core.digest import digest, file_digest
+from ...core.digest import digest
 from ...core.format import METADATA_NAME
 from ...errors import FormatError, SourceError
+from ...storage.owned import USER_DIR_FLAGS, write_file_at
 from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
@@ -218,18 +219,16 @@ class RecordIOSource(ListedOnce):
             "skipped_damaged": self.damaged(),
         }
         if self._full_labels:
-            tmp = os.path.join(dest, LABELS_FILE + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"format": "blockfs-record-labels", "version": 1, "labels": self._full_labels}, f,
-                          sort_keys=True)
-                f.write("\n")
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(dest, LABELS_FILE))
+            labels = {"format": "blockfs-record-labels", "version": 1, "labels": self._full_labels}
+            raw = (json.dumps(labels, sort_keys=True) + "\n").encode("utf-8")
+            dir_fd = os.open(dest, USER_DIR_FLAGS)
+            try:  # by name in DEST, never through a link planted there (storage.owned)
+                write_file_at(dir_fd, LABELS_FILE, (raw,), mode=0o666, sync=fsync)
+            finally:
+                os.close(dir_fd)
             meta["labels_file"] = LABELS_FILE
             # A link of the chain that names the dataset (blockfs.json holds this): the labels are its data too.
-            meta["labels_blake3"] = file_digest(os.path.join(dest, LABELS_FILE)).hex()
+            meta["labels_blake3"] = digest(raw).hex()
         return meta
 
     def close(self) -> None:

@@ -270,3 +270,48 @@ def test_unpack_never_follows_a_directory_swapped_for_a_link(packed, tmp_path):
             unpack(ds, out, on_file=swap)
     assert swapped.is_set() and "'d0'" in str(raised.value) and "\n" not in str(raised.value)
     assert outside.untouched()
+
+
+# --- a FIFO where the dataset's files should be -----------------------------------------------------------
+def _finishes(action, fifo: Path) -> tuple[bool, BaseException | None]:
+    """Run ``action`` on a thread; whether it finished within a minute (else the FIFO is opened for writing,
+    which lets a reader blocked in its open go), and what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    finished = not thread.is_alive()
+    if not finished:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # release the blocked open
+        thread.join(timeout=60)
+    return finished, raised[0] if raised else None
+
+
+@pytest.mark.parametrize("name", [fmt.METADATA_NAME, fmt.INDEX_NAME, f"{fmt.BLOCKS_DIR}/{BLOCK_0}"])
+def test_a_fifo_planted_as_a_dataset_file_fails_the_open_or_the_read_instead_of_blocking(packed, tmp_path, name):
+    """A FIFO blocks its reader's open until a writer comes: planted as ``blockfs.json`` or ``index.bfi`` it
+    held every command on the dataset, as a block file every read of the mount (behind the descriptors'
+    lock).  Each is now refused as not a regular file."""
+    root, contents = packed
+    dest = tmp_path / "ds"
+    shutil.copytree(root / "pristine", dest)
+    with blockfs.open_dataset(dest) as ds:
+        victim = os.fsdecode(sorted(ds.files_in_block(0))[0])
+    (dest / name).unlink()
+    os.mkfifo(dest / name)
+
+    def read() -> None:
+        with blockfs.open_dataset(dest) as ds:
+            ds.read(victim)
+
+    finished, error = _finishes(read, dest / name)
+    assert finished, f"reading {victim} blocked on the FIFO {name}"
+    assert isinstance(error, OSError | ValueError) and "not a regular file" in str(error), error
+    assert "\n" not in str(error)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 from typing import BinaryIO
 
 import numpy as np
@@ -138,11 +139,14 @@ def write_arrays(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
 def read_index_file(path: str, where: str) -> mmap.mmap:
     """The whole index file, read into anonymous memory."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO must not block
     except OSError as e:
         raise IndexFormatError(f"{where}: cannot open: {e.strerror}") from e
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IndexFormatError(f"{where}: not a regular file (a FIFO, a device or a directory); {REPACK}")
+        size = st.st_size
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
         # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too), its pages

@@ -47,7 +47,7 @@ import numpy as np
 from ...core.digest import digest
 from ...core.format import METADATA_NAME
 from ...errors import FormatError, SourceError
-from ...storage.owned import USER_DIR_FLAGS, write_file_at
+from ...storage.owned import USER_DIR_FLAGS, read_regular_at, write_file_at
 from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
@@ -343,9 +343,19 @@ def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
         raise SourceError(f"{ds.root!r} was not packed from a RecordIO file")
     full: dict[str, list[float]] = {}
     if "labels_file" in source:
-        path = os.path.join(ds.root, source["labels_file"])
-        with open(path, "rb") as f:
-            raw = f.read()
+        name = source["labels_file"]
+        path = os.path.join(ds.root, str(name))
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise FormatError(f"{ds.root}: {METADATA_NAME} names the labels file {name!r}, not a file of the "
+                              "dataset: restore the dataset from a good copy or pack it again")  # fmt: skip
+        dir_fd = os.open(ds.root, USER_DIR_FLAGS)
+        try:  # a regular file of the dataset only: never a link out of it, a FIFO or a device
+            raw = read_regular_at(dir_fd, name)
+        finally:
+            os.close(dir_fd)
+        if raw is None:
+            raise FormatError(f"{path}: missing, unreadable or not a regular file: restore the dataset from a good "
+                              "copy or pack it again")  # fmt: skip
         if ds.has_digests and digest(raw).hex() != source.get("labels_blake3"):
             raise FormatError(
                 f"{path}: not the labels {METADATA_NAME} names (its BLAKE3 digest differs): restore the dataset "

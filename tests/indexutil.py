@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +13,9 @@ import numpy as np
 from blockfs.core.digest import digest
 from blockfs.core.format import INDEX_NAME, crc32
 from blockfs.core.index import PackedIndex
-from blockfs.core.index_format import write_arrays
+from blockfs.core import format as fmt
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.index_format import DIGEST_ARRAYS, write_arrays
 
 Arrays = dict[str, np.ndarray]
 
@@ -78,7 +81,8 @@ def rewrite_index(dest: str | os.PathLike, mutate: Callable[[Arrays], None]) -> 
     the checks behind the CRC can notice."""
     arrays = index_arrays(dest)
     mutate(arrays)
-    write_arrays(os.path.join(dest, INDEX_NAME), arrays)
+    with open(os.path.join(dest, INDEX_NAME), "wb") as f:
+        write_arrays(f, arrays)
     resign(Path(dest))
 
 
@@ -96,3 +100,17 @@ def rename_entry(arrays: Arrays, path: bytes, new_path: bytes) -> None:
     assert len(new_path) == len(path)
     start = int(arrays["path_offsets"][entry_of(arrays, path)])
     arrays["paths"][start : start + len(path)] = np.frombuffer(new_path, dtype=np.uint8)
+
+
+def strip_digests(dest: Path) -> None:
+    """Turn a pack into today's format 1: an index with no digests, blockfs.json with none (as written
+    by blockfs before issue 23)."""
+    index = dest / fmt.INDEX_NAME
+    with PackedDataset(dest) as ds:
+        arrays = {k: np.array(v) for k, v in ds.index.arrays.items() if k not in DIGEST_ARRAYS}
+    with open(index, "wb") as f:
+        write_arrays(f, arrays)
+    meta = json.loads((dest / fmt.METADATA_NAME).read_text())
+    meta["format_version"] = 1
+    meta["index"] = {"file": fmt.INDEX_NAME, "crc32": zlib.crc32(index.read_bytes())}
+    (dest / fmt.METADATA_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -114,6 +114,16 @@ def test_recordio_round_trip(tmp_path, with_idx):
     with blockfs.open_dataset(tmp_path / "p") as ds:
         with pytest.raises(FormatError, match="not the labels"):
             read_record_labels(ds)
+    # Issue 29: a labels file that is a link (or a FIFO, which would block the read) is refused unread, and
+    # blockfs.json may not name a file outside the dataset.
+    labels.unlink()
+    labels.symlink_to(tmp_path / "data.rec")
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        with pytest.raises(FormatError, match="not a regular file"):
+            read_record_labels(ds)
+        ds.metadata["source"]["labels_file"] = "../data.rec"
+        with pytest.raises(FormatError, match="not a file of the dataset"):
+            read_record_labels(ds)
 
 
 def _recordio_file(tmp_path, n=6, with_idx=False):

@@ -13,10 +13,10 @@ import shutil
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import has_fuse, require
 from forgery import forge
+from indexutil import strip_digests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +25,6 @@ from blockfs import cli
 from blockfs.core import digest as dg
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
-from blockfs.core.index_format import DIGEST_ARRAYS, write_arrays
 from blockfs.errors import BlockfsError, CorruptBlockError, IdentityError
 
 VICTIM = "class1/f0007.bin"
@@ -73,19 +72,6 @@ def forge_file(dest: Path, rel: str) -> bytes:
     raw[start : start + size] = forge(bytes(raw[start : start + size]))
     Path(path).write_bytes(bytes(raw))
     return bytes(raw)
-
-
-def strip_digests(dest: Path) -> None:
-    """Turn a pack into today's format 1: an index with no digests, blockfs.json with none (as written
-    by blockfs before issue 23)."""
-    index = dest / fmt.INDEX_NAME
-    with PackedDataset(dest) as ds:
-        arrays = {k: np.array(v) for k, v in ds.index.arrays.items() if k not in DIGEST_ARRAYS}
-    write_arrays(index, arrays)
-    meta = json.loads((dest / fmt.METADATA_NAME).read_text())
-    meta["format_version"] = 1
-    meta["index"] = {"file": fmt.INDEX_NAME, "crc32": zlib.crc32(index.read_bytes())}
-    (dest / fmt.METADATA_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
@@ -264,7 +250,7 @@ def test_an_upgrade_cut_between_its_two_renames_is_finished_by_the_next(dest, pa
     def cut(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(up, "write_atomically", cut)
+    monkeypatch.setattr(up, "write_file_at", cut)
     with pytest.raises(KeyboardInterrupt):
         up.upgrade(dest)
     monkeypatch.undo()

@@ -39,7 +39,7 @@ def test_mount_options_become_blockfs_options():
     with pytest.raises(ValueError, match="foreground"):
         blockfs_argv("/d", "/m", ["foreground"])
     for secret in ("storage.secret_access_key=x", "storage.secret=x", "storage.account_key=x"):
-        with pytest.raises(ValueError, match="is a credential: fstab is readable by every user"):
+        with pytest.raises(ValueError, match="is a credential, and fstab is readable by every user"):
             blockfs_argv("/d", "/m", [secret])
 
 

@@ -18,6 +18,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from ..storage.credentials import WHERE_FROM, is_credential
 from .mount_flags import not_in_fstab
 
 __all__ = ["blockfs_argv", "main"]
@@ -45,11 +46,14 @@ def _mount_options() -> dict[str, bool]:
     return options
 
 
-def _is_secret(key: str) -> bool:
-    from ..storage.remote import ALIASES, SECRET_OPTIONS
+def _refuse_credential(name: str, dataset: str) -> ValueError:
+    """The refusal of ``storage.KEY`` carrying a credential, saying where the credential goes instead."""
+    from ..storage.location import is_remote, store_kind
+    from ..storage.remote import KIND_NAMES
 
-    key = ALIASES.get(key, key)
-    return key in SECRET_OPTIONS or "secret" in key or key.endswith("_key")
+    kinds = [store_kind(dataset)] if is_remote(dataset) and store_kind(dataset) in WHERE_FROM else list(WHERE_FROM)
+    where = "; ".join(f"{KIND_NAMES[k]}: {WHERE_FROM[k]}" for k in kinds)
+    return ValueError(f"option {name!r} is a credential, and fstab is readable by every user: {where}")
 
 
 def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[str]:
@@ -62,9 +66,8 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[
         name, eq, value = item.partition("=")
         if name.startswith("storage."):
             key = name[len("storage."):]
-            if _is_secret(key):
-                raise ValueError(f"option {name!r} is a credential: fstab is readable by every user; give it "
-                                 "through the environment, a profile or an instance role instead")  # fmt: skip
+            if is_credential(key):
+                raise _refuse_credential(name, dataset)
             argv += ["--storage-option", f"{key}={value}"]
         elif name in refused:
             raise ValueError(f"option {name!r} cannot be given in fstab: mount(8) needs the mount in the background")

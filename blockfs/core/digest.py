@@ -99,8 +99,8 @@ def chunk_digests_later(data: ReadableBuffer, chunk: int) -> Future[bytes]:
     return _HASHING.submit(data, chunk)
 
 
-def file_digest(path: str | os.PathLike) -> bytes:
-    """The digest of a whole file, read in 16 MiB pieces."""
+def file_digest(path: str | os.PathLike | int) -> bytes:
+    """The digest of a whole file, read in 16 MiB pieces; ``path`` may be a descriptor (closed after)."""
     h = blake3()
     with open(path, "rb") as f:
         while piece := f.read(16 << 20):

@@ -79,8 +79,9 @@ BLOCKS_DIR = "blocks"
 PACKING_MARKER = ".blockfs-packing"
 
 
-def file_crc(path: str | os.PathLike) -> int:
-    """The CRC-32 of a whole file (the index's, as ``blockfs.json`` records it), read in 16 MiB pieces."""
+def file_crc(path: str | os.PathLike | int) -> int:
+    """The CRC-32 of a whole file (the index's, as ``blockfs.json`` records it), read in 16 MiB pieces; ``path``
+    may be a descriptor (closed after)."""
     crc = 0
     with open(path, "rb") as f:
         while piece := f.read(16 << 20):
@@ -88,8 +89,13 @@ def file_crc(path: str | os.PathLike) -> int:
     return crc
 
 
+def block_name(block: int) -> str:
+    """A block file's name in ``blocks/``."""
+    return f"{block:08d}.blk"
+
+
 def block_path(dest: str | os.PathLike, block: int) -> str:
-    return os.path.join(os.fspath(dest), BLOCKS_DIR, f"{block:08d}.blk")
+    return os.path.join(os.fspath(dest), BLOCKS_DIR, block_name(block))
 
 
 PREAMBLE_DTYPE = np.dtype(

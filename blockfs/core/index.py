@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 
@@ -65,17 +65,17 @@ class IndexColumns:
 
 
 def write_index(
-    path: str | os.PathLike,
+    f: BinaryIO,
     cols: IndexColumns,
     block_counts: np.ndarray,
     block_sizes: np.ndarray,
 ) -> None:
-    """Sort the entries into tree order, build the lookup tables and write the index file at ``path``.
+    """Sort the entries into tree order, build the lookup tables and write the index file into ``f`` (a new
+    binary file, as :func:`~blockfs.core.index_format.write_arrays` takes).
 
     ``block_counts[b]`` is the number of slots in block b, ``block_sizes[b]`` its file size in bytes.
-    Writes ``path`` directly: the packer writes to a temporary name and renames.
     """
-    prepare_index(cols, block_counts).write(path, cols.crc, block_sizes)
+    prepare_index(cols, block_counts).write(f, cols.crc, block_sizes)
 
 
 @dataclass
@@ -85,9 +85,9 @@ class PreparedIndex:
     arrays: dict[str, np.ndarray | None]
     order: np.ndarray  # index position -> position in the IndexColumns it was prepared from
 
-    def write(self, path: str | os.PathLike, crc: np.ndarray, block_sizes: np.ndarray,
+    def write(self, f: BinaryIO, crc: np.ndarray, block_sizes: np.ndarray,
               digests: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
-        """Write the index file at ``path``; ``crc`` is in the order of the prepared columns.  ``digests``:
+        """Write the index file into ``f`` (a new binary file); ``crc`` is in the order of the prepared columns.  ``digests``:
         (file digests in the order of the prepared columns, block header digests, chunk digests: rows of
         32 bytes; and where each block's chunks start, n_blocks + 1); without them the index is version 1
         (tests of the old format)."""
@@ -96,7 +96,7 @@ class PreparedIndex:
             files, heads, chunks, block_chunks = digests
             arrays.update(file_digest=np.asarray(files)[self.order], block_head_digest=heads, chunk_digest=chunks,
                           block_chunks=block_chunks)  # fmt: skip
-        write_arrays(path, arrays)
+        write_arrays(f, arrays)
 
 
 # --- building an index: one step per table ----------------------------------------------------------

@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
+from typing import BinaryIO
 
 import numpy as np
 
@@ -106,9 +108,10 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write an index file holding ``arrays`` (converted to their schema dtypes) at ``path``, fsynced:
-    version 2 when the digest arrays are given, version 1 (no digests) otherwise."""
+def write_arrays(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+    """Write an index file holding ``arrays`` (converted to their schema dtypes) into ``f``, a new binary file
+    (``storage.owned.created_at``: it also flushes and fsyncs): version 2 when the digest arrays are given,
+    version 1 (no digests) otherwise."""
     version = INDEX_VERSION if all(arrays.get(name) is not None for name in DIGEST_ARRAYS) else OLDEST_INDEX_VERSION
     arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt).reshape(-1) for name, dt in schema_of(version).items()}
     # Two passes: the table of contents holds offsets, which depend on its own length.
@@ -125,25 +128,25 @@ def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
             break
         toc_len = len(raw) + 64
     raw = raw.ljust(toc_len)
-    with open(path, "wb") as f:
-        f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
-        f.write(raw)
-        for name, arr in arrays.items():
-            f.write(b"\0" * (toc[name][1] - f.tell()))
-            f.write(arr.tobytes())
-        f.write(b"\0" * _pad(f.tell()))
-        f.flush()
-        os.fsync(f.fileno())
+    f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
+    f.write(raw)
+    for name, arr in arrays.items():
+        f.write(b"\0" * (toc[name][1] - f.tell()))
+        f.write(arr.tobytes())
+    f.write(b"\0" * _pad(f.tell()))
 
 
 def read_index_file(path: str, where: str) -> mmap.mmap:
     """The whole index file, read into anonymous memory."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO must not block
     except OSError as e:
         raise IndexFormatError(f"{where}: cannot open: {e.strerror}") from e
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IndexFormatError(f"{where}: not a regular file (a FIFO, a device or a directory); {REPACK}")
+        size = st.st_size
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
         # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too), its pages

@@ -42,7 +42,8 @@ from .format import (
 class StorageOptions:
     """How to reach and cache a remote dataset (ignored for a local one)."""
 
-    options: dict = field(default_factory=dict)  # the client's (endpoint, region, keys ...) and blockfs's
+    # the client's (endpoint, region, keys ...) and blockfs's; never in a repr (a log line), keys and all
+    options: dict = field(default_factory=dict, repr=False)
     disk_cache: str | None = None  # the disk tier's directory
     disk_cache_size: int = 0  # its byte budget
     # Without a disk tier: a directory for the fetched metadata and index (so ``blockfs mount`` hands what

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Callable
 
 from . import digest as dg
 from ..errors import FormatError, NotADatasetError, UnsupportedVersionError
 from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER
 from .index_format import REPACK as FIX, short_repr
+
+METADATA_LIMIT = 64 << 20  # far above any blockfs.json (a million class names): a bound on what is read
 
 
 # blockfs.json's "format_version": 2 records the index's digest (the chain that names the dataset); 1 does
@@ -85,11 +88,16 @@ def read_metadata_bytes(root: str, expect: str | None = None, display: str | Non
                 f"{root!r} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
             )
         raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
-    try:
-        with open(meta_path, "rb") as f:
-            raw = f.read()
+    try:  # O_NONBLOCK: a FIFO planted there must not block the open
+        with open(os.open(meta_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+            raw = f.read(METADATA_LIMIT + 1) if regular else b""
     except OSError as e:
         raise FormatError(f"{meta_path}: unreadable metadata: {e}; {FIX}") from e
+    if not regular:  # a FIFO would never end, /dev/zero would fill memory
+        raise FormatError(f"{meta_path}: not a regular file (a FIFO, a device or a directory); {FIX}")
+    if len(raw) > METADATA_LIMIT:
+        raise FormatError(f"{meta_path}: over {METADATA_LIMIT >> 20} MiB, not blockfs metadata; {FIX}")
     dg.check_name(f"dataset {display or root!r}", dg.name_of(raw), expect)
     try:
         meta = json.loads(raw)

@@ -190,7 +190,7 @@ class _Tree:
 
 
 _FORGED = {  # what these errors mean when OUT started empty and only this unpack writes to it
-    errno.EEXIST: "it already exists (the index names it twice)",
+    errno.EEXIST: "it already exists (the index names it twice, or another process made it meanwhile)",
     errno.ENOTDIR: "a directory on its path is not a directory",
     errno.ELOOP: "a directory on its path is a symlink",
     errno.ENOENT: "its parent directory does not exist (or is a symlink, made last)",

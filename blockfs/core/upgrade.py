@@ -11,6 +11,7 @@ puts back (the old ``blockfs.json`` still names it) before starting again.
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
@@ -20,48 +21,77 @@ from .dataset import PackedDataset
 from .index_format import write_arrays
 from .metadata import METADATA_VERSION, has_digests, metadata_bytes, read_metadata_bytes
 from ..errors import FormatError
-from ..storage.owned import DIR_FLAGS, write_file_at
+from ..storage.owned import USER_DIR_FLAGS, created_at, write_file_at
 from ..storage.location import is_remote
 
 BACKUP_NAME = fmt.INDEX_NAME + ".before-upgrade"
 
 
 def upgrade(location: str | os.PathLike) -> tuple[str, bool]:
-    """Add digests to the dataset at ``location`` (a directory); return (its name, whether it changed)."""
+    """Add digests to the dataset at ``location`` (a directory); return (its name, whether it changed).
+
+    Everything it writes, links or removes goes through the directory's descriptor, by name, following no
+    link (``storage.owned``): a dataset received from someone else cannot send a write outside it.  A link
+    where the dataset's own files or the upgrade's backup should be is refused (:func:`_regular_or_refused`):
+    upgrade keeps a dataset, and one whose files are links elsewhere is not the one blockfs wrote.
+    """
     root = os.fspath(location)
     if is_remote(root):
         raise FormatError(
             f"{root}: upgrade works on a local directory: copy the dataset, 'blockfs upgrade' it, and upload "
             "index.bfi and then blockfs.json (or pack it again to the URL)"
         )
-    _finish_interrupted(root)
+    try:
+        dir_fd = os.open(root, USER_DIR_FLAGS)
+    except OSError:
+        read_metadata_bytes(root)  # says what ``root`` is instead (missing, not a directory)
+        raise
+    try:
+        return _upgrade(root, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _upgrade(root: str, dir_fd: int) -> tuple[str, bool]:
+    _finish_interrupted(root, dir_fd)
     meta, raw = read_metadata_bytes(root)
     if has_digests(meta):
         return dg.name_of(raw), False
+    for name in (fmt.METADATA_NAME, fmt.INDEX_NAME):
+        _regular_or_refused(root, dir_fd, name)
     with PackedDataset(root) as ds:
         arrays = {name: np.array(arr) for name, arr in ds.index.arrays.items()}
         arrays.update(zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds)))
-    index = os.path.join(root, fmt.INDEX_NAME)
-    backup = os.path.join(root, BACKUP_NAME)
-    os.link(index, backup)
-    temp = index + ".upgrade"
-    write_arrays(temp, arrays)
-    os.replace(temp, index)
+    os.link(fmt.INDEX_NAME, BACKUP_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    with created_at(dir_fd, fmt.INDEX_NAME, mode=0o644) as f:
+        write_arrays(f, arrays)
     meta["format_version"] = METADATA_VERSION
-    meta["index"] = dict(meta["index"], crc32=fmt.file_crc(index), blake3=dg.file_digest(index).hex())
+    meta["index"] = dict(meta["index"], crc32=fmt.file_crc(_open_at(dir_fd, fmt.INDEX_NAME)),
+                         blake3=dg.file_digest(_open_at(dir_fd, fmt.INDEX_NAME)).hex())  # fmt: skip
     new = metadata_bytes(meta)
-    write_atomically(os.path.join(root, fmt.METADATA_NAME), (new,))
-    os.unlink(backup)
+    write_file_at(dir_fd, fmt.METADATA_NAME, (new,), mode=0o644)
+    os.unlink(BACKUP_NAME, dir_fd=dir_fd)
     return dg.name_of(new), True
 
 
-def write_atomically(path: str, pieces: tuple) -> None:
-    """Write ``path`` whole or not at all, through its directory's descriptor (never through a link)."""
-    fd = os.open(os.path.dirname(path) or ".", DIR_FLAGS)
+def _open_at(dir_fd: int, name: str) -> int:
+    """A descriptor to read ``name`` in ``dir_fd`` through, never through a link (the reader closes it)."""
+    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _regular_or_refused(root: str, dir_fd: int, name: str) -> bool:
+    """Whether ``name`` exists in ``dir_fd``; a refusal naming it if it is there but not a regular file."""
     try:
-        write_file_at(fd, os.path.basename(path), pieces, mode=0o644)
-    finally:
-        os.close(fd)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise FormatError(
+            f"{os.path.join(root, name)} is {what}: blockfs writes only regular files there; remove it (or copy "
+            "the dataset with 'cp -rL' and upgrade the copy)"
+        )
+    return True
 
 
 def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -90,11 +120,10 @@ def _digests(ds: PackedDataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return files, heads, row(b"".join(chunks)).reshape(-1, dg.DIGEST_SIZE), block_chunks
 
 
-def _finish_interrupted(root: str) -> None:
+def _finish_interrupted(root: str, dir_fd: int) -> None:
     """Put back the index an interrupted upgrade replaced, if ``blockfs.json`` still names it; else the
     upgrade got as far as ``blockfs.json`` and the copy is only left over."""
-    backup = os.path.join(root, BACKUP_NAME)
-    if not os.path.exists(backup):
+    if not _regular_or_refused(root, dir_fd, BACKUP_NAME):
         return
     meta_crc = None
     try:
@@ -102,7 +131,7 @@ def _finish_interrupted(root: str) -> None:
         meta_crc = meta["index"]["crc32"]
     except FormatError:
         pass
-    if meta_crc is not None and fmt.file_crc(backup) == meta_crc and not has_digests(meta):
-        os.replace(backup, os.path.join(root, fmt.INDEX_NAME))
+    if meta_crc is not None and fmt.file_crc(_open_at(dir_fd, BACKUP_NAME)) == meta_crc and not has_digests(meta):
+        os.rename(BACKUP_NAME, fmt.INDEX_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     else:
-        os.unlink(backup)
+        os.unlink(BACKUP_NAME, dir_fd=dir_fd)

@@ -15,7 +15,6 @@ uploaded block by block, with the same steps and the same argument for crash saf
 from __future__ import annotations
 
 import os
-import shutil
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -24,16 +23,26 @@ from ..core import digest as dg
 from ..core import format as fmt
 from ..core.digest import file_digest
 from ..core.metadata import METADATA_VERSION, metadata_bytes
-from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_path
+from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..errors import PackError
 from ..storage.location import is_remote
+from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
 from .options import PackOptions
 from .parallel import Sums
 
+FILE_MODE = 0o666  # as open() makes files: the umask decides
 
-def prepare_dest(src: str | None, dest: str, force: bool) -> None:
-    """Refuse a destination that would lose data, then mark it as a pack in progress."""
+
+def prepare_dest(src: str | None, dest: str, force: bool) -> int:
+    """Refuse a destination that would lose data, then mark it as a pack in progress; return a descriptor
+    of it (the caller closes it).
+
+    From here on every file of DEST is written or removed through that descriptor, by name, following no
+    link (``storage.owned``): an old dataset's file that is a link (``--force`` over a dataset received from
+    someone else) is removed itself, never what it points to, and a link planted at a name the pack writes
+    is replaced, never written through.
+    """
     if src is not None:
         real_src, real_dest = os.path.realpath(src), os.path.realpath(dest)
         if real_dest == real_src or real_dest.startswith(real_src.rstrip("/") + "/"):
@@ -51,34 +60,44 @@ def prepare_dest(src: str | None, dest: str, force: bool) -> None:
         if dataset and not ours and not force:
             raise PackError(f"destination {dest!r} already holds a packed dataset: pass --force to replace it")
     os.makedirs(dest, exist_ok=True)
-    # The marker goes down before anything is removed, so no moment exists where DEST looks complete.
-    open(os.path.join(dest, PACKING_MARKER), "wb").close()
-    for name in (METADATA_NAME, INDEX_NAME):
-        if os.path.exists(os.path.join(dest, name)):
-            os.unlink(os.path.join(dest, name))
-    shutil.rmtree(os.path.join(dest, BLOCKS_DIR), ignore_errors=True)
-    os.makedirs(os.path.join(dest, BLOCKS_DIR))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(dest, USER_DIR_FLAGS)
     try:
-        os.fsync(fd)
-    finally:
+        # The marker goes down before anything is removed, so no moment exists where DEST looks complete.
+        write_file_at(fd, PACKING_MARKER, (), mode=FILE_MODE, sync=False)
+        for name in (METADATA_NAME, INDEX_NAME, BLOCKS_DIR):
+            remove_at(fd, name)
+        os.mkdir(BLOCKS_DIR, 0o777, dir_fd=fd)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def open_blocks_dir(dir_fd: int) -> int:
+    """A descriptor of ``blocks/`` in DEST, the directory every block file is written into by name."""
+    return os.open(BLOCKS_DIR, DIR_FLAGS, dir_fd=dir_fd)
+
+
+def read_at(dir_fd: int, name: str) -> int:
+    """A descriptor to read ``name`` in ``dir_fd`` through, never through a link (the reader closes it)."""
+    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
 class Destination(ABC):
     """Where a pack goes, as the packer sees it: the steps of :func:`blockfs.pack` that touch DEST.
 
     ``directory`` is the local directory the block writers, the index and a source's side files are
-    written into; ``display`` names DEST in messages and in the result; ``fsync`` says whether files
-    written there must be flushed (False where they are a staging copy: the upload is what lasts).
+    written into, and ``dir_fd`` / ``blocks_fd`` its descriptor and that of its ``blocks/`` (set by
+    :meth:`claim`: everything is written through them); ``display`` names DEST in messages and in the
+    result; ``fsync`` says whether files written there must be flushed (False where they are a staging
+    copy: the upload is what lasts).
     """
 
     directory: str
     display: str
     fsync: bool
+    dir_fd: int = -1
+    blocks_fd: int = -1
 
     @abstractmethod
     def claim(self, source_location: str | None, force: bool) -> None:
@@ -101,6 +120,10 @@ class Destination(ABC):
 
     def close(self) -> None:
         """Release what the pack used, after a commit or a failure."""
+        for fd in (self.blocks_fd, self.dir_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.dir_fd = self.blocks_fd = -1
 
 
 class LocalDestination(Destination):
@@ -112,16 +135,19 @@ class LocalDestination(Destination):
 
     def claim(self, source_location: str | None, force: bool) -> None:
         inside = source_location if source_location is not None and not is_remote(source_location) else None
-        prepare_dest(inside, self.directory, force)
+        self.dir_fd = prepare_dest(inside, self.directory, force)
+        self.blocks_fd = open_blocks_dir(self.dir_fd)
 
     def block_sizes(self, n_blocks: int) -> np.ndarray:
-        return np.array([os.path.getsize(block_path(self.directory, b)) for b in range(n_blocks)], dtype=np.uint64)
+        return np.array([os.stat(block_name(b), dir_fd=self.blocks_fd, follow_symlinks=False).st_size
+                         for b in range(n_blocks)], dtype=np.uint64)  # fmt: skip
 
     def commit(self, metadata: dict) -> None:
-        commit(self.directory, metadata, self.fsync)
+        commit(self.dir_fd, self.blocks_fd, metadata, self.fsync)
 
 
-def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray) -> None:
+def write_index(dir_fd: int, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray,
+                fsync: bool = True) -> None:  # fmt: skip
     """Write the index, now that the file CRCs and digests (``sums``, in plan order), the blocks' digests
     and the block sizes are known.
 
@@ -136,9 +162,8 @@ def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sum
     block_chunks = np.zeros(len(sums.chunk_digests) + 1, dtype=np.uint64)
     np.cumsum([len(c) // dg.DIGEST_SIZE for c in sums.chunk_digests], out=block_chunks[1:])
     digests = (file_digests, _rows(sums.head_digests), _rows(sums.chunk_digests), block_chunks)
-    tmp_index = os.path.join(dest, INDEX_NAME + ".tmp")
-    index.write(tmp_index, file_crcs, block_sizes, digests)
-    os.replace(tmp_index, os.path.join(dest, INDEX_NAME))
+    with created_at(dir_fd, INDEX_NAME, mode=FILE_MODE, sync=fsync) as f:
+        index.write(f, file_crcs, block_sizes, digests)
 
 
 def _rows(digests: list[bytes]) -> np.ndarray:
@@ -147,14 +172,13 @@ def _rows(digests: list[bytes]) -> np.ndarray:
 
 
 def dataset_metadata(
-    dest: str, cols: IndexColumns, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
+    dir_fd: int, cols: IndexColumns, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
     options: PackOptions,
 ) -> dict:
     """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and digest (the link
     to every digest in it) and how it was packed.  Nothing of when or where it was packed: the same files
     packed with the same options give the same ``blockfs.json``, so the same name."""
     kinds = np.asarray(cols.kind)
-    index_path = os.path.join(dest, INDEX_NAME)
     return {
         "format": "blockfs",
         "format_version": METADATA_VERSION,
@@ -166,7 +190,8 @@ def dataset_metadata(
         "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
         "block_bytes": int(block_sizes.sum()),
         "classes": classes,
-        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(index_path), "blake3": file_digest(index_path).hex()},
+        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(read_at(dir_fd, INDEX_NAME)),
+                  "blake3": file_digest(read_at(dir_fd, INDEX_NAME)).hex()},
         "pack": {
             "block_size": options.block_bytes,
             "files_per_block": options.files_per_block,
@@ -178,25 +203,19 @@ def dataset_metadata(
     }
 
 
-def write_metadata_file(dest: str, metadata: dict, fsync: bool) -> None:
+def write_metadata_file(dir_fd: int, metadata: dict, fsync: bool) -> None:
     """Write ``blockfs.json`` under its own name, through a temporary one (fsynced if ``fsync``)."""
-    tmp_meta = os.path.join(dest, METADATA_NAME + ".tmp")
-    with open(tmp_meta, "wb") as f:
-        f.write(metadata_bytes(metadata))
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp_meta, os.path.join(dest, METADATA_NAME))
+    write_file_at(dir_fd, METADATA_NAME, (metadata_bytes(metadata),), mode=FILE_MODE, sync=fsync)
 
 
-def commit(dest: str, metadata: dict, fsync: bool) -> None:
-    """Rename ``blockfs.json`` into place and remove the marker: from here on ``dest`` opens as a dataset.
+def commit(dir_fd: int, blocks_fd: int, metadata: dict, fsync: bool) -> None:
+    """Rename ``blockfs.json`` into place and remove the marker: from here on DEST opens as a dataset.
 
-    With ``fsync``, the blocks directory is made durable first, and ``dest`` itself after.
+    With ``fsync``, the blocks directory is made durable first, and DEST itself after.
     """
     if fsync:
-        _fsync_dir(os.path.join(dest, BLOCKS_DIR))
-    write_metadata_file(dest, metadata, fsync)
-    os.unlink(os.path.join(dest, PACKING_MARKER))
+        os.fsync(blocks_fd)
+    write_metadata_file(dir_fd, metadata, fsync)
+    os.unlink(PACKING_MARKER, dir_fd=dir_fd)
     if fsync:
-        _fsync_dir(dest)
+        os.fsync(dir_fd)

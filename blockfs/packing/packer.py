@@ -82,8 +82,8 @@ def pack(
         sums, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
         unreadable |= too_long
         block_sizes = target.block_sizes(plan.n_blocks)
-        write_index(target.directory, index, plan_pos, sums, block_sizes)
-        metadata = dataset_metadata(target.directory, cols, block_sizes, classes, labels, options)
+        write_index(target.dir_fd, index, plan_pos, sums, block_sizes, target.fsync)
+        metadata = dataset_metadata(target.dir_fd, cols, block_sizes, classes, labels, options)
         described = source.write_metadata(target.directory, target.fsync)  # containers: side files (labels.json)
         if described is not None:
             metadata["source"] = described
@@ -183,7 +183,7 @@ def _write_blocks(
     with --skip-unreadable)."""
     with (
         source.reading(plan.stored),
-        BlockWriter(source, target.directory, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
+        BlockWriter(source, target.blocks_fd, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
     ):
         workers = options.workers or os.cpu_count() or 1
         sums, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,

@@ -47,7 +47,8 @@ from ..core.format import (
 from ..errors import PackError
 from ..storage.location import is_remote, redact, store_kind
 from ..storage.remote import RemoteError, RemoteStore
-from .destination import Destination, write_metadata_file
+from ..storage.owned import DIR_FLAGS
+from .destination import Destination, open_blocks_dir, write_metadata_file
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,9 @@ class RemoteDestination(Destination):
             self.remote.delete(INDEX_NAME)
         except RemoteError as e:
             raise PackError(f"cannot pack to {self.display}: {e}") from None
-        os.makedirs(os.path.join(self.directory, BLOCKS_DIR), exist_ok=True)
+        self.dir_fd = os.open(self.directory, DIR_FLAGS)
+        os.mkdir(BLOCKS_DIR, 0o700, dir_fd=self.dir_fd)
+        self.blocks_fd = open_blocks_dir(self.dir_fd)
 
     def block_written(self, block: int) -> None:
         """Queue the block's upload; wait while every slot is taken (the staging disk stays small), and
@@ -149,7 +152,7 @@ class RemoteDestination(Destination):
         return np.array([self._sizes[b] for b in range(n_blocks)], dtype=np.uint64)
 
     def commit(self, metadata: dict) -> None:
-        write_metadata_file(self.directory, metadata, fsync=False)
+        write_metadata_file(self.dir_fd, metadata, fsync=False)
         side_files = [
             name for name in sorted(os.listdir(self.directory))
             if name not in (INDEX_NAME, METADATA_NAME) and os.path.isfile(os.path.join(self.directory, name))
@@ -175,6 +178,7 @@ class RemoteDestination(Destination):
 
     def close(self) -> None:
         self._uploads.shutdown(wait=True, cancel_futures=True)
+        super().close()
         shutil.rmtree(self.directory, ignore_errors=True)
         self.remote.close()
 

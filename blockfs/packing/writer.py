@@ -14,13 +14,14 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
 from ..core import digest as dg
 from ..core import format as fmt
-from ..core.format import block_path
 from ..errors import PackError, SourceError
+from ..storage.owned import created_at
 from .sources import Source, SourceEntry
 from .writeback import start_writeback
 
@@ -52,10 +53,10 @@ class BlockWriter:
     """
 
     def __init__(
-        self, source: Source, dest: str, *, fsync: bool, skip_unreadable: bool, flush_here: bool = True
+        self, source: Source, blocks_fd: int, *, fsync: bool, skip_unreadable: bool, flush_here: bool = True
     ) -> None:
         self.source = source
-        self.dest = dest
+        self.blocks_fd = blocks_fd  # DEST's blocks/: every block file is made in it by name (storage.owned)
         self.fsync = fsync
         self.skip_unreadable = skip_unreadable
         self._flush_here = fsync and flush_here  # False in a worker process: the parent flushes
@@ -74,18 +75,20 @@ class BlockWriter:
     def for_child(self) -> "BlockWriter":
         """A writer for a forked worker process: it leaves fsync to this one (:meth:`written_elsewhere`)."""
         return BlockWriter(
-            self.source, self.dest, fsync=self.fsync, skip_unreadable=self.skip_unreadable, flush_here=False
+            self.source, self.blocks_fd, fsync=self.fsync, skip_unreadable=self.skip_unreadable, flush_here=False
         )
 
     def written_elsewhere(self, block: int, unreadable: list[bytes]) -> None:
         """Take over a block a worker process wrote: its unreadable files, and flushing it to disk."""
         self.unreadable.extend(unreadable)
         if self.fsync:
-            self._sync_fd_later(os.open(block_path(self.dest, block), os.O_RDONLY | os.O_CLOEXEC))
+            name = fmt.block_name(block)
+            self._sync_fd_later(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.blocks_fd))
 
     def _sync_later(self, f) -> None:
         """fsync ``f``'s file on the fsync thread (through a duplicate descriptor: ``f`` is about to close)."""
         if self._flush_here:
+            f.flush()  # what the file object still holds must be in the file before the fsync
             self._sync_fd_later(os.dup(f.fileno()))
 
     def _sync_fd_later(self, fd: int) -> None:
@@ -108,13 +111,11 @@ class BlockWriter:
             fut.result()
 
     def write(self, block: int, members: list[SourceEntry]) -> WrittenBlock:
-        tmp = block_path(self.dest, block) + ".tmp"
-        if len(members) == 1 and members[0].size > STREAM_PIECE:
-            written = self._write_streamed(block, members[0], tmp)
-        else:
-            written = self._write_buffered(block, members, tmp)
-        os.replace(tmp, block_path(self.dest, block))
-        return written
+        """Write block ``block`` under a temporary name and rename it into place (:func:`created_at`)."""
+        with created_at(self.blocks_fd, fmt.block_name(block), mode=0o666, sync=False) as f:
+            if len(members) == 1 and members[0].size > STREAM_PIECE:
+                return self._write_streamed(block, members[0], f)
+            return self._write_buffered(block, members, f)
 
     def _read(self, entry: SourceEntry, buf: memoryview, offset: int = 0) -> bool:
         """Fill ``buf`` from the file; False if it is unreadable and --skip-unreadable allows that."""
@@ -152,45 +153,44 @@ class BlockWriter:
             buf = self._local.buf = bytearray(size)
         return memoryview(buf)
 
-    def _write_buffered(self, block: int, members: list[SourceEntry], tmp: str) -> WrittenBlock:
+    def _write_buffered(self, block: int, members: list[SourceEntry], f: BinaryIO) -> WrittenBlock:
         """Files gathered into the buffer, written each time it fills; the header last, at the front."""
         view = self._buffer(max(GATHER_SIZE, *(m.size for m in members)))
         pos = 0
         sizes, labels, crcs, digests = [], [], [], []
         read_into, crc32, digest = self.source.read_into, fmt.crc32, dg.digest
         data_hash = dg.ChunkHasher(fmt.CHUNK_SIZE)
-        with open(tmp, "wb") as f:
-            f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
-            # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
-            # calls beyond the read and the CRC.
-            for m in members:
-                end = pos + m.size
-                if end > len(view):
-                    self._write_out(f, view[:pos], data_hash)
-                    pos, end = 0, m.size
-                piece = view[pos:end]
-                try:
-                    n = read_into(m, piece)
-                except OSError as e:
-                    self._unreadable(m, e)  # raises unless --skip-unreadable
-                    # Keep the slot so slot numbers stay as planned; it holds nothing.
-                    crcs.append(0)
-                    digests.append(digest(b""))
-                    sizes.append(0)
-                    labels.append(-1)
-                    continue
-                if n != m.size:
-                    raise self._changed(m)
-                crcs.append(crc32(piece))
-                digests.append(digest(piece))
-                sizes.append(m.size)
-                labels.append(m.label)
-                pos = end
-            self._write_out(f, view[:pos], data_hash)
-            f.seek(0)
-            header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
-            f.write(header)
-            self._sync_later(f)
+        f.seek(fmt.header_size(len(members), wide=False))  # a buffered block is never WIDE
+        # The hot loop of a pack of small files (about a third of a tiny-file pack's time): no
+        # calls beyond the read and the CRC.
+        for m in members:
+            end = pos + m.size
+            if end > len(view):
+                self._write_out(f, view[:pos], data_hash)
+                pos, end = 0, m.size
+            piece = view[pos:end]
+            try:
+                n = read_into(m, piece)
+            except OSError as e:
+                self._unreadable(m, e)  # raises unless --skip-unreadable
+                # Keep the slot so slot numbers stay as planned; it holds nothing.
+                crcs.append(0)
+                digests.append(digest(b""))
+                sizes.append(0)
+                labels.append(-1)
+                continue
+            if n != m.size:
+                raise self._changed(m)
+            crcs.append(crc32(piece))
+            digests.append(digest(piece))
+            sizes.append(m.size)
+            labels.append(m.label)
+            pos = end
+        self._write_out(f, view[:pos], data_hash)
+        f.seek(0)
+        header = fmt.encode_header(block, np.array(sizes), np.array(labels), fmt.crc_of_crcs(crcs))
+        f.write(header)
+        self._sync_later(f)
         return WrittenBlock(crcs, digests, digest(header), data_hash.digests())
 
     def _write_out(self, f, data: memoryview, data_hash=None) -> None:
@@ -204,7 +204,7 @@ class BlockWriter:
             f.flush()
             start_writeback(f.fileno(), start, len(data))
 
-    def _write_streamed(self, block: int, member: SourceEntry, tmp: str) -> WrittenBlock:
+    def _write_streamed(self, block: int, member: SourceEntry, f: BinaryIO) -> WrittenBlock:
         """One file larger than a block: copy it in pieces, header written last."""
         size = member.size
         wide = size >= fmt.NARROW_LIMIT
@@ -213,29 +213,28 @@ class BlockWriter:
         chunk_crcs: list[int] = []
         data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
         buf = memoryview(bytearray(STREAM_PIECE))
-        with open(tmp, "wb") as f:
-            f.write(b"\0" * head_len)
-            done = 0
-            while done < size:
-                piece = buf[: min(STREAM_PIECE, size - done)]
-                if not self._read(member, piece, done):
-                    size = done = 0
-                    f.truncate(head_len)
-                    data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
-                    break
-                crc = fmt.crc32(piece, crc)
-                if wide:
-                    chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
-                file_hash.update(piece)
-                self._write_out(f, piece, data_hash)
-                done += len(piece)
-            header = fmt.encode_header(
-                block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
-                np.array(chunk_crcs, dtype=np.uint32) if wide else None,
-            )
-            if len(header) != head_len:  # the file was unreadable: rewrite as an empty block
-                f.truncate(0)
-            f.seek(0)
-            f.write(header)
-            self._sync_later(f)
+        f.write(b"\0" * head_len)
+        done = 0
+        while done < size:
+            piece = buf[: min(STREAM_PIECE, size - done)]
+            if not self._read(member, piece, done):
+                size = done = 0
+                f.truncate(head_len)
+                data_hash, file_hash = dg.ChunkHasher(fmt.CHUNK_SIZE), dg.hasher()
+                break
+            crc = fmt.crc32(piece, crc)
+            if wide:
+                chunk_crcs.extend(int(c) for c in fmt.chunk_crcs_of(piece))
+            file_hash.update(piece)
+            self._write_out(f, piece, data_hash)
+            done += len(piece)
+        header = fmt.encode_header(
+            block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
+            np.array(chunk_crcs, dtype=np.uint32) if wide else None,
+        )
+        if len(header) != head_len:  # the file was unreadable: rewrite as an empty block
+            f.truncate(0)
+        f.seek(0)
+        f.write(header)
+        self._sync_later(f)
         return WrittenBlock([crc], [file_hash.digest()], dg.digest(header), data_hash.digests())

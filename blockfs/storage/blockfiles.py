@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import stat
 import threading
 from collections.abc import Hashable
 from typing import Callable
@@ -102,6 +103,16 @@ class BlockFiles:
             raise OSError(errno.EINVAL, f"cannot read {size} bytes at offset {offset}: both must be >= 0")
 
 
+def open_regular(path: str) -> int:
+    """A descriptor to read ``path``, if it is a regular file.  A FIFO planted as a block file would block the
+    open (and every read behind the descriptors' lock) until a writer came; a device would be read as data."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a directory)")
+    return fd
+
+
 class _Descriptor:
     __slots__ = ("fd", "stale", "users")
 
@@ -120,7 +131,7 @@ class _Descriptors:
 
     def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self._paths = paths
-        self._opener = opener or (lambda block: os.open(paths[block], os.O_RDONLY | os.O_CLOEXEC))
+        self._opener = opener or (lambda block: open_regular(paths[block]))
         self._open: dict[int, _Descriptor] = {}
         self._lock = threading.Lock()
 

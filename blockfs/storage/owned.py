@@ -15,10 +15,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator
 
 from ..errors import BlockfsError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A directory the user named (a dataset, ``pack``'s DEST): followed if it is a link, as ``cp`` follows one;
+# the names blockfs writes inside it never are.
+USER_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class UnsafeDirectoryError(BlockfsError, PermissionError):
@@ -115,24 +120,53 @@ def open_owned_subdir(dir_fd: int, name: str, path: str, what: str, fix: str, *,
     return _owned_or_closed(fd, path, what, fix)
 
 
-def write_file_at(dir_fd: int, name: str, pieces: tuple, *, mode: int = 0o600, sync: bool = True) -> None:
-    """Write ``pieces`` to ``name`` in ``dir_fd`` under a temporary name (``O_EXCL|O_NOFOLLOW``), ``fsync``,
-    rename: never seen half-written, and a link planted at ``name`` is replaced, never followed."""
+NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextmanager
+def created_at(dir_fd: int, name: str, *, mode: int = 0o600, sync: bool = True) -> Iterator[BinaryIO]:
+    """A new file to write ``name`` in ``dir_fd`` through: made under a temporary name (``O_EXCL|O_NOFOLLOW``),
+    then flushed, ``fsync``ed if ``sync``, and renamed over ``name`` when the block ends; removed if it raises.
+    Never seen half-written; a link or a hard link planted at ``name`` is replaced, never written through."""
     temp = temp_name(name)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    f = open(os.open(temp, NEW_FILE_FLAGS, mode, dir_fd=dir_fd), "wb")
     try:
-        for piece in pieces:
-            view = memoryview(piece)
-            while view:
-                view = view[os.write(fd, view) :]
+        yield f
+        f.flush()
         if sync:
-            os.fsync(fd)
+            os.fsync(f.fileno())
     except BaseException:
-        os.close(fd)
+        f.close()
         os.unlink(temp, dir_fd=dir_fd)
         raise
-    os.close(fd)
+    f.close()
     os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def write_file_at(dir_fd: int, name: str, pieces: tuple, *, mode: int = 0o600, sync: bool = True) -> None:
+    """Write ``pieces`` to ``name`` in ``dir_fd`` as :func:`created_at` does."""
+    with created_at(dir_fd, name, mode=mode, sync=sync) as f:
+        for piece in pieces:
+            f.write(piece)
+
+
+def remove_at(dir_fd: int, name: str) -> None:
+    """Remove ``name`` in ``dir_fd`` whatever it is, a directory with all it holds included, following no
+    link: a planted link is removed itself, never what it points to; nothing there is no error."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        pass
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        for entry in os.scandir(fd):
+            remove_at(fd, entry.name)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 TEMP_MARK = ".tmp-"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BlockfsError
+from .credentials import secret_values
 from .location import is_remote, join, redact, scrub, store_kind
 
 # Options blockfs itself reads (the rest go to the client); defaults chosen with tools/bench/bench_remote.py.
@@ -50,8 +51,6 @@ ALIASES = {
     "anon": "skip_signature",
     "region_name": "region",
 }
-SECRET_OPTIONS = {"secret_access_key", "session_token", "access_key", "account_key", "sas_key", "token",
-                  "client_secret", "service_account_key", "bearer_token", "password", "secret"}  # fmt: skip
 
 
 class RemoteError(BlockfsError, OSError):
@@ -243,7 +242,7 @@ class RemoteStore:
         self.display = redact(self.url)
         self.kind = store_kind(url)
         self.settings, client_options = split_options(options)
-        self._secrets = [v for k, v in client_options.items() if k in SECRET_OPTIONS or "secret" in k or "key" in k]
+        self._secrets = secret_values(client_options)
         self._store = self._build(client_options)
         self.counters = RemoteCounters()
         self._pool: ThreadPoolExecutor | None = None

@@ -124,7 +124,8 @@ def synthetic_million(dest: str, n_dirs: int = 1000, per_dir: int = 1000) -> Non
     )
     counts = np.bincount(block[block >= 0], minlength=n_blocks).astype(np.uint32)
     os.makedirs(dest, exist_ok=True)
-    write_index(os.path.join(dest, "index.bfi"), cols, counts, counts.astype(np.uint64) * 110_000)
+    with open(os.path.join(dest, "index.bfi"), "wb") as f:
+        write_index(f, cols, counts, counts.astype(np.uint64) * 110_000)
     with open(os.path.join(dest, "index.bfi"), "rb") as f:
         index_crc = crc32(f.read())
     meta = {"format": "blockfs", "format_version": FORMAT_VERSION, "n_entries": n, "n_blocks": n_blocks,

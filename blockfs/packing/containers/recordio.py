@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ...core.digest import digest, file_digest
+from ...core.digest import digest
 from ...core.format import METADATA_NAME
 from ...errors import FormatError, SourceError
+from ...storage.owned import USER_DIR_FLAGS, read_regular_at, write_file_at
 from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
@@ -218,18 +219,16 @@ class RecordIOSource(ListedOnce):
             "skipped_damaged": self.damaged(),
         }
         if self._full_labels:
-            tmp = os.path.join(dest, LABELS_FILE + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"format": "blockfs-record-labels", "version": 1, "labels": self._full_labels}, f,
-                          sort_keys=True)
-                f.write("\n")
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(dest, LABELS_FILE))
+            labels = {"format": "blockfs-record-labels", "version": 1, "labels": self._full_labels}
+            raw = (json.dumps(labels, sort_keys=True) + "\n").encode("utf-8")
+            dir_fd = os.open(dest, USER_DIR_FLAGS)
+            try:  # by name in DEST, never through a link planted there (storage.owned)
+                write_file_at(dir_fd, LABELS_FILE, (raw,), mode=0o666, sync=fsync)
+            finally:
+                os.close(dir_fd)
             meta["labels_file"] = LABELS_FILE
             # A link of the chain that names the dataset (blockfs.json holds this): the labels are its data too.
-            meta["labels_blake3"] = file_digest(os.path.join(dest, LABELS_FILE)).hex()
+            meta["labels_blake3"] = digest(raw).hex()
         return meta
 
     def close(self) -> None:
@@ -344,9 +343,19 @@ def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
         raise SourceError(f"{ds.root!r} was not packed from a RecordIO file")
     full: dict[str, list[float]] = {}
     if "labels_file" in source:
-        path = os.path.join(ds.root, source["labels_file"])
-        with open(path, "rb") as f:
-            raw = f.read()
+        name = source["labels_file"]
+        path = os.path.join(ds.root, str(name))
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise FormatError(f"{ds.root}: {METADATA_NAME} names the labels file {name!r}, not a file of the "
+                              "dataset: restore the dataset from a good copy or pack it again")  # fmt: skip
+        dir_fd = os.open(ds.root, USER_DIR_FLAGS)
+        try:  # a regular file of the dataset only: never a link out of it, a FIFO or a device
+            raw = read_regular_at(dir_fd, name)
+        finally:
+            os.close(dir_fd)
+        if raw is None:
+            raise FormatError(f"{path}: missing, unreadable or not a regular file: restore the dataset from a good "
+                              "copy or pack it again")  # fmt: skip
         if ds.has_digests and digest(raw).hex() != source.get("labels_blake3"):
             raise FormatError(
                 f"{path}: not the labels {METADATA_NAME} names (its BLAKE3 digest differs): restore the dataset "

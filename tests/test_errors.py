@@ -19,6 +19,7 @@ from blockfs.cli import main
 from blockfs.serve.libfuse_messages import distill
 from conftest import has_fuse, require
 from mountutil import mounted, release
+from polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -217,3 +218,87 @@ def test_stats_on_a_dead_mount_says_to_umount_it(packed, tmp_path, capsys):
         m.proc.wait(10)
         err = one_line_error(capsys, ["stats", str(m.path)])
         assert f"run 'blockfs umount {m.path}'" in err
+
+
+# --- a full disk, Ctrl-C: a failed pack removes what it wrote (issue 28) -------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a pack of 8 MiB fills it for real."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    require(done.returncode == 0, "mount -t tmpfs (root, or CAP_SYS_ADMIN)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _eight_mib(root: Path) -> Path:
+    (root / "c").mkdir(parents=True)
+    for i in range(32):
+        (root / "c" / f"{i:02d}.bin").write_bytes(os.urandom(256 << 10))
+    return root
+
+
+def _pack_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "blockfs", "pack", *args, "--block-size", "1MiB"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # threads; forked processes
+def test_a_pack_that_fills_the_disk_says_so_in_one_line_and_removes_what_it_wrote(tmp_path, small_disk, workers):
+    src = _eight_mib(tmp_path / "src")
+    (small_disk / "mine").mkdir()  # a destination the user made: emptied, not removed
+    new, mine = small_disk / "new", small_disk / "mine"
+    for dest, removed in ((new, f"removed '{new}', which it had created"), (mine, f"removed what it wrote in '{mine}'")):
+        done = _pack_cli(str(src), str(dest), "--workers", workers)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"no space left on the device of '{dest}': the pack needs about 8.00 MiB, and 4.00 MiB" in done.stderr
+        assert f"; {removed}; free some space there or pack to a disk with room" in done.stderr
+    assert os.listdir(small_disk) == ["mine"] and os.listdir(small_disk / "mine") == []
+    assert os.statvfs(small_disk).f_bfree == os.statvfs(small_disk).f_blocks  # every byte given back
+
+
+def test_a_failed_pack_beside_files_it_did_not_write_keeps_them_and_info_says_why(tmp_path, small_disk, capsys):
+    src = _eight_mib(tmp_path / "src")
+    (tmp_path / "tiny" / "c").mkdir(parents=True)
+    (tmp_path / "tiny" / "c" / "a.txt").write_bytes(b"a")
+    dest = small_disk / "ds"
+    blockfs.pack(tmp_path / "tiny", dest)
+    (dest / "NOTES").write_text("the user's")
+    done = _pack_cli(str(src), str(dest), "--force")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "kept beside what the directory held before" in done.stderr
+    assert sorted(os.listdir(dest)) == [".blockfs-packing", "NOTES"] and (dest / "NOTES").read_text() == "the user's"
+    err = one_line_error(capsys, ["info", str(dest)])
+    assert "an unfinished pack (it failed: no space left on the device" in err and "run 'blockfs pack' again" in err
+
+
+def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path):
+    src = _eight_mib(tmp_path / "src")
+    dest = tmp_path / "ds"
+    slow = (
+        "import sys, time\n"
+        "from blockfs.cli import main\n"
+        "from blockfs.packing.sources import DirectorySource\n"
+        "read = DirectorySource.read_into\n"
+        "def slow(self, e, buf, offset=0):\n"
+        "    time.sleep(0.05)\n"
+        "    return read(self, e, buf, offset)\n"
+        "DirectorySource.read_into = slow\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", "1"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),
+                   "the pack to write its first blocks", timeout=60)  # fmt: skip
+        assert proc.poll() is None, "the pack finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err == f"blockfs pack: interrupted; removed '{dest}', which it had created\n"
+    assert not dest.exists()

@@ -222,6 +222,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("failed")
         print(f"blockfs {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"blockfs {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a pack's says what it removed or left
+        print(f"blockfs {args.command}: interrupted" + (f"; {e}" if e.args else ""), file=sys.stderr)
         return 130

@@ -28,6 +28,7 @@ from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER,
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..errors import PackError
 from ..storage.location import is_remote
+from .containers.recordio import LABELS_FILE
 from .options import PackOptions
 from .parallel import Sums
 
@@ -99,6 +100,15 @@ class Destination(ABC):
     def commit(self, metadata: dict) -> None:
         """Make DEST a dataset: whatever is still to go there first, ``blockfs.json`` last."""
 
+    def free_bytes(self) -> int | None:
+        """Bytes free where the blocks are written (measured once DEST is claimed), or None if unknown."""
+        return None
+
+    def abandon(self, reason: str) -> str:
+        """After a failure past :meth:`claim`: remove what the pack wrote where that is safe; return what
+        was done in words for the error ("removed ...", or what is left and how to remove it)."""
+        return ""
+
     def close(self) -> None:
         """Release what the pack used, after a commit or a failure."""
 
@@ -106,19 +116,76 @@ class Destination(ABC):
 class LocalDestination(Destination):
     """A local directory, written in place and committed by renaming ``blockfs.json`` into place."""
 
+    # What a pack may write beside blocks/ (made afresh by the claim): removed after a failure unless
+    # DEST held the name before the pack.
+    WRITTEN = (INDEX_NAME, INDEX_NAME + ".tmp", METADATA_NAME + ".tmp", LABELS_FILE, LABELS_FILE + ".tmp")
+
     def __init__(self, dest: str, fsync: bool) -> None:
         self.directory = self.display = dest
         self.fsync = fsync
+        self._claimed = self._created = False
+        self._before: set[str] = set()
 
     def claim(self, source_location: str | None, force: bool) -> None:
         inside = source_location if source_location is not None and not is_remote(source_location) else None
+        self._created = not os.path.lexists(self.directory)
         prepare_dest(inside, self.directory, force)
+        self._claimed = True
+        self._before = set(os.listdir(self.directory)) - {PACKING_MARKER, BLOCKS_DIR}
+
+    def free_bytes(self) -> int | None:
+        return shutil.disk_usage(self.directory).free
+
+    def abandon(self, reason: str) -> str:
+        dest = self.directory
+        marker = os.path.join(dest, PACKING_MARKER)
+        if not self._claimed or os.path.exists(os.path.join(dest, METADATA_NAME)) or not os.path.exists(marker):
+            return ""  # never claimed, or already committed: nothing here is a failed pack's
+        _write_reason(marker, reason)  # first, so that whatever stays behind says why
+        try:
+            shutil.rmtree(os.path.join(dest, BLOCKS_DIR), ignore_errors=False)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            return f"could not remove its blocks ({e.strerror}): remove {os.path.join(dest, BLOCKS_DIR)!r} and {marker!r}"
+        for name in self.WRITTEN:
+            if name not in self._before:
+                try:
+                    os.unlink(os.path.join(dest, name))
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    return f"could not remove {os.path.join(dest, name)!r} ({e.strerror}): remove it and {marker!r}"
+        if set(os.listdir(dest)) - {PACKING_MARKER}:
+            _write_reason(marker, reason)  # again: on a disk that was full, it fits only now
+            return (f"removed what it wrote in {dest!r} but its marker {PACKING_MARKER!r}, kept beside what the "
+                    "directory held before (the next pack there replaces it)")  # fmt: skip
+        os.unlink(marker)
+        if self._created:
+            os.rmdir(dest)
+            return f"removed {dest!r}, which it had created"
+        return f"removed what it wrote in {dest!r}"
 
     def block_sizes(self, n_blocks: int) -> np.ndarray:
         return np.array([os.path.getsize(block_path(self.directory, b)) for b in range(n_blocks)], dtype=np.uint64)
 
     def commit(self, metadata: dict) -> None:
         commit(self.directory, metadata, self.fsync)
+
+
+def _write_reason(marker: str, reason: str) -> None:
+    """Write why the pack failed into its marker, one line (for ``blockfs info``); quietly not if it cannot."""
+    line = (reason.replace("\n", " ") + "\n").encode("utf-8", "backslashreplace")
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray) -> None:

@@ -302,3 +302,21 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path):
         proc.wait()
     assert proc.returncode == 130 and err == f"blockfs pack: interrupted; removed '{dest}', which it had created\n"
     assert not dest.exists()
+
+
+# --- a typo in a command or flag; a path that starts with '-' (issue 28) -----------------------------
+@pytest.mark.parametrize("argv, usage, says", [
+    (["mount", "ds", "mnt", "--cache-sise", "8GiB"], "usage: blockfs mount [OPTIONS] dest mountpoint",
+     "blockfs mount: error: unrecognized argument --cache-sise (did you mean --cache-size?)"),
+    (["pack", "src", "ds", "--block-szie=1MiB"], "usage: blockfs pack [OPTIONS] SOURCE [SOURCE ...] dest",
+     "blockfs pack: error: unrecognized argument --block-szie=1MiB (did you mean --block-size?)"),
+    (["-v", "mout", "ds", "mnt"], "usage: blockfs [OPTIONS] COMMAND",
+     "blockfs: error: unknown command 'mout' (did you mean mount?)"),
+    (["ls", "ds", "-four"], "usage: blockfs ls [OPTIONS] dest [path]",
+     "blockfs ls: error: unrecognized argument -four; a path that begins with '-' goes after '--': "
+     "blockfs ls ... -- -four, or write it as ./-four"),
+])  # fmt: skip
+def test_a_typo_gets_the_commands_usage_line_and_the_closest_spelling(capsys, argv, usage, says):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(usage + "  (") and lines[1] == says, lines

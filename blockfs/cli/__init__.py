@@ -15,6 +15,7 @@ from ..errors import BlockfsError
 from ..packing.options import ORDERS
 
 from .locations import add_expect_argument, add_storage_arguments
+from .mistakes import commands, unknown_command, unrecognized, usage_line
 from .mount_flags import add_flags
 from .output import log_level
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_upgrade, cmd_verify
@@ -200,7 +201,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    wrong = unknown_command(parser, argv)
+    if wrong is not None:
+        print(usage_line(parser) + "\n" + wrong, file=sys.stderr)
+        return 2
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        print(usage_line(commands(parser)[args.command]) + "\n" + unrecognized(parser, args.command, extras),
+              file=sys.stderr)  # fmt: skip
+        return 2
     args.argv = argv  # a background mount re-runs it in the serving process
     args.verbose = args.verbose or args.log_level == "debug"
     logging.basicConfig(

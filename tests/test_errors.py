@@ -320,3 +320,69 @@ def test_a_typo_gets_the_commands_usage_line_and_the_closest_spelling(capsys, ar
     assert main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].startswith(usage + "  (") and lines[1] == says, lines
+
+
+# --- a budget that will not do what it seems to (issue 28) --------------------------------------------
+@pytest.fixture
+def sixteen_kib_blocks(tmp_path) -> Path:
+    """40 KB in 20 files, in blocks of about 16 KiB."""
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    for i in range(20):
+        (tmp_path / "src" / "c" / f"{i:02d}.bin").write_bytes(os.urandom(2000))
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=16 << 10, fsync=False)
+    return tmp_path / "p"
+
+
+def test_a_cache_size_above_the_memory_available_is_one_warning_in_the_plan(capsys, packed):
+    capsys.readouterr()
+    assert main(["plan", str(packed), "--cache-size", "1PiB"]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--cache-size 1.0 PiB is more than the " in warned[0], warned
+    assert "of memory available now" in warned[0] and "give --cache-size auto" in warned[0]
+    assert main(["plan", str(packed), "--cache-size", "1KiB"]) == 0  # fits: nothing to say
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_a_cache_smaller_than_one_block_says_one_request_per_file(capsys, sixteen_kib_blocks):
+    capsys.readouterr()
+    assert main(["plan", str(sixteen_kib_blocks), "--cache-size", "4KiB", "--no-retain"]) == 0
+    out = capsys.readouterr().out
+    assert "block cache:      4.00 KiB, less than one block (" in out and "one request per file" in out
+    assert "expected hits per epoch (from the 2nd): 0.0% of files, 0.0% of bytes" in out  # not 10 %
+    warned = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--cache-size 4.0 KiB is smaller than one block (" in warned[0], warned
+    assert "one request per file" in warned[0] and "give --cache-size of at least" in warned[0]
+
+
+@pytest.mark.fuse
+def test_mount_warns_in_one_line_of_a_cache_smaller_than_one_block(tmp_path, sixteen_kib_blocks):
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", str(sixteen_kib_blocks), str(mnt), "--cache-size", "4KiB",
+               "--log", str(tmp_path / "log")]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("\n") == 1 and "smaller than one block" in done.stderr, done.stderr
+        assert "one request per file" in done.stdout  # the plan says it too
+        assert (mnt / "c" / "00.bin").stat().st_size == 2000
+    finally:
+        release(mnt)
+
+
+def test_a_disk_tier_smaller_than_one_block_is_one_warning_in_the_plan(s3, tmp_path, capsys):
+    needs_obstore()
+    (tmp_path / "src").mkdir()
+    for i in range(8):
+        (tmp_path / "src" / f"{i}.bin").write_bytes(os.urandom(4000))
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(tmp_path / "src", url, block_size=16 << 10, fsync=False)
+    capsys.readouterr()
+    argv = ["plan", url, "--disk-cache", str(tmp_path / "tier"), "--disk-cache-size", "1KiB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cache-once, none of the blocks: smaller than one block (" in out
+    warned = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--disk-cache-size 1.0 KiB is smaller than one block" in warned[0], warned
+    assert "will hold nothing" in warned[0]

@@ -20,7 +20,7 @@ from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
 from .mount_flags import flag_value, mount_options
 from ..sizes import parse_size
-from .output import human, log_level, progress_bar
+from .output import human, log_level, plural, progress_bar
 
 
 log = logging.getLogger("blockfs")
@@ -63,8 +63,43 @@ def _memory_plan(args: argparse.Namespace, size: int, ds) -> tuple[Any, bool, di
     )  # fmt: skip
     tier, disk = ds.disk_tier, None
     if tier is not None:
-        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root)
+        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root,
+                              one_block=plan.block_bytes)  # fmt: skip
     return plan, ds.is_remote, disk
+
+
+def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list[str]:
+    """One line per budget that will not do what it seems to (``plan`` prints them, ``mount`` warns):
+    more than the memory available, a block cache or a disk tier smaller than one block.  What happens,
+    and the fix."""
+    from ..serve.plan import read_mem_available
+
+    said = []
+    if why == "given":  # auto and --memory-fraction are shares of what is available
+        try:
+            available = read_mem_available()
+        except OSError:
+            available = None
+        if available is not None and size > available:
+            said.append(
+                f"--cache-size {human(size)} is more than the {human(available)} of memory available now: as the "
+                "cache fills, the machine will swap or kill a process for memory (the mount, or your training); "
+                f"give --cache-size auto (half of what is available) or at most {human(available)}"
+            )
+    if policy != "none" and not plan.fits and size < plan.block_bytes:
+        said.append(
+            f"--cache-size {human(size)} is smaller than one block ({human(plan.block_bytes)}): no block can be "
+            "cached, so every file is read from storage alone, one request per file"
+            + (f" (from the 2nd epoch, the {plan.retained_files:,} retained files excepted)" if plan.retained_files else "")
+            + f"; give --cache-size of at least {human(plan.block_bytes)}, or pack with a smaller --block-size"
+        )
+    if disk is not None and disk["budget_bytes"] < disk["one_block_bytes"]:
+        said.append(
+            f"--disk-cache-size {human(disk['budget_bytes'])} is smaller than one block "
+            f"({human(disk['one_block_bytes'])}): the disk tier at {disk['directory']} will hold nothing; give at "
+            "least one block's size, or leave --disk-cache-size out (auto: half the free space there)"
+        )
+    return said
 
 
 def _describe(plan, remote: bool, disk: dict | None, nodes: str = "") -> str:
@@ -105,18 +140,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with open_from_args(args) as ds:
         plan, remote, disk = _memory_plan(args, size, ds)
         nodes = _node_lines(args, size, ds)
+    warnings = _warnings(size, why, plan, disk, getattr(args, "policy", "cache-once"))
     if args.json:
-        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk}, indent=2))
+        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk, "warnings": warnings}, indent=2))
     else:
         print(f"budget from:      {why}")
         print(_describe(plan, remote, disk, nodes))
+        for line in warnings:
+            print(f"warning: {line}")
     return 0
 
 
-def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
-    dataset = int(meta["file_bytes"])
+def _plan_line(meta: dict, size: int, why: str, policy: str, distinct: int | None = None) -> str:
+    """The mount's one-line plan.  ``distinct``: the files the plan counts (hard links once), said beside
+    the paths when they differ, so this line and the plan's table below agree."""
+    dataset, files = int(meta["file_bytes"]), int(meta["n_files"])
+    counted = f"{files:,} files" + (f" ({distinct:,} distinct: hard links share one)"
+                                    if distinct is not None and distinct != files else "")  # fmt: skip
     head = (f"memory plan: cache {human(size)} ({why}), policy {policy}; dataset {human(dataset)} in "
-            f"{int(meta['n_files']):,} files, {int(meta['n_blocks']):,} blocks: ")
+            f"{counted}, {plural(int(meta['n_blocks']), 'block')}: ")
     if policy == "none":
         return head + "no caching, every read goes to storage"
     if dataset <= size:
@@ -173,10 +215,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
         fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
     try:
         with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
-            if args.budget_bytes is None and not args.quiet:  # a background mount's server: its parent printed it
-                print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
-                if args.policy != "none":
-                    print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
+            if args.budget_bytes is None:  # a background mount's server: its parent printed it
+                planned = _memory_plan(args, size, ds)
+                if not args.quiet:
+                    print(_plan_line(ds.metadata, size, why, args.policy, planned[0].n_files), flush=True)
+                    if args.policy != "none":
+                        print(_describe(*planned, _node_lines(args, size, ds)), flush=True)
+                for line in _warnings(size, why, planned[0], planned[2], args.policy):
+                    log.warning("%s", line)
         if args.foreground:
             return _serve_here(args, size)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)

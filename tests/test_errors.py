@@ -386,3 +386,126 @@ def test_a_disk_tier_smaller_than_one_block_is_one_warning_in_the_plan(s3, tmp_p
     warned = [line for line in out.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "--disk-cache-size 1.0 KiB is smaller than one block" in warned[0], warned
     assert "will hold nothing" in warned[0]
+
+
+def test_a_mount_from_fstab_is_told_the_fix_in_fstab_words(capsys, no_cloud_credentials, tmp_path):
+    needs_obstore()
+    from blockfs.cli.mount_helper import main as mount_helper
+
+    (tmp_path / "mnt").mkdir()
+    options = "storage.metadata_endpoint=http://127.0.0.1:9,storage.region=us-east-1,cache_size=1GiB"
+    capsys.readouterr()
+    assert mount_helper(["s3://bucket/ds", str(tmp_path / "mnt"), "-o", options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no S3 credentials found" in err, err
+    assert "storage.anon=true" in err and "--storage-option" not in err
+    assert "in fstab, credentials only through mount's environment" in err
+
+
+# --- the small things of a first week (issue 28, item 8) ----------------------------------------------
+@pytest.fixture
+def awkward(tmp_path) -> Path:
+    """A class directory named -four (a hard link, an empty file, links in and out), one with a newline."""
+    src = tmp_path / "src"
+    (src / "-four").mkdir(parents=True)
+    (src / "-four" / "a.txt").write_bytes(b"four")
+    (src / "two\nlines").mkdir()
+    (src / "two\nlines" / "b.txt").write_bytes(b"bee")
+    (src / "-four" / "zero").write_bytes(b"")
+    os.link(src / "-four" / "a.txt", src / "-four" / "hard")
+    os.symlink("a.txt", src / "-four" / "link")
+    os.symlink("../two\nlines/b.txt", src / "-four" / "up")
+    os.symlink("/etc/hostname", src / "-four" / "out")
+    os.symlink("loop", src / "-four" / "loop")
+    return src
+
+
+def test_info_escapes_a_label_with_a_newline_as_ls_does(capsys, awkward, tmp_path):
+    assert main(["pack", str(awkward), str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "p")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.endswith("  two\\nlines") for line in lines) and "lines" not in [line.strip() for line in lines]
+
+
+def test_one_block_is_one_block(capsys, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    capsys.readouterr()
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "p")]) == 0
+    assert main(["verify", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "packed 1 file (" in out and "into 1 block at" in out and "ok: 1 block and" in out, out
+
+
+def test_the_mounts_one_line_plan_counts_files_as_its_table_does(awkward, tmp_path):
+    from blockfs.cli.mount_commands import _plan_line
+    from blockfs.serve.retain import plan_dataset
+
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        plan, _ = plan_dataset(ds.index.arrays, 1 << 30)
+        line = _plan_line(ds.metadata, 1 << 30, "given", "cache-once", plan.n_files)
+    assert plan.n_files == 3 and "in 3 files" in plan.describe()  # a.txt and its hard link are one
+    assert "in 4 files (3 distinct: hard links share one), 1 block:" in line, line
+
+
+def test_paths_in_errors_are_shown_one_way_and_dot_slash_is_the_same_path(capsys, awkward, tmp_path):
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    p = str(tmp_path / "p")
+    err = one_line_error(capsys, ["cat", p, "nope.txt"])
+    assert "no such file or directory in the packed dataset: 'nope.txt'" in err  # not b'nope.txt'
+    err = one_line_error(capsys, ["ls", p, "./-four/a.txt/x"])
+    assert "'-four/a.txt/x'" in err and "b'" not in err
+    for spelled in (["./-four"], ["--", "-four"], ["--", "-four/"], [".//-four/."]):
+        assert main(["ls", p, *spelled]) == 0
+        assert "a.txt" in capsys.readouterr().out
+
+
+def test_cat_follows_a_link_inside_the_dataset_as_cat_does(capsys, awkward, tmp_path):
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    p = str(tmp_path / "p")
+    capsys.readouterr()
+    for link, data in (("./-four/link", "four"), ("./-four/up", "bee")):
+        assert main(["cat", p, link]) == 0
+        assert capsys.readouterr().out == data
+    assert "an absolute link, out of the packed dataset" in one_line_error(capsys, ["cat", p, "./-four/out"])
+    assert "links in a loop" in one_line_error(capsys, ["cat", p, "./-four/loop"])
+
+
+def test_a_dataset_path_that_does_not_exist_says_so(capsys, tmp_path):
+    err = one_line_error(capsys, ["info", str(tmp_path / "nowhere")])
+    assert f"'{tmp_path / 'nowhere'}' does not exist: check the path" in err and "not a directory" not in err
+
+
+@pytest.mark.fuse
+def test_stats_says_what_the_ioctl_requests_are(packed, tmp_path, capsys):
+    require(has_fuse(), "/dev/fuse")
+    from blockfs.cli.mount_commands import _stats_text
+    from blockfs.client import read_stats
+
+    with mounted(packed, tmp_path / "mnt") as m:
+        with open(m.path / "c" / "a.txt") as f:  # text mode: Python asks isatty() of it
+            assert f.read() == "a" * 100
+        stats = read_stats(m.path)
+    stats["requests"] = {"lookup": 2000, "open": 2000, "ioctl": 6000}  # the counts of issue 28's run
+    shown = _stats_text(stats, None, 1.0)
+    assert "6,000 ioctl" in shown and "the terminal check (isatty)" in shown, shown
+
+
+@pytest.mark.fuse
+def test_the_training_example_counts_the_samples_it_reads(torch_module, tmp_path):
+    require(has_fuse(), "/dev/fuse")
+    sys.path.insert(0, str(REPO / "tools"))
+    import make_dataset as md
+
+    md.make_dataset(tmp_path / "src", "learnable", files=32, classes=2, seed=1)
+    (tmp_path / "src" / "README.txt").write_text("not a sample")  # outside the class directories: label -1
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    with mounted(tmp_path / "p", tmp_path / "mnt") as m:
+        done = subprocess.run([sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(m.path),
+                               "--epochs", "1", "--batch-size", "8"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, epoch = done.stdout.splitlines()[0], done.stdout.splitlines()[1]
+    assert first.startswith("32 images in 2 classes") and "(left out, as ImageFolder does: 1 outside them)" in first
+    assert epoch.endswith(" 32 samples"), epoch

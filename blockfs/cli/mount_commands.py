@@ -309,10 +309,10 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     lines = [
         f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {_route(m)}, "
         f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
-        f"dataset    {d['files']:,} files ({human(d['file_bytes'])}) in {d['blocks']:,} blocks; "
+        f"dataset    {plural(d['files'], 'file')} ({human(d['file_bytes'])}) in {plural(d['blocks'], 'block')}; "
         f"{d.get('digest', '-')}" + ("" if d.get("digests", True) else " (checked against accidents only: no digests)"),
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
-        f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
+        f"{plural(c['cached_blocks'], 'block')}; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
         f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
         + _shared_note(k.get("blocks_shared", 0))
@@ -320,7 +320,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
            if (s.get("page_cache") or {}).get("files_pushed") else ""),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
-        f"storage    {human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
+        f"storage    {human(k['bytes_from_storage'])} read: {plural(k['block_loads'], 'whole block')} "
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
         _epochs_line(s["epochs"], d["files"]),
     ]
@@ -339,7 +339,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     tier = storage.get("disk_tier")
     if tier:
         lines.append(
-            f"disk tier  {human(tier['used'])} of {human(tier['budget'])}, {tier['blocks']:,} blocks; reads "
+            f"disk tier  {human(tier['used'])} of {human(tier['budget'])}, {plural(tier['blocks'], 'block')}; reads "
             f"{tier['disk_reads']:,} from disk ({human(tier['disk_bytes'])}), {tier['remote_reads']:,} from the "
             f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
             f"{tier['copies_dropped']:,} dropped after a failed check"
@@ -352,7 +352,9 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     requests = s.get("requests") or {}
     if requests:
         top = sorted(requests.items(), key=lambda kv: -kv[1])[:6]
-        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top))
+        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top)
+                     + ("; ioctl: the terminal check (isatty) programs make of each file they open — Python's "
+                        "open() makes one or more — answered at once, no data read" if "ioctl" in dict(top) else ""))
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
         lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "

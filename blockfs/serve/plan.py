@@ -48,9 +48,9 @@ DEFAULT_RETAIN_SHARE = 1.0
 
 def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
     """Bytes of memory the kernel says are available now (``MemAvailable``, Linux >= 3.14)."""
-    with open(meminfo, encoding="ascii") as lines:
+    with open(meminfo, "rb") as lines:  # bytes: no codec to import (a mount may run as another user by then)
         for line in lines:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(b"MemAvailable:"):
                 return int(line.split()[1]) * 1024  # the kernel writes "kB" and means KiB
     raise OSError(f"{os.fspath(meminfo)} has no MemAvailable line; give the memory budget in bytes instead")
 

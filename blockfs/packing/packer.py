@@ -119,9 +119,10 @@ def _failed(error: BaseException, target: Destination, plan: BlockPlan | None, f
         return KeyboardInterrupt(done) if done else error
     if full is not None:
         if target.directory == target.display:
-            needed = f"about {format_size(int(plan.sizes.sum()))}" if plan is not None else "more"
+            needed = (f"the pack needs about {format_size(int(plan.sizes.sum()))}" if plan is not None
+                      else "the pack could not even start")  # fmt: skip
             had = f", and {format_size(free)} was free there when it started" if free is not None else ""
-            message = (f"no space left on the device of {target.display!r}: the pack needs {needed}{had}; "
+            message = (f"no space left on the device of {target.display!r}: {needed}{had}; "
                        + (f"{done}; " if done else "") + "free some space there or pack to a disk with room")
         else:  # a URL: the staging directory filled up, which holds only a few blocks at a time
             message = (f"no space left in the staging directory {target.directory!r} of the pack to "

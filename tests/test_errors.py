@@ -269,7 +269,7 @@ def test_a_failed_pack_beside_files_it_did_not_write_keeps_them_and_info_says_wh
     (dest / "NOTES").write_text("the user's")
     done = _pack_cli(str(src), str(dest), "--force")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "kept beside what the directory held before" in done.stderr
+    assert f"left its marker '{dest}/.blockfs-packing', saying why it failed, beside what '{dest}' held before" in done.stderr
     assert sorted(os.listdir(dest)) == [".blockfs-packing", "NOTES"] and (dest / "NOTES").read_text() == "the user's"
     err = one_line_error(capsys, ["info", str(dest)])
     assert "an unfinished pack (it failed: no space left on the device" in err and "run 'blockfs pack' again" in err
@@ -509,3 +509,25 @@ def test_the_training_example_counts_the_samples_it_reads(torch_module, tmp_path
     first, epoch = done.stdout.splitlines()[0], done.stdout.splitlines()[1]
     assert first.startswith("32 images in 2 classes") and "(left out, as ImageFolder does: 1 outside them)" in first
     assert epoch.endswith(" 32 samples"), epoch
+
+
+def test_any_failed_pack_says_what_it_left_and_info_why(tmp_path, monkeypatch):
+    import errno
+
+    from blockfs.errors import NotADatasetError, PackError
+    from blockfs.packing.sources import DirectorySource
+
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    (tmp_path / "src" / "c" / "a.txt").write_bytes(b"a" * 100)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    (tmp_path / "p" / "NOTES").write_text("the user's")
+
+    def refused(self, entry, buf, offset=0):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(DirectorySource, "read_into", refused)
+    with pytest.raises(PackError, match=r"fix its permissions or pass --skip-unreadable; the failed pack left its marker"):
+        blockfs.pack(tmp_path / "src", tmp_path / "p", force=True, workers=1)
+    assert sorted(os.listdir(tmp_path / "p")) == [".blockfs-packing", "NOTES"]
+    with pytest.raises(NotADatasetError, match=r"unfinished pack \(it failed: cannot read 'c/a.txt'"):
+        blockfs.open_dataset(tmp_path / "p")

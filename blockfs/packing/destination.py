@@ -156,14 +156,17 @@ class LocalDestination(Destination):
                     pass
                 except OSError as e:
                     return f"could not remove {os.path.join(dest, name)!r} ({e.strerror}): remove it and {marker!r}"
-        if set(os.listdir(dest)) - {PACKING_MARKER}:
-            _write_reason(marker, reason)  # again: on a disk that was full, it fits only now
-            return (f"removed what it wrote in {dest!r} but its marker {PACKING_MARKER!r}, kept beside what the "
-                    "directory held before (the next pack there replaces it)")  # fmt: skip
-        os.unlink(marker)
-        if self._created:
-            os.rmdir(dest)
-            return f"removed {dest!r}, which it had created"
+        try:
+            if set(os.listdir(dest)) - {PACKING_MARKER}:
+                _write_reason(marker, reason)  # again: on a disk that was full, it fits only now
+                return (f"left its marker {marker!r}, saying why it failed, beside what {dest!r} held before, and "
+                        "removed the rest it wrote (the next pack there replaces the marker)")  # fmt: skip
+            os.unlink(marker)
+            if self._created:
+                os.rmdir(dest)
+                return f"removed {dest!r}, which it had created"
+        except OSError as e:
+            return f"could not remove {marker!r} or {dest!r} ({e.strerror}): remove them"
         return f"removed what it wrote in {dest!r}"
 
     def block_sizes(self, n_blocks: int) -> np.ndarray:

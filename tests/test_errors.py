@@ -275,7 +275,8 @@ def test_a_failed_pack_beside_files_it_did_not_write_keeps_them_and_info_says_wh
     assert "an unfinished pack (it failed: no space left on the device" in err and "run 'blockfs pack' again" in err
 
 
-def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])  # threads; forked processes (which leave Ctrl-C to the pack)
+def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, workers):
     src = _eight_mib(tmp_path / "src")
     dest = tmp_path / "ds"
     slow = (
@@ -284,12 +285,12 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path):
         "from blockfs.packing.sources import DirectorySource\n"
         "read = DirectorySource.read_into\n"
         "def slow(self, e, buf, offset=0):\n"
-        "    time.sleep(0.05)\n"
+        "    time.sleep(0.2)\n"  # 32 blocks of one file: seconds to go when the signal comes
         "    return read(self, e, buf, offset)\n"
         "DirectorySource.read_into = slow\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", "1"]
+    command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", workers]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),

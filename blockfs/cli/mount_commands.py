@@ -86,7 +86,7 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
                 "cache fills, the machine will swap or kill a process for memory (the mount, or your training); "
                 f"give --cache-size auto (half of what is available) or at most {human(available)}"
             )
-    if policy != "none" and not plan.fits and size < plan.block_bytes:
+    if policy != "none" and not plan.fits and 0 < size < plan.block_bytes:  # 0: no memory cache, as asked
         said.append(
             f"--cache-size {human(size)} is smaller than one block ({human(plan.block_bytes)}): no block can be "
             "cached, so every file is read from storage alone, one request per file"

@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     loader, model, optimizer = build(args)
     loss_fn = nn.CrossEntropyLoss(reduction="none")
-    print(f"{loader.mount.file_ids.size} images in {len(loader.classes or [])} classes under {args.root}, "
+    # The samples an epoch reads: as ImageFolder, files outside the class directories (label -1) are not.
+    files = loader.mount.file_ids
+    samples = int((loader.mount.labels[files] >= 0).sum()) or files.size
+    outside = f" (left out, as ImageFolder does: {files.size - samples} outside them)" if samples < files.size else ""
+    print(f"{samples} images in {len(loader.classes or [])} classes under {args.root}{outside}, "
           f"{loader.device}, {args.workers} workers")  # fmt: skip
 
     losses: list[float] = []

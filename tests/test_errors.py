@@ -19,6 +19,7 @@ from blockfs.cli import main
 from blockfs.serve.libfuse_messages import distill
 from conftest import has_fuse, require
 from mountutil import mounted, release
+from polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -217,3 +218,317 @@ def test_stats_on_a_dead_mount_says_to_umount_it(packed, tmp_path, capsys):
         m.proc.wait(10)
         err = one_line_error(capsys, ["stats", str(m.path)])
         assert f"run 'blockfs umount {m.path}'" in err
+
+
+# --- a full disk, Ctrl-C: a failed pack removes what it wrote (issue 28) -------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a pack of 8 MiB fills it for real."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    require(done.returncode == 0, "mount -t tmpfs (root, or CAP_SYS_ADMIN)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _eight_mib(root: Path) -> Path:
+    (root / "c").mkdir(parents=True)
+    for i in range(32):
+        (root / "c" / f"{i:02d}.bin").write_bytes(os.urandom(256 << 10))
+    return root
+
+
+def _pack_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "blockfs", "pack", *args, "--block-size", "1MiB"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # threads; forked processes
+def test_a_pack_that_fills_the_disk_says_so_in_one_line_and_removes_what_it_wrote(tmp_path, small_disk, workers):
+    src = _eight_mib(tmp_path / "src")
+    (small_disk / "mine").mkdir()  # a destination the user made: emptied, not removed
+    new, mine = small_disk / "new", small_disk / "mine"
+    for dest, removed in ((new, f"removed '{new}', which it had created"), (mine, f"removed what it wrote in '{mine}'")):
+        done = _pack_cli(str(src), str(dest), "--workers", workers)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"no space left on the device of '{dest}': the pack needs about 8.00 MiB, and 4.00 MiB" in done.stderr
+        assert f"; {removed}; free some space there or pack to a disk with room" in done.stderr
+    assert os.listdir(small_disk) == ["mine"] and os.listdir(small_disk / "mine") == []
+    assert os.statvfs(small_disk).f_bfree == os.statvfs(small_disk).f_blocks  # every byte given back
+
+
+def test_a_failed_pack_beside_files_it_did_not_write_keeps_them_and_info_says_why(tmp_path, small_disk, capsys):
+    src = _eight_mib(tmp_path / "src")
+    (tmp_path / "tiny" / "c").mkdir(parents=True)
+    (tmp_path / "tiny" / "c" / "a.txt").write_bytes(b"a")
+    dest = small_disk / "ds"
+    blockfs.pack(tmp_path / "tiny", dest)
+    (dest / "NOTES").write_text("the user's")
+    done = _pack_cli(str(src), str(dest), "--force")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"left its marker '{dest}/.blockfs-packing', saying why it failed, beside what '{dest}' held before" in done.stderr
+    assert sorted(os.listdir(dest)) == [".blockfs-packing", "NOTES"] and (dest / "NOTES").read_text() == "the user's"
+    err = one_line_error(capsys, ["info", str(dest)])
+    assert "an unfinished pack (it failed: no space left on the device" in err and "run 'blockfs pack' again" in err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # threads; forked processes (which leave Ctrl-C to the pack)
+def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, workers):
+    src = _eight_mib(tmp_path / "src")
+    dest = tmp_path / "ds"
+    slow = (
+        "import sys, time\n"
+        "from blockfs.cli import main\n"
+        "from blockfs.packing.sources import DirectorySource\n"
+        "read = DirectorySource.read_into\n"
+        "def slow(self, e, buf, offset=0):\n"
+        "    time.sleep(0.2)\n"  # 32 blocks of one file: seconds to go when the signal comes
+        "    return read(self, e, buf, offset)\n"
+        "DirectorySource.read_into = slow\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", workers]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),
+                   "the pack to write its first blocks", timeout=60)  # fmt: skip
+        assert proc.poll() is None, "the pack finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err == f"blockfs pack: interrupted; removed '{dest}', which it had created\n"
+    assert not dest.exists()
+
+
+# --- a typo in a command or flag; a path that starts with '-' (issue 28) -----------------------------
+@pytest.mark.parametrize("argv, usage, says", [
+    (["mount", "ds", "mnt", "--cache-sise", "8GiB"], "usage: blockfs mount [OPTIONS] dest mountpoint",
+     "blockfs mount: error: unrecognized argument --cache-sise (did you mean --cache-size?)"),
+    (["pack", "src", "ds", "--block-szie=1MiB"], "usage: blockfs pack [OPTIONS] SOURCE [SOURCE ...] dest",
+     "blockfs pack: error: unrecognized argument --block-szie=1MiB (did you mean --block-size?)"),
+    (["-v", "mout", "ds", "mnt"], "usage: blockfs [OPTIONS] COMMAND",
+     "blockfs: error: unknown command 'mout' (did you mean mount?)"),
+    (["ls", "ds", "-four"], "usage: blockfs ls [OPTIONS] dest [path]",
+     "blockfs ls: error: unrecognized argument -four; a path that begins with '-' goes after '--': "
+     "blockfs ls ... -- -four, or write it as ./-four"),
+])  # fmt: skip
+def test_a_typo_gets_the_commands_usage_line_and_the_closest_spelling(capsys, argv, usage, says):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(usage + "  (") and lines[1] == says, lines
+
+
+# --- a budget that will not do what it seems to (issue 28) --------------------------------------------
+@pytest.fixture
+def sixteen_kib_blocks(tmp_path) -> Path:
+    """40 KB in 20 files, in blocks of about 16 KiB."""
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    for i in range(20):
+        (tmp_path / "src" / "c" / f"{i:02d}.bin").write_bytes(os.urandom(2000))
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=16 << 10, fsync=False)
+    return tmp_path / "p"
+
+
+def test_a_cache_size_above_the_memory_available_is_one_warning_in_the_plan(capsys, packed):
+    capsys.readouterr()
+    assert main(["plan", str(packed), "--cache-size", "1PiB"]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--cache-size 1.0 PiB is more than the " in warned[0], warned
+    assert "of memory available now" in warned[0] and "give --cache-size auto" in warned[0]
+    assert main(["plan", str(packed), "--cache-size", "1KiB"]) == 0  # fits: nothing to say
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_a_cache_smaller_than_one_block_says_one_request_per_file(capsys, sixteen_kib_blocks):
+    capsys.readouterr()
+    assert main(["plan", str(sixteen_kib_blocks), "--cache-size", "4KiB", "--no-retain"]) == 0
+    out = capsys.readouterr().out
+    assert "block cache:      4.00 KiB, less than one block (" in out and "one request per file" in out
+    assert "expected hits per epoch (from the 2nd): 0.0% of files, 0.0% of bytes" in out  # not 10 %
+    warned = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--cache-size 4.0 KiB is smaller than one block (" in warned[0], warned
+    assert "one request per file" in warned[0] and "give --cache-size of at least" in warned[0]
+
+
+@pytest.mark.fuse
+def test_mount_warns_in_one_line_of_a_cache_smaller_than_one_block(tmp_path, sixteen_kib_blocks):
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", str(sixteen_kib_blocks), str(mnt), "--cache-size", "4KiB",
+               "--log", str(tmp_path / "log")]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("\n") == 1 and "smaller than one block" in done.stderr, done.stderr
+        assert "one request per file" in done.stdout  # the plan says it too
+        assert (mnt / "c" / "00.bin").stat().st_size == 2000
+    finally:
+        release(mnt)
+
+
+def test_a_disk_tier_smaller_than_one_block_is_one_warning_in_the_plan(s3, tmp_path, capsys):
+    needs_obstore()
+    (tmp_path / "src").mkdir()
+    for i in range(8):
+        (tmp_path / "src" / f"{i}.bin").write_bytes(os.urandom(4000))
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(tmp_path / "src", url, block_size=16 << 10, fsync=False)
+    capsys.readouterr()
+    argv = ["plan", url, "--disk-cache", str(tmp_path / "tier"), "--disk-cache-size", "1KiB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cache-once, none of the blocks: smaller than one block (" in out
+    warned = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "--disk-cache-size 1.0 KiB is smaller than one block" in warned[0], warned
+    assert "will hold nothing" in warned[0]
+
+
+def test_a_mount_from_fstab_is_told_the_fix_in_fstab_words(capsys, no_cloud_credentials, tmp_path):
+    needs_obstore()
+    from blockfs.cli.mount_helper import main as mount_helper
+
+    (tmp_path / "mnt").mkdir()
+    options = "storage.metadata_endpoint=http://127.0.0.1:9,storage.region=us-east-1,cache_size=1GiB"
+    capsys.readouterr()
+    assert mount_helper(["s3://bucket/ds", str(tmp_path / "mnt"), "-o", options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no S3 credentials found" in err, err
+    assert "storage.anon=true" in err and "--storage-option" not in err
+    assert "in fstab, credentials only through mount's environment" in err
+
+
+# --- the small things of a first week (issue 28, item 8) ----------------------------------------------
+@pytest.fixture
+def awkward(tmp_path) -> Path:
+    """A class directory named -four (a hard link, an empty file, links in and out), one with a newline."""
+    src = tmp_path / "src"
+    (src / "-four").mkdir(parents=True)
+    (src / "-four" / "a.txt").write_bytes(b"four")
+    (src / "two\nlines").mkdir()
+    (src / "two\nlines" / "b.txt").write_bytes(b"bee")
+    (src / "-four" / "zero").write_bytes(b"")
+    os.link(src / "-four" / "a.txt", src / "-four" / "hard")
+    os.symlink("a.txt", src / "-four" / "link")
+    os.symlink("../two\nlines/b.txt", src / "-four" / "up")
+    os.symlink("/etc/hostname", src / "-four" / "out")
+    os.symlink("loop", src / "-four" / "loop")
+    return src
+
+
+def test_info_escapes_a_label_with_a_newline_as_ls_does(capsys, awkward, tmp_path):
+    assert main(["pack", str(awkward), str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "p")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.endswith("  two\\nlines") for line in lines) and "lines" not in [line.strip() for line in lines]
+
+
+def test_one_block_is_one_block(capsys, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    capsys.readouterr()
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "p")]) == 0
+    assert main(["verify", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "packed 1 file (" in out and "into 1 block at" in out and "ok: 1 block and" in out, out
+
+
+def test_the_mounts_one_line_plan_counts_files_as_its_table_does(awkward, tmp_path):
+    from blockfs.cli.mount_commands import _plan_line
+    from blockfs.serve.retain import plan_dataset
+
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        plan, _ = plan_dataset(ds.index.arrays, 1 << 30)
+        line = _plan_line(ds.metadata, 1 << 30, "given", "cache-once", plan.n_files)
+    assert plan.n_files == 3 and "in 3 files" in plan.describe()  # a.txt and its hard link are one
+    assert "in 4 files (3 distinct: hard links share one), 1 block:" in line, line
+
+
+def test_paths_in_errors_are_shown_one_way_and_dot_slash_is_the_same_path(capsys, awkward, tmp_path):
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    p = str(tmp_path / "p")
+    err = one_line_error(capsys, ["cat", p, "nope.txt"])
+    assert "no such file or directory in the packed dataset: 'nope.txt'" in err  # not b'nope.txt'
+    err = one_line_error(capsys, ["ls", p, "./-four/a.txt/x"])
+    assert "'-four/a.txt/x'" in err and "b'" not in err
+    for spelled in (["./-four"], ["--", "-four"], ["--", "-four/"], [".//-four/."]):
+        assert main(["ls", p, *spelled]) == 0
+        assert "a.txt" in capsys.readouterr().out
+
+
+def test_cat_follows_a_link_inside_the_dataset_as_cat_does(capsys, awkward, tmp_path):
+    blockfs.pack(awkward, tmp_path / "p", fsync=False)
+    p = str(tmp_path / "p")
+    capsys.readouterr()
+    for link, data in (("./-four/link", "four"), ("./-four/up", "bee")):
+        assert main(["cat", p, link]) == 0
+        assert capsys.readouterr().out == data
+    assert "an absolute link, out of the packed dataset" in one_line_error(capsys, ["cat", p, "./-four/out"])
+    assert "links in a loop" in one_line_error(capsys, ["cat", p, "./-four/loop"])
+
+
+def test_a_dataset_path_that_does_not_exist_says_so(capsys, tmp_path):
+    err = one_line_error(capsys, ["info", str(tmp_path / "nowhere")])
+    assert f"'{tmp_path / 'nowhere'}' does not exist: check the path" in err and "not a directory" not in err
+
+
+@pytest.mark.fuse
+def test_stats_says_what_the_ioctl_requests_are(packed, tmp_path, capsys):
+    require(has_fuse(), "/dev/fuse")
+    from blockfs.cli.mount_commands import _stats_text
+    from blockfs.client import read_stats
+
+    with mounted(packed, tmp_path / "mnt") as m:
+        with open(m.path / "c" / "a.txt") as f:  # text mode: Python asks isatty() of it
+            assert f.read() == "a" * 100
+        stats = read_stats(m.path)
+    stats["requests"] = {"lookup": 2000, "open": 2000, "ioctl": 6000}  # the counts of issue 28's run
+    shown = _stats_text(stats, None, 1.0)
+    assert "6,000 ioctl" in shown and "the terminal check (isatty)" in shown, shown
+
+
+@pytest.mark.fuse
+def test_the_training_example_counts_the_samples_it_reads(torch_module, tmp_path):
+    require(has_fuse(), "/dev/fuse")
+    sys.path.insert(0, str(REPO / "tools"))
+    import make_dataset as md
+
+    md.make_dataset(tmp_path / "src", "learnable", files=32, classes=2, seed=1)
+    (tmp_path / "src" / "README.txt").write_text("not a sample")  # outside the class directories: label -1
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    with mounted(tmp_path / "p", tmp_path / "mnt") as m:
+        done = subprocess.run([sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(m.path),
+                               "--epochs", "1", "--batch-size", "8"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, epoch = done.stdout.splitlines()[0], done.stdout.splitlines()[1]
+    assert first.startswith("32 images in 2 classes") and "(left out, as ImageFolder does: 1 outside them)" in first
+    assert epoch.endswith(" 32 samples"), epoch
+
+
+def test_any_failed_pack_says_what_it_left_and_info_why(tmp_path, monkeypatch):
+    import errno
+
+    from blockfs.errors import NotADatasetError, PackError
+    from blockfs.packing.sources import DirectorySource
+
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    (tmp_path / "src" / "c" / "a.txt").write_bytes(b"a" * 100)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    (tmp_path / "p" / "NOTES").write_text("the user's")
+
+    def refused(self, entry, buf, offset=0):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(DirectorySource, "read_into", refused)
+    with pytest.raises(PackError, match=r"fix its permissions or pass --skip-unreadable; the failed pack left its marker"):
+        blockfs.pack(tmp_path / "src", tmp_path / "p", force=True, workers=1)
+    assert sorted(os.listdir(tmp_path / "p")) == [".blockfs-packing", "NOTES"]
+    with pytest.raises(NotADatasetError, match=r"unfinished pack \(it failed: cannot read 'c/a.txt'"):
+        blockfs.open_dataset(tmp_path / "p")

@@ -22,6 +22,7 @@ from blockfs.core import format as fmt
 from blockfs.core.index import KIND_DIR, KIND_FILE
 from blockfs.errors import CorruptBlockError, NotADatasetError, PackError, SourceError, UnsupportedVersionError
 from blockfs.packing import writer as writer_module
+from blockfs.packing.destination import LocalDestination
 from blockfs.packing.plan import plan_blocks
 from blockfs.packing.sources import DirectorySource, Source, SourceEntry
 from blockfs.core.unpack import unpack
@@ -288,12 +289,18 @@ def test_every_block_is_flushed_and_a_failed_flush_fails_the_pack_before_the_ind
     r = blockfs.pack(src, tmp_path / "ok", block_size=4000, workers=workers)
     assert sorted(block_syncs) == sorted(os.stat(fmt.block_path(tmp_path / "ok", b)).st_ino for b in range(r.n_blocks))
     fail = True
+    real_abandon, left = LocalDestination.abandon, []
+
+    def watched(self, reason):  # what the failed pack had written, before it removes it
+        left.extend(os.listdir(self.directory))
+        return real_abandon(self, reason)
+
+    monkeypatch.setattr(LocalDestination, "abandon", watched)
     with pytest.raises(OSError, match="Input/output error"):
         blockfs.pack(src, tmp_path / "p", block_size=4000, workers=workers)
     assert block_syncs, "no block was flushed on the fsync thread"
-    assert not (tmp_path / "p" / fmt.INDEX_NAME).exists()
-    with pytest.raises(NotADatasetError, match="unfinished pack"):
-        blockfs.open_dataset(tmp_path / "p")
+    assert fmt.BLOCKS_DIR in left and fmt.INDEX_NAME not in left and fmt.METADATA_NAME not in left
+    assert not (tmp_path / "p").exists()  # the failed pack removed the directory it had created
 
 
 def test_refusals(tmp_path):

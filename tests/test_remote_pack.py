@@ -319,7 +319,7 @@ def test_no_secret_in_any_output_even_on_errors(s3, tmp_path):
         "http": run_cli("pack", str(src), "http://127.0.0.1:9/ds"),
     }
     assert runs["pack"].returncode == 0, runs["pack"].stderr
-    assert f"blocks at s3://{bucket}/ds in" in runs["pack"].stdout
+    assert f"1 block at s3://{bucket}/ds in" in runs["pack"].stdout
     assert runs["pack from"].returncode == 0, runs["pack from"].stderr  # a dataset's own objects, as files
     for name in ("no bucket", "no source"):
         assert runs[name].returncode == 2 and "s3://no-such-bucket-blockfs/" in runs[name].stderr, name

@@ -8,13 +8,14 @@ import logging
 import os
 import select
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import __version__
 from ..errors import BlockfsError
 from ..packing.options import ORDERS
 
 from .locations import add_expect_argument, add_storage_arguments
+from .mistakes import commands, unknown_command, unrecognized, usage_line
 from .mount_flags import add_flags
 from .output import log_level
 from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_upgrade, cmd_verify
@@ -196,17 +197,51 @@ def _stdout_gone() -> bool:
     return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error)."""
+class _Reworded(logging.Filter):
+    """Log records in another spelling (:func:`main`'s ``wording``)."""
+
+    def __init__(self, wording: Callable[[str], str]) -> None:
+        super().__init__()
+        self._wording = wording
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = self._wording(record.getMessage()), ()
+        return True
+
+
+def main(argv: Sequence[str] | None = None, wording: Callable[[str], str] | None = None) -> int:
+    """Run the command line; return the exit status (0 ok, 1 verify found damage, 2 error).
+
+    ``wording``: how errors and warnings are spelled for the user (mount.fuse.blockfs: as fstab options)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    wrong = unknown_command(parser, argv)
+    if wrong is not None:
+        print(usage_line(parser) + "\n" + wrong, file=sys.stderr)
+        return 2
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        print(usage_line(commands(parser)[args.command]) + "\n" + unrecognized(parser, args.command, extras),
+              file=sys.stderr)  # fmt: skip
+        return 2
     args.argv = argv  # a background mount re-runs it in the serving process
     args.verbose = args.verbose or args.log_level == "debug"
     logging.basicConfig(
         level=log_level(args),
         format="blockfs: %(levelname)s: %(message)s" if args.verbose else "blockfs: %(message)s",
     )
+    reworded = _Reworded(wording) if wording is not None else None
+    if reworded is not None:  # the commands' warnings (logged as "blockfs"), for this run only
+        log.addFilter(reworded)
+    try:
+        return _run(args, wording)
+    finally:
+        if reworded is not None:
+            log.removeFilter(reworded)
+
+
+def _run(args: argparse.Namespace, wording: Callable[[str], str] | None) -> int:
+    """The command ``args`` names; errors as one line (see :func:`main`)."""
     try:
         status = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
@@ -220,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.verbose:
             log.exception("failed")
-        print(f"blockfs {args.command}: error: {e}", file=sys.stderr)
+        print(f"blockfs {args.command}: error: {wording(str(e)) if wording else e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"blockfs {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a pack's says what it removed or left
+        print(f"blockfs {args.command}: interrupted" + (f"; {e}" if e.args else ""), file=sys.stderr)
         return 130

@@ -17,7 +17,7 @@ from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..sizes import parse_size
 from ..storage.remote import parse_options
-from .output import human, progress_bar, terminal_bar
+from .output import human, plural, progress_bar, terminal_bar
 
 
 log = logging.getLogger("blockfs")
@@ -70,8 +70,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.quiet:
         return 0
     print(
-        f"packed {result.n_files} files ({human(result.file_bytes)}), {result.n_dirs} directories, "
-        f"{result.n_symlinks} symlinks into {result.n_blocks} blocks at {result.dest} "
+        f"packed {plural(result.n_files, 'file')} ({human(result.file_bytes)}), {result.n_dirs} directories, "
+        f"{result.n_symlinks} symlinks into {plural(result.n_blocks, 'block')} at {result.dest} "
         f"in {result.seconds:.1f} s ({result.n_files / max(result.seconds, 1e-9):,.0f} files/s, {rate:,.0f} MB/s)"
     )
     print(f"dataset {result.digest}")
@@ -99,7 +99,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     labels = info["labels"]
     print(f"labels       {len(labels)} distinct")
     for name, count in list(labels.items())[:20]:
-        print(f"  {count:>10,}  {name}")
+        print(f"  {count:>10,}  {_printable(name.encode('utf-8', 'surrogateescape'))}")  # as ls shows names
     if len(labels) > 20:
         print(f"  ... and {len(labels) - 20} more (--json lists all)")
     return 0
@@ -123,7 +123,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if problems:
         print(f"{len(problems)} problems in {where}")
         return 1
-    print(f"ok: {n_blocks} blocks and the index verified in {where}")
+    print(f"ok: {plural(n_blocks, 'block')} and the index verified in {where}")
     return 0
 
 
@@ -163,7 +163,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_cat(args: argparse.Namespace) -> int:
     with open_from_args(args) as ds:
-        e = ds.lookup(args.path)
+        e = ds.resolve(args.path)  # a link is followed, as cat(1) does
         out = sys.stdout.buffer
         for piece in ds.read_pieces(e):
             out.write(piece)

@@ -20,7 +20,7 @@ from ..storage.location import absolute, is_remote, redact
 from .locations import open_from_args, storage_options
 from .mount_flags import flag_value, mount_options
 from ..sizes import parse_size
-from .output import human, log_level, progress_bar
+from .output import human, log_level, plural, progress_bar
 
 
 log = logging.getLogger("blockfs")
@@ -63,8 +63,43 @@ def _memory_plan(args: argparse.Namespace, size: int, ds) -> tuple[Any, bool, di
     )  # fmt: skip
     tier, disk = ds.disk_tier, None
     if tier is not None:
-        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root)
+        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root,
+                              one_block=plan.block_bytes)  # fmt: skip
     return plan, ds.is_remote, disk
+
+
+def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list[str]:
+    """One line per budget that will not do what it seems to (``plan`` prints them, ``mount`` warns):
+    more than the memory available, a block cache or a disk tier smaller than one block.  What happens,
+    and the fix."""
+    from ..serve.plan import read_mem_available
+
+    said = []
+    if why == "given":  # auto and --memory-fraction are shares of what is available
+        try:
+            available = read_mem_available()
+        except OSError:
+            available = None
+        if available is not None and size > available:
+            said.append(
+                f"--cache-size {human(size)} is more than the {human(available)} of memory available now: as the "
+                "cache fills, the machine will swap or kill a process for memory (the mount, or your training); "
+                f"give --cache-size auto (half of what is available) or at most {human(available)}"
+            )
+    if policy != "none" and not plan.fits and 0 < size < plan.block_bytes:  # 0: no memory cache, as asked
+        said.append(
+            f"--cache-size {human(size)} is smaller than one block ({human(plan.block_bytes)}): no block can be "
+            "cached, so every file is read from storage alone, one request per file"
+            + (f" (from the 2nd epoch, the {plan.retained_files:,} retained files excepted)" if plan.retained_files else "")
+            + f"; give --cache-size of at least {human(plan.block_bytes)}, or pack with a smaller --block-size"
+        )
+    if disk is not None and disk["budget_bytes"] < disk["one_block_bytes"]:
+        said.append(
+            f"--disk-cache-size {human(disk['budget_bytes'])} is smaller than one block "
+            f"({human(disk['one_block_bytes'])}): the disk tier at {disk['directory']} will hold nothing; give at "
+            "least one block's size, or leave --disk-cache-size out (auto: half the free space there)"
+        )
+    return said
 
 
 def _describe(plan, remote: bool, disk: dict | None, nodes: str = "") -> str:
@@ -105,18 +140,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with open_from_args(args) as ds:
         plan, remote, disk = _memory_plan(args, size, ds)
         nodes = _node_lines(args, size, ds)
+    warnings = _warnings(size, why, plan, disk, getattr(args, "policy", "cache-once"))
     if args.json:
-        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk}, indent=2))
+        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk, "warnings": warnings}, indent=2))
     else:
         print(f"budget from:      {why}")
         print(_describe(plan, remote, disk, nodes))
+        for line in warnings:
+            print(f"warning: {line}")
     return 0
 
 
-def _plan_line(meta: dict, size: int, why: str, policy: str) -> str:
-    dataset = int(meta["file_bytes"])
+def _plan_line(meta: dict, size: int, why: str, policy: str, distinct: int | None = None) -> str:
+    """The mount's one-line plan.  ``distinct``: the files the plan counts (hard links once), said beside
+    the paths when they differ, so this line and the plan's table below agree."""
+    dataset, files = int(meta["file_bytes"]), int(meta["n_files"])
+    counted = f"{files:,} files" + (f" ({distinct:,} distinct: hard links share one)"
+                                    if distinct is not None and distinct != files else "")  # fmt: skip
     head = (f"memory plan: cache {human(size)} ({why}), policy {policy}; dataset {human(dataset)} in "
-            f"{int(meta['n_files']):,} files, {int(meta['n_blocks']):,} blocks: ")
+            f"{counted}, {plural(int(meta['n_blocks']), 'block')}: ")
     if policy == "none":
         return head + "no caching, every read goes to storage"
     if dataset <= size:
@@ -173,10 +215,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
         fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
     try:
         with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
-            if args.budget_bytes is None and not args.quiet:  # a background mount's server: its parent printed it
-                print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
-                if args.policy != "none":
-                    print(_describe(*_memory_plan(args, size, ds), _node_lines(args, size, ds)), flush=True)
+            if args.budget_bytes is None:  # a background mount's server: its parent printed it
+                planned = _memory_plan(args, size, ds)
+                if not args.quiet:
+                    print(_plan_line(ds.metadata, size, why, args.policy, planned[0].n_files), flush=True)
+                    if args.policy != "none":
+                        print(_describe(*planned, _node_lines(args, size, ds)), flush=True)
+                for line in _warnings(size, why, planned[0], planned[2], args.policy):
+                    log.warning("%s", line)
         if args.foreground:
             return _serve_here(args, size)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
@@ -263,10 +309,10 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     lines = [
         f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {_route(m)}, "
         f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
-        f"dataset    {d['files']:,} files ({human(d['file_bytes'])}) in {d['blocks']:,} blocks; "
+        f"dataset    {plural(d['files'], 'file')} ({human(d['file_bytes'])}) in {plural(d['blocks'], 'block')}; "
         f"{d.get('digest', '-')}" + ("" if d.get("digests", True) else " (checked against accidents only: no digests)"),
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
-        f"{c['cached_blocks']:,} blocks; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
+        f"{plural(c['cached_blocks'], 'block')}; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
         f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
         + _shared_note(k.get("blocks_shared", 0))
@@ -274,7 +320,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
            if (s.get("page_cache") or {}).get("files_pushed") else ""),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
-        f"storage    {human(k['bytes_from_storage'])} read: {k['block_loads']:,} whole blocks "
+        f"storage    {human(k['bytes_from_storage'])} read: {plural(k['block_loads'], 'whole block')} "
         f"({k['readahead_loads']:,} ahead), {k['file_reads']:,} files alone; {k['buffer_hits']:,} file-buffer hits",
         _epochs_line(s["epochs"], d["files"]),
     ]
@@ -293,7 +339,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     tier = storage.get("disk_tier")
     if tier:
         lines.append(
-            f"disk tier  {human(tier['used'])} of {human(tier['budget'])}, {tier['blocks']:,} blocks; reads "
+            f"disk tier  {human(tier['used'])} of {human(tier['budget'])}, {plural(tier['blocks'], 'block')}; reads "
             f"{tier['disk_reads']:,} from disk ({human(tier['disk_bytes'])}), {tier['remote_reads']:,} from the "
             f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
             f"{tier['copies_dropped']:,} dropped after a failed check"
@@ -306,7 +352,9 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     requests = s.get("requests") or {}
     if requests:
         top = sorted(requests.items(), key=lambda kv: -kv[1])[:6]
-        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top))
+        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top)
+                     + ("; ioctl: the terminal check (isatty) programs make of each file they open — Python's "
+                        "open() makes one or more — answered at once, no data read" if "ioctl" in dict(top) else ""))
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
         lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "

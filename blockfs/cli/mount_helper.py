@@ -15,6 +15,7 @@ else, which goes to libfuse as ``-o``.  The mount then runs in the background, a
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Sequence
 
@@ -81,6 +82,27 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[
     return argv + (["-o", ",".join(fuse)] if fuse else [])
 
 
+_FLAG = re.compile(r"--storage-option (\w+)=|--([a-z][a-z-]+)")
+
+
+def in_fstab_words(text: str) -> str:
+    """An error's or a warning's fix in the spelling of the fstab line it came from: ``--storage-option
+    anon=true`` is ``storage.anon=true``, ``--cache-size`` is ``cache_size=``; and where it names a
+    credential, that fstab (readable by every user) holds none."""
+    known = _mount_options()
+
+    def fstab(m: re.Match) -> str:
+        if m.group(1):
+            return f"storage.{m.group(1)}="
+        name = m.group(2).replace("-", "_")
+        return name + ("=" if known[name] else "") if name in known else m.group(0)
+
+    said = _FLAG.sub(fstab, text)
+    if said != text and any(is_credential(key) for key in re.findall(r"(\w+)=\.\.\.", said)):
+        said += " (in fstab, credentials only through mount's environment, a profile or an instance role)"
+    return said
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mount.fuse.blockfs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -108,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.f:
         print("mount.fuse.blockfs: would run: blockfs " + " ".join(command))
         return 0
-    return blockfs_main(command + (["-v"] if args.v else ["-q"]))
+    return blockfs_main(command + (["-v"] if args.v else ["-q"]), wording=in_fstab_words)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ def human(n: float) -> str:
     return format_size(n, decimals=1)
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 block"``, ``"1,800 blocks"``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def log_level(args: argparse.Namespace) -> int:
     """The logging level the options ask for: --log-level, else -v (debug) or -q (warning), else info."""
     if args.log_level:

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 PathLike = str | bytes | os.PathLike
 READ_PIECE = 16 << 20  # bytes per read of a file in a WIDE block (narrow ones are verified, so read, whole)
+SYMLINK_HOPS = 40  # links followed in one path before it is a loop (Linux's MAXSYMLINKS)
 
 
 class FileReader(Protocol):
@@ -66,8 +67,9 @@ class EntryStat:
 
 
 def _to_bytes(path: PathLike) -> bytes:
-    raw = os.fsencode(path)
-    return raw.strip(b"/")
+    """A path in the dataset as the index spells it: no leading, trailing or doubled ``/``, no ``.``
+    components (``./-four`` is ``-four``, as in a shell).  ``..`` is left for the lookup to refuse."""
+    return b"/".join(part for part in os.fsencode(path).split(b"/") if part not in (b"", b"."))
 
 
 def _check_labels(labels: np.ndarray, classes: list[str] | None, where: str) -> None:
@@ -159,6 +161,32 @@ class PackedDataset:
     # --- by path -------------------------------------------------------------------------------
     def lookup(self, path: PathLike) -> int:
         return self.index.lookup(_to_bytes(path))
+
+    def resolve(self, path: PathLike) -> int:
+        """The entry ``path`` names with its symbolic links followed inside the dataset, as the mount
+        resolves them (``cat`` follows a link as cat(1) does).  A link that leads out of the dataset (an
+        absolute target, or ``..`` above the root) or round in a loop is an error naming it."""
+        todo = [part for part in _to_bytes(path).split(b"/") if part]
+        done: list[bytes] = []
+        hops = 0
+        while todo:
+            name = todo.pop(0)
+            if name == b"..":
+                if not done:
+                    raise EntryNotFoundError(f"{os.fsdecode(_to_bytes(path))!r} leads out of the packed dataset")
+                done.pop()
+                continue
+            e = self.index.lookup(b"/".join([*done, name]))
+            if self.index.kind(e) != KIND_SYMLINK:
+                done.append(name)
+                continue
+            target = self.index.link_target(e)
+            hops += 1
+            if target.startswith(b"/") or hops > SYMLINK_HOPS:
+                why = "an absolute link, out of the packed dataset" if hops <= SYMLINK_HOPS else "links in a loop"
+                raise EntryNotFoundError(f"{os.fsdecode(self.path_of(e))!r} -> {os.fsdecode(target)!r}: {why}")
+            todo[:0] = [part for part in target.split(b"/") if part not in (b"", b".")]
+        return self.index.lookup(b"/".join(done))
 
     def stat(self, path: PathLike) -> EntryStat:
         return self.stat_entry(self.lookup(path))

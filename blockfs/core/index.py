@@ -160,7 +160,7 @@ def _directory_tables(paths: list[bytes], kind: np.ndarray) -> tuple[np.ndarray,
     parent = np.array([0, *(id_of.get(p.rpartition(b"/")[0], -1) for p in paths[1:])], dtype=np.int64)
     orphans = np.flatnonzero((parent[1:] < 0) | (kind[parent[1:]] != KIND_DIR))
     if len(orphans):
-        raise ValueError(f"entry {paths[orphans[0] + 1]!r} has no parent directory in the index")
+        raise ValueError(f"entry {os.fsdecode(paths[orphans[0] + 1])!r} has no parent directory in the index")
     child_count = np.bincount(parent[1:], minlength=n).astype(np.uint32)
     child_start = np.zeros(n, dtype=np.uint32)
     parents, first_child = np.unique(parent[1:], return_index=True)  # each run of children is contiguous
@@ -295,7 +295,7 @@ class PackedIndex:
     def lookup(self, path: bytes) -> int:
         entry = self.find(path)
         if entry < 0:
-            raise EntryNotFoundError(f"no such file or directory in the packed dataset: {path!r}")
+            raise EntryNotFoundError(f"no such file or directory in the packed dataset: {os.fsdecode(path)!r}")
         return entry
 
     def kind(self, entry: int) -> int:
@@ -307,7 +307,7 @@ class PackedIndex:
 
     def children(self, entry: int) -> range:
         if self._kind[entry] != KIND_DIR:
-            raise NotADirectoryEntryError(f"not a directory: {self.path(entry)!r}")
+            raise NotADirectoryEntryError(f"not a directory: {os.fsdecode(self.path(entry))!r}")
         start = self._child_start[entry]
         return range(start, start + self._child_count[entry])
 

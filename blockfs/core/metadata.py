@@ -80,12 +80,16 @@ def read_metadata_bytes(root: str, expect: str | None = None, display: str | Non
 
     ``expect``: the pinned name; a dataset with another is refused before anything of it is parsed."""
     meta_path = os.path.join(root, METADATA_NAME)
+    if not os.path.lexists(root):
+        raise NotADatasetError(f"{root!r} does not exist: check the path, or run 'blockfs pack' to make it")
     if not os.path.isdir(root):
         raise NotADatasetError(f"{root!r} is not a directory, so not a packed dataset")
     if not os.path.exists(meta_path):
         if os.path.exists(os.path.join(root, PACKING_MARKER)):
+            why = _failure(os.path.join(root, PACKING_MARKER))
             raise NotADatasetError(
-                f"{root!r} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
+                f"{root!r} is an unfinished pack ("
+                + (f"it failed: {why}" if why else "it was interrupted") + "): run 'blockfs pack' again"
             )
         raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
     try:  # O_NONBLOCK: a FIFO planted there must not block the open
@@ -108,6 +112,21 @@ def read_metadata_bytes(root: str, expect: str | None = None, display: str | Non
     check_version(meta.get("format_version"), root)
     check_metadata(meta, meta_path)
     return meta, raw
+
+
+def _failure(marker: str) -> str:
+    """Why the pack that left ``marker`` failed, as it wrote there (one line); empty if it was killed first."""
+    try:  # never through a link, never waiting on a FIFO: only a regular file written by a pack is read
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        text = os.read(fd, 1000).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return text.splitlines()[0] if text else ""
 
 
 def metadata_bytes(meta: dict) -> bytes:

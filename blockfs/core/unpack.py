@@ -155,7 +155,7 @@ class _Tree:
         path = self.ds.path_of(e)
         parts = path.split(b"/")
         if any(p in (b"", b".", b"..") or b"\0" in p for p in parts):
-            raise UnpackError(f"refusing to unpack {path!r}: not a plain relative path")
+            raise UnpackError(f"refusing to unpack {os.fsdecode(path)!r}: not a plain relative path")
         directory, _, name = path.rpartition(b"/")
         return directory, name
 

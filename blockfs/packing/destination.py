@@ -28,6 +28,7 @@ from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, Prepar
 from ..errors import PackError
 from ..storage.location import is_remote
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
+from .containers.recordio import LABELS_FILE
 from .options import PackOptions
 from .parallel import Sums
 
@@ -118,6 +119,15 @@ class Destination(ABC):
     def commit(self, metadata: dict) -> None:
         """Make DEST a dataset: whatever is still to go there first, ``blockfs.json`` last."""
 
+    def free_bytes(self) -> int | None:
+        """Bytes free where the blocks are written (measured once DEST is claimed), or None if unknown."""
+        return None
+
+    def abandon(self, reason: str) -> str:
+        """After a failure past :meth:`claim`: remove what the pack wrote where that is safe; return what
+        was done in words for the error ("removed ...", or what is left and how to remove it)."""
+        return ""
+
     def close(self) -> None:
         """Release what the pack used, after a commit or a failure."""
         for fd in (self.blocks_fd, self.dir_fd):
@@ -129,14 +139,57 @@ class Destination(ABC):
 class LocalDestination(Destination):
     """A local directory, written in place and committed by renaming ``blockfs.json`` into place."""
 
+    # What a pack may write beside blocks/ (made afresh by the claim): removed after a failure unless
+    # DEST held the name before the pack.
+    WRITTEN = (INDEX_NAME, INDEX_NAME + ".tmp", METADATA_NAME + ".tmp", LABELS_FILE, LABELS_FILE + ".tmp")
+
     def __init__(self, dest: str, fsync: bool) -> None:
         self.directory = self.display = dest
         self.fsync = fsync
+        self._claimed = self._created = False
+        self._before: set[str] = set()
 
     def claim(self, source_location: str | None, force: bool) -> None:
         inside = source_location if source_location is not None and not is_remote(source_location) else None
+        self._created = not os.path.lexists(self.directory)
         self.dir_fd = prepare_dest(inside, self.directory, force)
         self.blocks_fd = open_blocks_dir(self.dir_fd)
+        self._claimed = True
+        self._before = set(os.listdir(self.dir_fd)) - {PACKING_MARKER, BLOCKS_DIR}
+
+    def free_bytes(self) -> int | None:
+        vfs = os.statvfs(self.dir_fd)
+        return vfs.f_bavail * vfs.f_frsize
+
+    def abandon(self, reason: str) -> str:
+        # Everything by name through DEST's descriptor, following no link (storage.owned), as it was written.
+        dest, fd = self.directory, self.dir_fd
+        marker = os.path.join(dest, PACKING_MARKER)
+        if not self._claimed or fd < 0 or _exists_at(fd, METADATA_NAME) or not _exists_at(fd, PACKING_MARKER):
+            return ""  # never claimed, or already committed: nothing here is a failed pack's
+        _write_reason(fd, reason)  # first, so that whatever stays behind says why
+        try:
+            remove_at(fd, BLOCKS_DIR)
+        except OSError as e:
+            return f"could not remove its blocks ({e.strerror}): remove {os.path.join(dest, BLOCKS_DIR)!r} and {marker!r}"
+        for name in self.WRITTEN:
+            if name not in self._before:
+                try:
+                    remove_at(fd, name)
+                except OSError as e:
+                    return f"could not remove {os.path.join(dest, name)!r} ({e.strerror}): remove it and {marker!r}"
+        try:
+            if set(os.listdir(fd)) - {PACKING_MARKER}:
+                _write_reason(fd, reason)  # again: on a disk that was full, it fits only now
+                return (f"left its marker {marker!r}, saying why it failed, beside what {dest!r} held before, and "
+                        "removed the rest it wrote (the next pack there replaces the marker)")  # fmt: skip
+            os.unlink(PACKING_MARKER, dir_fd=fd)
+            if self._created:
+                os.rmdir(dest)  # empty by now; rmdir follows no link
+                return f"removed {dest!r}, which it had created"
+        except OSError as e:
+            return f"could not remove {marker!r} or {dest!r} ({e.strerror}): remove them"
+        return f"removed what it wrote in {dest!r}"
 
     def block_sizes(self, n_blocks: int) -> np.ndarray:
         return np.array([os.stat(block_name(b), dir_fd=self.blocks_fd, follow_symlinks=False).st_size
@@ -144,6 +197,30 @@ class LocalDestination(Destination):
 
     def commit(self, metadata: dict) -> None:
         commit(self.dir_fd, self.blocks_fd, metadata, self.fsync)
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _write_reason(dir_fd: int, reason: str) -> None:
+    """Write why the pack failed into its marker, one line (for ``blockfs info``); quietly not if it cannot."""
+    line = (reason.replace("\n", " ") + "\n").encode("utf-8", "backslashreplace")
+    try:
+        fd = os.open(PACKING_MARKER, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)  # fmt: skip
+    except OSError:
+        return
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_index(dir_fd: int, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray,

@@ -18,6 +18,7 @@ so each can be read, tested and changed alone:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ import numpy as np
 
 from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
 from ..errors import PackError
+from ..sizes import format_size
 from ..storage.location import check_scheme, is_remote
 from .containers import open_source, spool_dir_for
 from .destination import Destination, LocalDestination, dataset_metadata, write_index
@@ -73,11 +75,14 @@ def pack(
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
     target = _destination(os.fspath(dest), options, storage_options)
+    claimed, free, plan = False, None, None
     try:
         source = _open(src, target.directory, options, storage_options)
         entries, too_long = _names_that_fit(_list_entries(source, listing), source, options.skip_unreadable)
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
+        claimed = True  # from the first step of the claim on, a failure has something to remove
         target.claim(_source_location(source), options.force)
+        free = target.free_bytes()
         plan = make_plan(entries, options)
         sums, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
         unreadable |= too_long
@@ -88,10 +93,58 @@ def pack(
         if described is not None:
             metadata["source"] = described
         target.commit(metadata)
+    except BaseException as e:
+        if not claimed:
+            raise
+        raise _failed(e, target, plan, free)  # noqa: B904 - _failed chains e itself
     finally:
         target.close()
     result = _report(source, target.display, metadata, unreadable, time.monotonic() - started)
     return dataclasses.replace(result, digest=name_of(metadata_bytes(metadata)))
+
+
+def _failed(error: BaseException, target: Destination, plan: BlockPlan | None, free: int | None) -> BaseException:
+    """The exception a failed pack raises once what it wrote is removed (:meth:`Destination.abandon`): a
+    full disk in one line naming DEST, the bytes needed and free, and the fix; Ctrl-C saying what it
+    left; anything else as it was, with what is left appended when something is."""
+    full = _out_of_space(error)
+    if isinstance(error, KeyboardInterrupt):
+        reason = "interrupted (Ctrl-C)"
+    elif full is not None:
+        reason = f"no space left on the device ({full.filename or target.directory})"
+    else:
+        reason = str(error) or type(error).__name__
+    done = target.abandon(reason)
+    if isinstance(error, KeyboardInterrupt):
+        return KeyboardInterrupt(done) if done else error
+    if full is not None:
+        if target.directory == target.display:
+            needed = (f"the pack needs about {format_size(int(plan.sizes.sum()))}" if plan is not None
+                      else "the pack could not even start")  # fmt: skip
+            had = f", and {format_size(free)} was free there when it started" if free is not None else ""
+            message = (f"no space left on the device of {target.display!r}: {needed}{had}; "
+                       + (f"{done}; " if done else "") + "free some space there or pack to a disk with room")
+        else:  # a URL: the staging directory filled up, which holds only a few blocks at a time
+            message = (f"no space left in the staging directory {target.directory!r} of the pack to "
+                       f"{target.display}: pass --staging DIR on a disk with room for a few blocks")
+        packed = PackError(message)
+        packed.__cause__ = error
+        return packed
+    if done and not done.startswith("removed"):  # something is left: the error says what
+        error.args = (f"{error}; the failed pack {done}",) if isinstance(error, PackError) else error.args
+    return error
+
+
+def _out_of_space(error: BaseException) -> OSError | None:
+    """The ENOSPC or EDQUOT error behind ``error`` (itself, or what it was raised from), or None."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _destination(dest: str, options: PackOptions, storage_options: dict | None) -> Destination:

@@ -48,9 +48,9 @@ DEFAULT_RETAIN_SHARE = 1.0
 
 def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
     """Bytes of memory the kernel says are available now (``MemAvailable``, Linux >= 3.14)."""
-    with open(meminfo, encoding="ascii") as lines:
+    with open(meminfo, "rb") as lines:  # bytes: no codec to import (a mount may run as another user by then)
         for line in lines:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(b"MemAvailable:"):
                 return int(line.split()[1]) * 1024  # the kernel writes "kB" and means KiB
     raise OSError(f"{os.fspath(meminfo)} has no MemAvailable line; give the memory budget in bytes instead")
 
@@ -85,6 +85,13 @@ class MemoryPlan:
     expected_file_hit_rate: float
     expected_byte_hit_rate: float
     retained: np.ndarray = dataclasses.field(repr=False, compare=False)
+    block_bytes: int = 0  # one block's size (the dataset's median): a smaller block cache holds none
+
+    @property
+    def per_file_requests(self) -> bool:
+        """Whether the block cache is smaller than one block: it holds none, so every file that is not
+        retained is read from storage alone, one request each, every epoch."""
+        return not self.fits and self.block_cache_bytes < self.block_bytes
 
     @property
     def retained_ids(self) -> np.ndarray:
@@ -126,12 +133,14 @@ class MemoryPlan:
                 how += f", lowered from {size(self.requested_threshold)} to fit"
             if self.retain_share < 1:
                 how += f", within {self.retain_share:.0%} of the budget"
+            blocks = (f"less than one block ({size(self.block_bytes)}): holds none, so every file not retained "
+                      "is read alone, one request per file" if self.per_file_requests  # fmt: skip
+                      else f"cache-once (about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)")
             lines += [
                 f"retained files:   {self.retained_files:,} files ({_pct(self.retained_files, self.n_files)} "
                 f"of them), {size(self.retained_bytes)} ({_pct(self.retained_bytes, self.dataset_bytes)} "
                 f"of the bytes); {self.strategy}: {how}",
-                f"block cache:      {size(self.block_cache_bytes)}, cache-once "
-                f"(about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)",
+                f"block cache:      {size(self.block_cache_bytes)}, {blocks}",
             ]
         lines += [
             f"page cache:       up to {size(self.page_cache_bytes)} more, kernel route: files pushed as their blocks "
@@ -154,6 +163,7 @@ def make_memory_plan(
     strategy: str = DEFAULT_STRATEGY,
     threshold: int | Literal["auto"] | None = None,
     retain_share: float = DEFAULT_RETAIN_SHARE,
+    block_bytes: int = 0,
 ) -> MemoryPlan:
     """Plan memory for files of ``sizes`` bytes (file id = position) under ``budget_bytes``.
 
@@ -168,7 +178,8 @@ def make_memory_plan(
         every file of at most ``threshold`` bytes.  With ``"auto"`` or None, the largest threshold whose
         files fit; a given threshold whose files do not fit is lowered to that one.
 
-    The rest of the budget is the cache-once block cache.  The expected hit rates assume a random file
+    The rest of the budget is the cache-once block cache; one smaller than ``block_bytes`` (one block's
+    size, 0 if unknown) holds no block, and the files not retained then never hit.  The expected hit rates assume a random file
     order every epoch and files assigned to blocks at random: a retained file always hits; any other file
     hits when its block is cached, with probability ``block_cache_bytes / dataset_bytes``, and never if it
     is larger than the block cache (its block cannot fit).  See :data:`DEFAULT_RETAIN_SHARE` for why
@@ -189,7 +200,8 @@ def make_memory_plan(
     block_cache_bytes = budget_bytes - retained_bytes
     file_hit_rate, byte_hit_rate = 1.0, 1.0
     if not fits:
-        file_hit_rate, byte_hit_rate = _expected_hit_rates(sizes, retained, retained_bytes, block_cache_bytes)
+        cacheable = block_cache_bytes if block_cache_bytes >= block_bytes else 0
+        file_hit_rate, byte_hit_rate = _expected_hit_rates(sizes, retained, retained_bytes, cacheable)
     return MemoryPlan(
         budget_bytes=budget_bytes,
         dataset_bytes=dataset_bytes,
@@ -205,6 +217,7 @@ def make_memory_plan(
         expected_file_hit_rate=file_hit_rate,
         expected_byte_hit_rate=byte_hit_rate,
         retained=retained,
+        block_bytes=int(block_bytes),
     )
 
 
@@ -272,16 +285,22 @@ def _select(
     return retained, applied, int(cumulative[count - 1]) if count else 0
 
 
-def disk_tier_plan(plan: MemoryPlan, block_bytes: int, budget: int, held: int, directory: str) -> dict[str, Any]:
+def disk_tier_plan(
+    plan: MemoryPlan, block_bytes: int, budget: int, held: int, directory: str, one_block: int = 0
+) -> dict[str, Any]:
     """What a remote dataset's disk tier adds below the memory plan: the share of the blocks it will hold
-    (cache-once, from the first epoch on) and the remote bytes to expect per epoch from the second."""
+    (cache-once, from the first epoch on) and the remote bytes to expect per epoch from the second.
+    ``block_bytes``: all the blocks' bytes; ``one_block``: one block's (a smaller tier holds none)."""
     share = min(1.0, budget / block_bytes) if block_bytes else 1.0
+    if budget < one_block:
+        share = 0.0
     return {
         "directory": directory,
         "budget_bytes": budget,
         "held_bytes": held,
         "block_bytes": block_bytes,
         "share_of_blocks": share,
+        "one_block_bytes": one_block,
         "expected_remote_bytes_per_epoch": int(plan.expected_storage_bytes_per_epoch * (1 - share)),
     }
 
@@ -293,6 +312,8 @@ def describe_disk_tier(tier: dict[str, Any] | None) -> str:
     size = format_size
     share = tier["share_of_blocks"]
     holds = "all of the blocks" if share >= 1 else f"about {share:.0%} of the blocks"
+    if tier["budget_bytes"] < tier.get("one_block_bytes", 0):
+        holds = f"none of the blocks: smaller than one block ({size(tier['one_block_bytes'])})"
     return (
         f"disk tier:        {tier['directory']}: {size(tier['budget_bytes'])}, cache-once, {holds} "
         f"(holds {size(tier['held_bytes'])} now)\n"

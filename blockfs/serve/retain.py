@@ -142,6 +142,8 @@ def plan_dataset(
     strategy = strategy or ("threshold" if threshold is not None else DEFAULT_STRATEGY)
     if strategy != "threshold":
         threshold = None
+    block_sizes = arrays.get("block_sizes") if hasattr(arrays, "get") else None
+    one_block = int(np.median(block_sizes)) if block_sizes is not None and len(block_sizes) else 0
     plan = make_memory_plan(sizes, budget_bytes, strategy=strategy, threshold=threshold,
-                            retain_share=1.0 if retain else 0.0)  # fmt: skip
+                            retain_share=1.0 if retain else 0.0, block_bytes=one_block)  # fmt: skip
     return plan, (blocks, slots, sizes)

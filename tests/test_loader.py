@@ -224,6 +224,8 @@ def test_ranks_read_disjoint_blocks_and_the_same_number_of_batches(bl, tiny, dro
     block_of = index_of(tiny).arrays["block"]
     rank_blocks = [set(block_of[flat(b)].tolist()) for b in per_rank]
     assert all(not rank_blocks[a] & rank_blocks[b] for a in range(world) for b in range(a + 1, world))
+    rank_files = [set(flat(b)) for b in per_rank]
+    assert all(not rank_files[a] & rank_files[b] for a in range(world) for b in range(a + 1, world))
     seen = Counter(i for batches in per_rank for i in flat(batches))
     if drop_last:
         assert max(seen.values()) == 1 and all(len(b) == 24 for batches in per_rank for b in batches)
@@ -421,6 +423,33 @@ def test_resume_under_ddp_restores_each_rank(bl, tiny):
     rank1 = bl.BlockLoader(tiny / "mnt", 16, rank=1, world_size=2)
     with pytest.raises(ValueError, match="saved with rank=0, this loader has rank=1"):
         rank1.load_state_dict(rank0.state_dict())
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ddp_over_few_blocks_a_rank_apiece_pads_at_most_world_size_minus_one_and_resumes_exactly(bl, tiny, drop_last):
+    # 30 blocks of 16 over 7 ranks: 4.3 blocks a rank, so whole blocks alone would leave ranks up to a
+    # block apart; the last blocks' files are split, and the ranks end within one sample (issue 28).
+    world = 7
+
+    def make(rank):
+        return bl.BlockLoader(tiny / "mnt", 16, rank=rank, world_size=world, num_workers=2, seed=2, drop_last=drop_last)
+
+    per_rank = []
+    for rank in range(world):
+        with make(rank) as loader:
+            loader.set_epoch(1)
+            per_rank.append(flat(epoch_ids(loader)))
+    n = 480
+    per_rank_count = n // world // 16 * 16 if drop_last else -(-n // world)  # drop_last: whole batches only
+    assert {len(ids) for ids in per_rank} == {per_rank_count}
+    seen = Counter(i for ids in per_rank for i in ids)
+    repeats, left_out = sum(seen.values()) - len(seen), n - len(seen)
+    assert (repeats, left_out) == ((0, n - world * per_rank_count) if drop_last else (-n % world, 0))
+    rank_files = [set(ids) for ids in per_rank]
+    assert sum(map(len, rank_files)) == len(set().union(*rank_files))  # disjoint, apart from own repeats
+    for rank in (0, world - 1):
+        expected, got = interrupted(lambda rank=rank: make(rank), epoch=1, stop=2)
+        assert [ids for ids, _ in got] == [ids for ids, _ in expected]
 
 
 def test_resume_needs_the_same_arguments(bl, tiny):

@@ -92,3 +92,24 @@ def test_an_endpoint_nothing_answers_gives_up_after_the_connect_timeout_naming_i
     store = RemoteStore("s3://bucket/ds", {"connect_timeout": 0.5, "retry_timeout": 60})
     with pytest.raises(EndpointUnreachableError):
         store.get("blockfs.json")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    (tmp_path / "src" / "c" / "a.txt").write_bytes(b"a" * 100)
+    return tmp_path / "src"
+
+
+def test_packing_to_a_store_that_refuses_is_missing_or_unreachable_is_one_line_each(capsys, s3, tree, scratch):
+    err = failing(capsys, ["pack", str(tree), "s3://no-such-bucket-28/ds"])
+    assert "bucket 'no-such-bucket-28' does not exist" in err and "does the bucket exist" not in err
+    with refusing_s3() as endpoint:
+        err = failing(capsys, ["pack", str(tree), "s3://bucket/ds", "--storage-option", f"endpoint={endpoint}"])
+        assert "the S3 store refused the credentials (LIST: 403, InvalidAccessKeyId)" in err
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    # The listing's stream, failed, must not be read again as an empty listing (then 30 s of HEADs).
+    err = failing(capsys, ["pack", str(tree), "s3://bucket/ds", "--storage-option", f"endpoint={endpoint}",
+                           "--storage-option", "connect_timeout=0.5"])  # fmt: skip
+    assert f"cannot reach {endpoint} for s3://bucket/ds: connection refused" in err
+    assert not list(scratch.iterdir())  # no staging directory left behind

@@ -153,6 +153,7 @@ _CONNECT_WHY = ((re.compile(r"ConnectionRefused|connection refused", re.I), "con
                 (re.compile(r"TimedOut|timed out|deadline", re.I), "no answer"))  # fmt: skip
 _REQUEST_URI = re.compile(r"(https?://[^/\s,)\"']+)")
 _ERROR_CODE = re.compile(r"<Code>([A-Za-z.]{1,64})</Code>")
+_NO_BUCKET = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
 _STATUS_LINE = re.compile(r"status code: (\d{3})")
 # The fix for refused credentials, by kind of store.
 CHECK_CREDENTIALS = {
@@ -390,7 +391,7 @@ class RemoteStore:
             except (NotFoundError, FileNotFoundError) as e:
                 self._reached = True
                 self._failed(what, name, e)
-                if "<Code>NoSuchBucket</Code>" in str(e) or "<Code>ContainerNotFound</Code>" in str(e):
+                if _NO_BUCKET.search(str(e)):
                     raise self._no_bucket() from None
                 raise RemoteError(errno.ENOENT, f"{self.where(name)}: no such object") from None
             except NotSupportedError as e:  # e.g. a ranged GET answered with the whole object
@@ -408,6 +409,15 @@ class RemoteStore:
                     raise RemoteError(
                         errno.EACCES, f"{self.where(name)}: no {KIND_NAMES[self.kind]} credentials found: {CREDENTIALS[self.kind]}"
                     ) from None
+                status = _STATUS.search(str(e))
+                if status is not None:  # an answer (a LIST's errors come as generic ones, status in the text)
+                    self._reached = True
+                    if status.group(1) in ("401", "403"):
+                        self._failed(what, name, e)
+                        raise self._refused(what, name, e) from None
+                    if _NO_BUCKET.search(str(e)):
+                        self._failed(what, name, e)
+                        raise self._no_bucket() from None
                 waited = time.monotonic() - started
                 # Before the store ever answered, a connection that fails is more likely a wrong endpoint or
                 # a server that is down than a blip: give up after connect_timeout, not retry_timeout.
@@ -595,11 +605,27 @@ class RemoteStore:
         """The objects under ``prefix`` (relative to the store's), a page at a time (close() ends the listing)."""
         import obstore
 
-        pages = self._call("LIST", prefix or "/", lambda: obstore.list(self._store, prefix=prefix or None, chunk_size=1000))
+        stream: dict[str, Any] = {"pages": None, "yielded": False, "broken": False}
+
+        def next_page():
+            # A stream that failed ends (next() gives None), so a retry must not read it again: before any
+            # page it starts the listing anew; after one, the listing cannot resume and fails.
+            if stream["broken"]:
+                raise OSError(errno.EIO, "the listing broke off after its first pages")
+            if stream["pages"] is None:
+                stream["pages"] = obstore.list(self._store, prefix=prefix or None, chunk_size=1000)
+            try:
+                return next(stream["pages"], None)
+            except BaseException:
+                stream["pages"] = None
+                stream["broken"] = stream["yielded"]
+                raise
+
         while True:
-            page = self._call("LIST", prefix or "/", lambda: next(pages, None))
+            page = self._call("LIST", prefix or "/", next_page)
             if page is None:
                 return
+            stream["yielded"] = True
             yield [
                 ObjectInfo(o["path"], int(o["size"]), int(o["last_modified"].timestamp() * 1e9)) for o in page
             ]

@@ -686,6 +686,10 @@ def test_on_decode_error_takes_raise_or_skip_and_skip_is_not_combined_with_reuse
         bl.BlockLoader(corrupt / "mnt", 8, on_decode_error="ignore")
     with pytest.raises(ValueError, match="does not combine with reuse=True"):
         bl.BlockLoader(corrupt / "mnt", 8, on_decode_error="skip", reuse=True)
+    # A decode that reads nothing leaves no batch to yield (and DDP ranks must keep their step counts).
+    with bl.BlockLoader(corrupt / "mnt", 8, lambda data: 1 // 0, on_decode_error="skip") as loader:
+        with pytest.raises(blockfs.BlockfsError, match="decode failed on all 8 samples of a batch.*ZeroDivisionError"):
+            epoch_ids(loader)
 
 
 def test_the_training_example_names_a_bad_image_in_one_line_or_skips_it(bl, corrupt):

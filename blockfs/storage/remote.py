@@ -154,7 +154,6 @@ _CONNECT_WHY = ((re.compile(r"ConnectionRefused|connection refused", re.I), "con
 _REQUEST_URI = re.compile(r"(https?://[^/\s,)\"']+)")
 _ERROR_CODE = re.compile(r"<Code>([A-Za-z.]{1,64})</Code>")
 _NO_BUCKET = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
-_STATUS_LINE = re.compile(r"status code: (\d{3})")
 # The fix for refused credentials, by kind of store.
 CHECK_CREDENTIALS = {
     "s3": "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the access_key_id/secret_access_key options, "
@@ -448,7 +447,7 @@ class RemoteStore:
 
     def _refused(self, what: str, name: str, e: BaseException) -> RemoteError:
         text = str(e)
-        status = next(iter(_STATUS.findall(text) + _STATUS_LINE.findall(text)), None)
+        status = next(iter(_STATUS.findall(text)), None)
         code = _ERROR_CODE.search(text)
         said = ", ".join(x for x in (status, code.group(1) if code else None) if x) or "refused"
         return CredentialsRefusedError(

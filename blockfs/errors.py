@@ -85,6 +85,21 @@ class NotASymlinkError(BlockfsError, OSError):
     errno = _errno.EINVAL
 
 
+class DecodeError(BlockfsError, ValueError):
+    """The loader's ``decode`` failed on a file: the message names its path and sample id, ``path`` and
+    ``sample_id`` hold them, and the decode's own exception is the cause (``__cause__``).
+
+    A ValueError: the file's bytes are not what ``decode`` reads (whatever decode itself raised, e.g. PIL's
+    ``UnidentifiedImageError``, is kept as the cause).
+    """
+
+    errno = _errno.EIO
+
+    def __init__(self, message: str, *, path: str | None = None, sample_id: int | None = None) -> None:
+        super().__init__(message)
+        self.path, self.sample_id = path, sample_id
+
+
 class PackError(BlockfsError, RuntimeError):
     """Packing cannot go on: the message names the path and the fix."""
 

@@ -3,13 +3,15 @@
     blockfs pack TREE DATASET && blockfs mount DATASET MNT
     python examples/train_block_loader.py MNT [--epochs 3] [--batch-size 32] [--lr 0.05] [--seed 0]
         [--workers 0] [--image-size 32] [--device auto|cpu|cuda] [--reuse] [--importance FRACTION]
-        [--warmup 2] [--out result.json] [--max-steps N] [--resume-at STEP]
+        [--warmup 2] [--out result.json] [--max-steps N] [--resume-at STEP] [--skip-bad]
 
 The dataset is an ImageFolder-style tree of images (``tools/make_dataset.py --mode learnable`` makes one);
 labels come from the mount's index, so no path is parsed. ``--importance`` reports each sample's loss to
 the loader, which after ``--warmup`` epochs trains on that fraction of the samples. ``--resume-at STEP``
 checkpoints the loader, model and optimizer after STEP steps, builds everything anew from the checkpoint
 and goes on: the losses must be the same as without it (a deterministic run: one thread, fixed seeds).
+A file the decoder cannot read stops the run with one line naming it; ``--skip-bad`` leaves such files out
+(the loader's ``on_decode_error="skip"``) and prints how many it skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from blockfs.errors import DecodeError
 from blockfs.loader import BlockLoader, ImportanceConfig
 
 
@@ -55,6 +58,7 @@ def build(args: argparse.Namespace) -> tuple[BlockLoader, nn.Module, torch.optim
     loader = BlockLoader(
         args.root, args.batch_size, functools.partial(decode_image, size=args.image_size), device,
         seed=args.seed, num_workers=args.workers, reuse=args.reuse, importance=importance,
+        on_decode_error="skip" if args.skip_bad else "raise",
     )  # fmt: skip
     torch.manual_seed(args.seed)
     classes = len(loader.classes or []) or int(loader.mount.labels.max()) + 1
@@ -79,6 +83,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", help="write every step's loss and the final accuracy to this JSON file")
     parser.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in all")
     parser.add_argument("--resume-at", type=int, help="checkpoint after this many steps and rebuild from it")
+    parser.add_argument("--skip-bad", action="store_true", help="skip (and count) files the decoder cannot read")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch_size", "image_size", "max_steps", "resume_at"):
         value = getattr(args, name)
@@ -89,6 +94,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    try:
+        return train(args)
+    except DecodeError as e:  # one line: the file, the sample id and the fix
+        hint = "" if args.skip_bad else " (here: --skip-bad)"
+        print(f"train_block_loader.py: error: {e}{hint}", file=sys.stderr)
+        return 2
+
+
+def train(args: argparse.Namespace) -> int:
     # Reproducible: fixed seeds, deterministic kernels, one thread (a fixed reduction order).
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -129,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"epoch {epoch}: loss {epoch_loss / max(seen, 1):.4f}  {seen / seconds:.0f} images/s  {seen:.0f} samples")
         if args.max_steps is not None and len(losses) >= args.max_steps:
             break
+    if loader.skipped:
+        print(f"skipped {loader.skipped} sample{'s' if loader.skipped != 1 else ''} the decoder could not read: "
+              f"{', '.join(repr(loader.path(i)) for i in loader.skipped_ids[:3])}"
+              f"{' ...' if len(loader.skipped_ids) > 3 else ''}")  # fmt: skip
 
     # The last epoch's running training accuracy: an eval pass would read the data once more, and
     # BatchNorm's running statistics lag behind the weights after a few dozen steps.

@@ -7,9 +7,13 @@ its objects kept (moto keeps them in this process), which is how a test takes th
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import itertools
 import os
 import socket
+import threading
+from collections.abc import Iterator
 
 from polling import wait_until
 
@@ -89,3 +93,43 @@ def upload_tree(server: S3Server, bucket: str, prefix: str, root: str | os.PathL
             path = os.path.join(dirpath, name)
             key = f"{prefix}/{os.path.relpath(path, root)}".lstrip("/")
             client.upload_file(path, bucket, key)
+
+
+class _RefusingHandler(http.server.BaseHTTPRequestHandler):
+    """What S3 answers a key it does not know: 403 and its XML error, to every request."""
+
+    BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
+            b"Access Key Id you provided does not exist in our records.</Message><AWSAccessKeyId>"
+            + ACCESS_KEY.encode() + b"</AWSAccessKeyId><RequestId>0</RequestId></Error>")  # fmt: skip
+
+    def do_GET(self) -> None:
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(self.BODY)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(self.BODY)
+
+    do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def refusing_s3() -> Iterator[str]:
+    """An S3 endpoint on loopback that refuses every credential (403 InvalidAccessKeyId); yields its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: bound, then closed."""
+    return _free_port()

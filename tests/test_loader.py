@@ -224,6 +224,8 @@ def test_ranks_read_disjoint_blocks_and_the_same_number_of_batches(bl, tiny, dro
     block_of = index_of(tiny).arrays["block"]
     rank_blocks = [set(block_of[flat(b)].tolist()) for b in per_rank]
     assert all(not rank_blocks[a] & rank_blocks[b] for a in range(world) for b in range(a + 1, world))
+    rank_files = [set(flat(b)) for b in per_rank]
+    assert all(not rank_files[a] & rank_files[b] for a in range(world) for b in range(a + 1, world))
     seen = Counter(i for batches in per_rank for i in flat(batches))
     if drop_last:
         assert max(seen.values()) == 1 and all(len(b) == 24 for batches in per_rank for b in batches)
@@ -423,6 +425,33 @@ def test_resume_under_ddp_restores_each_rank(bl, tiny):
         rank1.load_state_dict(rank0.state_dict())
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ddp_over_few_blocks_a_rank_apiece_pads_at_most_world_size_minus_one_and_resumes_exactly(bl, tiny, drop_last):
+    # 30 blocks of 16 over 7 ranks: 4.3 blocks a rank, so whole blocks alone would leave ranks up to a
+    # block apart; the last blocks' files are split, and the ranks end within one sample (issue 28).
+    world = 7
+
+    def make(rank):
+        return bl.BlockLoader(tiny / "mnt", 16, rank=rank, world_size=world, num_workers=2, seed=2, drop_last=drop_last)
+
+    per_rank = []
+    for rank in range(world):
+        with make(rank) as loader:
+            loader.set_epoch(1)
+            per_rank.append(flat(epoch_ids(loader)))
+    n = 480
+    per_rank_count = n // world // 16 * 16 if drop_last else -(-n // world)  # drop_last: whole batches only
+    assert {len(ids) for ids in per_rank} == {per_rank_count}
+    seen = Counter(i for ids in per_rank for i in ids)
+    repeats, left_out = sum(seen.values()) - len(seen), n - len(seen)
+    assert (repeats, left_out) == ((0, n - world * per_rank_count) if drop_last else (-n % world, 0))
+    rank_files = [set(ids) for ids in per_rank]
+    assert sum(map(len, rank_files)) == len(set().union(*rank_files))  # disjoint, apart from own repeats
+    for rank in (0, world - 1):
+        expected, got = interrupted(lambda rank=rank: make(rank), epoch=1, stop=2)
+        assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+
+
 def test_resume_needs_the_same_arguments(bl, tiny):
     state = bl.BlockLoader(tiny / "mnt", B, num_workers=2).state_dict()
     with pytest.raises(ValueError, match="saved with num_workers=2, this loader has num_workers=0"):
@@ -586,6 +615,92 @@ def test_importance_without_losses_reads_everything_and_says_why(bl, tiny):
     loader.set_epoch(1)
     with pytest.warns(RuntimeWarning, match="no losses were reported"):
         assert len(flat(epoch_ids(loader))) == 480
+
+
+# --- files decode cannot read (issue 28) ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corrupt(tmp_path_factory):
+    """64 real PNGs in 2 classes plus, in class 0, a zero-byte PNG and one that is not a PNG at all."""
+    root = tmp_path_factory.mktemp("corrupt")
+    md.make_dataset(root / "src", "learnable", files=64, classes=2, seed=1, image_size=16)
+    first_class = sorted(p for p in (root / "src").iterdir() if p.is_dir())[0]
+    (first_class / "zero.png").write_bytes(b"")
+    (first_class / "text.png").write_bytes(b"not a png\n")
+    blockfs.pack(root / "src", root / "packed", files_per_block=8, fsync=False)
+    make_fake_mount(root / "packed", root / "mnt")
+    return root
+
+
+def decode_png(data: bytes):
+    import torch
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32).copy())
+
+
+def bad_ids(loader) -> set[int]:
+    return {int(i) for i in loader.mount.file_ids if loader.path(i).endswith(("zero.png", "text.png"))}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_decode_cannot_read_is_named_by_path_and_id_with_the_cause_chained(bl, corrupt, workers):
+    from PIL import UnidentifiedImageError
+
+    with bl.BlockLoader(corrupt / "mnt", 8, decode_png, num_workers=workers, seed=1) as loader:
+        with pytest.raises(blockfs.BlockfsError) as raised:
+            epoch_ids(loader)
+        e = raised.value
+        assert isinstance(e, ValueError) and e.sample_id in bad_ids(loader)
+        assert e.path == loader.path(e.sample_id) and e.path.endswith((".png"))
+        message = str(e)
+        assert "\n" not in message and repr(e.path) in message and f"sample {e.sample_id}" in message
+        assert "on_decode_error='skip'" in message
+        assert isinstance(e.__cause__, UnidentifiedImageError)  # from a worker too: pickled across
+    dataset = bl.BlockShuffleDataset(corrupt / "mnt", decode=decode_png)
+    with pytest.raises(blockfs.BlockfsError, match=r"decode failed on '.*\.png' \(sample \d+\)") as raised:
+        list(dataset)
+    assert isinstance(raised.value.__cause__, UnidentifiedImageError)
+    dataset.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipping_bad_files_keeps_batches_aligned_and_counts_them(bl, corrupt, workers):
+    with bl.BlockLoader(corrupt / "mnt", 8, decode_png, num_workers=workers, seed=1, on_decode_error="skip") as loader:
+        bad = bad_ids(loader)
+        assert len(bad) == 2 and loader.skipped == 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            seen = []
+            for samples, labels, ids in loader:
+                assert samples.shape[0] == labels.shape[0] == ids.shape[0] > 0
+                assert samples.shape[1:] == (16, 16, 3)
+                assert labels.tolist() == loader.mount.labels[ids.numpy()].tolist()  # rows still aligned
+                seen += ids.tolist()
+            assert sorted(seen) == sorted(set(loader.mount.file_ids.tolist()) - bad)
+            assert loader.skipped == 2 * (epoch + 1) and loader.skipped_ids == sorted(bad)
+
+
+def test_on_decode_error_takes_raise_or_skip_and_skip_is_not_combined_with_reuse(bl, corrupt):
+    with pytest.raises(ValueError, match="on_decode_error must be 'raise' or 'skip' \\(got 'ignore'\\)"):
+        bl.BlockLoader(corrupt / "mnt", 8, on_decode_error="ignore")
+    with pytest.raises(ValueError, match="does not combine with reuse=True"):
+        bl.BlockLoader(corrupt / "mnt", 8, on_decode_error="skip", reuse=True)
+    # A decode that reads nothing leaves no batch to yield (and DDP ranks must keep their step counts).
+    with bl.BlockLoader(corrupt / "mnt", 8, lambda data: 1 // 0, on_decode_error="skip") as loader:
+        with pytest.raises(blockfs.BlockfsError, match="decode failed on all 8 samples of a batch.*ZeroDivisionError"):
+            epoch_ids(loader)
+
+
+def test_the_training_example_names_a_bad_image_in_one_line_or_skips_it(bl, corrupt):
+    args = ("--epochs", "1", "--image-size", "16", "--batch-size", "8")
+    command = [sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(corrupt / "mnt"), *args]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert ".png' (sample " in failed.stderr and "--skip-bad" in failed.stderr
+    skipped = run_example("train_block_loader.py", corrupt / "mnt", *args, "--skip-bad")
+    assert "skipped 2 samples the decoder could not read" in skipped.stdout
 
 
 # --- the examples -------------------------------------------------------------------------------------

@@ -232,6 +232,39 @@ def test_the_container_entrypoint_mounts_runs_and_unmounts(dataset, tmp_path):
         release(mnt)
 
 
+def _container_check(tmp_path: Path, docker: str | None, dockerd: bool = False) -> subprocess.CompletedProcess:
+    """tools/check_container.sh with a PATH of its few tools, ``id`` saying root, and a fake ``docker``
+    (the script ``docker`` given, or none): what it says before and around the build, without an engine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("dirname", "mktemp", "rm", "tee", "grep", "sed", "tail", "cat"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    fakes = {"id": "echo 0"} | ({"docker": docker} if docker is not None else {}) | ({"dockerd": "exit 1"} if dockerd else {})
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return subprocess.run(["/bin/bash", str(REPO / "tools" / "check_container.sh")], capture_output=True, text=True,
+                          timeout=60, env={"PATH": str(bin_dir), "TMPDIR": str(tmp_path)})  # fmt: skip
+
+
+def test_the_container_check_names_the_packages_it_needs_and_shows_the_build_step_by_step(tmp_path):
+    """Issue 28: the check needs an engine the README did not name, and its build printed nothing for minutes."""
+    readme = (REPO / "README.md").read_text()
+    assert "apt-get install docker.io debootstrap" in readme
+    no_docker = _container_check(tmp_path / "a", docker=None)
+    no_engine = _container_check(tmp_path / "b", docker="exit 1")  # `docker info`: no engine answers
+    for done in (no_docker, no_engine):
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert "apt-get install docker.io debootstrap" in done.stderr
+    assert "no docker command" in no_docker.stderr and "no Docker engine answers" in no_engine.stderr
+    build = 'case $1 in build) for i in 1 2 3; do echo "Step $i/3 : RUN pip install step-$i"; echo " ---> noise"; done; echo "pip: boom"; exit 1;; *) exit 0;; esac'
+    failed = _container_check(tmp_path / "c", docker=build)
+    steps = [line for line in failed.stdout.splitlines() if line.startswith("check_container: build: ")]
+    assert steps == [f"check_container: build: Step {i}/3 : RUN pip install step-{i}" for i in (1, 2, 3)], failed.stdout
+    assert failed.returncode == 1 and "the image did not build" in failed.stderr and "pip: boom" in failed.stderr
+    assert not list((tmp_path / "c").glob("blockfs-container.*"))  # its work directory is gone
+
+
 def test_the_dockerfile_and_the_kubernetes_pod_fit_together():
     """The build itself runs in tools/check_container.sh (it needs a Docker engine; CI has none): here, every
     file the recipe copies exists and is in the build context .dockerignore leaves, and the pod parses and

@@ -130,24 +130,48 @@ def test_class_mixing_is_close_to_a_global_shuffle_on_a_randomly_packed_dataset(
 
 @settings(max_examples=150)
 @given(layouts(), st.integers(1, 5), st.integers(1, 4), st.booleans())
-def test_ranks_read_disjoint_blocks_and_the_same_count(layout, world_size, num_workers, drop_last):
+def test_ranks_read_disjoint_samples_the_same_count_and_pad_at_most_world_size_minus_one(
+    layout, world_size, num_workers, drop_last
+):
     assume(enough_blocks(layout, world_size))
     n = layout.n_files
     per_rank = [np.concatenate(w) for w in rank_outputs(layout, world_size, num_workers, drop_last)]
     count = per_rank[0].size
     assert all(r.size == count for r in per_rank)
+    # DistributedSampler's counts, whatever the blocks: padding (or dropping) of at most world_size - 1.
+    assert count == (n // world_size if drop_last else -(-n // world_size))
+    rank_files = [set(r.tolist()) for r in per_rank]
+    assert sum(map(len, rank_files)) == len(set().union(*rank_files))  # a repeat is of the rank's own file
     owner = block_of(layout)
     rank_blocks = [set(owner[r].tolist()) for r in per_rank]
-    assert sum(map(len, rank_blocks)) == len(set().union(*rank_blocks))
+    shared = sum(map(len, rank_blocks)) - len(set().union(*rank_blocks))
+    assert shared <= world_size - 1  # only the last blocks are split, one per boundary between ranks
     everything = Counter(np.concatenate(per_rank).tolist())
     if drop_last:
-        assert count <= n // world_size
         assert max(everything.values(), default=1) == 1
+        assert n - len(everything) == n % world_size
     else:
-        assert count >= -(-n // world_size)
         assert set(everything) == set(layout.block_files.tolist())
-        # Whole blocks: the padding is less than one block per rank.
-        assert count * world_size - n < world_size * max(layout.block_sizes.max(initial=0), 1)
+        assert sum(everything.values()) - n == count * world_size - n <= world_size - 1
+
+
+@pytest.mark.parametrize("n_blocks, world_size", [(5, 2), (5, 4), (3, 3), (7, 2), (10, 8), (40, 6)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_few_blocks_repeat_or_drop_at_most_world_size_minus_one_samples_per_epoch(n_blocks, world_size, drop_last):
+    """Issue 28: 5 blocks over 2 ranks repeated 230 of a rank's 1,014 samples; DistributedSampler pads
+    ``world_size - 1`` at most."""
+    n = n_blocks * 406 - 3
+    layout = uniform_layout(n, 406)
+    for epoch in range(3):
+        kw = dict(seed=0, epoch=epoch, world_size=world_size, num_workers=2, drop_last=drop_last)
+        reads = Counter(
+            np.concatenate(
+                [block_shuffled_order(layout, rank=r, worker=w, **kw) for r in range(world_size) for w in range(2)]
+            ).tolist()
+        )  # fmt: skip
+        repeats = sum(reads.values()) - len(reads)
+        left_out = n - len(reads)
+        assert (repeats, left_out) == ((0, n % world_size) if drop_last else (-n % world_size, 0))
 
 
 @settings(max_examples=150)
@@ -167,23 +191,22 @@ def test_workers_split_their_rank_into_whole_blocks(layout, world_size, num_work
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_a_short_rank_pads_with_its_own_files_and_a_long_rank_drops_its_tail(drop_last):
-    # Blocks of 10, 10 and 5 files over two ranks: one rank owns 15 files, the other 10.
+def test_the_last_blocks_are_split_across_ranks_and_a_short_rank_pads_with_its_own_files(drop_last):
+    # Blocks of 10, 10 and 5 files over two ranks: whole blocks would give one rank 15 files, the other 10.
     layout = BlockLayout([0, 10, 20, 25], np.arange(25))
     owner = block_of(layout)
     for epoch in range(4):
         kw = dict(seed=0, epoch=epoch, world_size=2, drop_last=drop_last)
         orders = [block_shuffled_order(layout, rank=r, **kw) for r in range(2)]
-        assert [o.size for o in orders] == ([10, 10] if drop_last else [15, 15])
+        assert [o.size for o in orders] == ([12, 12] if drop_last else [13, 13])
         short, long = sorted(orders, key=lambda o: len(set(o.tolist())))
-        if drop_last:
-            assert len(set(long.tolist())) == 10
-            read = np.bincount(owner[long], minlength=3)
-            assert np.count_nonzero((read > 0) & (read < layout.block_sizes)) <= 1  # only the last is cut
-        else:
-            # The short rank's one block of 10 files, and 5 of them again.
-            assert sorted(Counter(short.tolist()).values()) == [1] * 5 + [2] * 5
-            assert len(set(long.tolist())) == 15
+        assert len(set(long.tolist())) == (12 if drop_last else 13)
+        assert len(set(short.tolist())) == 12
+        assert not set(short.tolist()) & set(long.tolist())
+        split = set(owner[short].tolist()) & set(owner[long].tolist())
+        assert len(split) == 1  # one block read by both ranks, each of its files by one
+        if not drop_last:
+            assert sorted(Counter(short.tolist()).values()) == [1] * 11 + [2]  # one sample of padding
 
 
 @pytest.mark.parametrize("name", sorted(ORDERS))

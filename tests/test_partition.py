@@ -59,8 +59,11 @@ def test_node_ranks_read_only_their_part_the_same_every_epoch_with_equal_counts(
         assert all(r.size == count for r in per_rank)  # DistributedSampler's equal counts
         for rank, ids in enumerate(per_rank):
             assert set(node_of[owner[ids]].tolist()) <= {rank // local}  # only its own node's blocks
+        rank_files = [set(r.tolist()) for r in per_rank]
+        assert sum(map(len, rank_files)) == len(set().union(*rank_files))  # disjoint samples
         rank_blocks = [set(owner[r].tolist()) for r in per_rank]
-        assert sum(map(len, rank_blocks)) == len(set().union(*rank_blocks))  # disjoint blocks
+        shared = sum(map(len, rank_blocks)) - len(set().union(*rank_blocks))
+        assert shared <= nodes * (local - 1)  # only a node's last blocks are split, between its own ranks
         everything = Counter(np.concatenate(per_rank).tolist()) if per_rank else Counter()
         if drop_last:
             assert max(everything.values(), default=1) == 1

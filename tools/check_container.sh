@@ -8,7 +8,8 @@
 #   sudo bash tools/check_container.sh --debootstrap     # no registry: a Debian base built here
 #   ... --with-torch                                     # also install PyTorch as the Dockerfile does
 #
-# Needs root and docker.  Where no Docker engine answers, one is started for this run only (its own
+# Needs root and a Docker engine: on Debian/Ubuntu `apt-get install docker.io` (and `debootstrap` for
+# --debootstrap; it is installed on the fly when missing).  Where no Docker engine answers, one is started for this run only (its own
 # data root, socket and pid file in a temporary directory; vfs storage, no bridge) and stopped at the
 # end.  --debootstrap builds a minimal Debian bookworm base with debootstrap (apt-get installs it) and
 # gives it this machine's CA bundle, so pip in the build trusts what the host trusts.  Everything made
@@ -28,8 +29,9 @@ while [ $# -gt 0 ]; do
 done
 say() { echo "check_container: $*"; }
 die() { echo "check_container: error: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || die "needs root (a Docker engine, and FUSE inside the container)"
-command -v docker >/dev/null || die "no docker command: install docker.io (Debian) or Docker Engine"
+INSTALL="on Debian/Ubuntu: apt-get install docker.io debootstrap (elsewhere: Docker Engine, docs.docker.com/engine/install)"
+[ "$(id -u)" = 0 ] || die "needs root (a Docker engine, and FUSE inside the container): run it with sudo"
+command -v docker >/dev/null || die "no docker command: install a Docker engine, $INSTALL"
 
 work=$(mktemp -d /tmp/blockfs-container.XXXXXX)
 tag="blockfs-check-$$"
@@ -47,7 +49,8 @@ cleanup() {
 trap cleanup EXIT
 
 if ! docker info >/dev/null 2>&1; then
-  command -v dockerd >/dev/null || die "no Docker engine answers and there is no dockerd to start"
+  command -v dockerd >/dev/null ||
+    die "no Docker engine answers and there is no dockerd to start: start yours, or install one, $INSTALL"
   say "starting a Docker engine for this run ($work/engine)"
   mkdir -p "$work/engine"
   dockerd --data-root "$work/engine/data" --exec-root "$work/engine/exec" --pidfile "$work/engine/dockerd.pid" \
@@ -75,9 +78,15 @@ fi
 [ -n "$base" ] && build_args+=(--build-arg "BASE=$base")
 [ "$torch" = yes ] || build_args+=(--build-arg "TORCH=" --build-arg "EXTRAS=remote")
 
-say "docker build -f examples/container/Dockerfile ${build_args[*]}"
-DOCKER_BUILDKIT=0 docker build -q --network host -f examples/container/Dockerfile -t "$tag:image" \
-  "${build_args[@]}" . >"$work/build.log" 2>&1 || die "the image did not build: $(tail -5 "$work/build.log")"
+say "docker build -f examples/container/Dockerfile ${build_args[*]} (minutes: a line per step)"
+# The classic builder's "Step N/M : ..." lines, one per step and cut short, so minutes of pip show as progress.
+set +e
+DOCKER_BUILDKIT=0 docker build --network host -f examples/container/Dockerfile -t "$tag:image" "${build_args[@]}" . 2>&1 |
+  tee "$work/build.log" | { grep --line-buffered -E '^Step [0-9]+/[0-9]+ : ' || true; } |
+  sed -u -E 's/^(.{0,100}).*/check_container: build: \1/'
+built=${PIPESTATUS[0]}
+set -e
+[ "$built" = 0 ] || die "the image did not build: $(tail -5 "$work/build.log")"
 
 # A sample tree (odd names included), its checksums here, and its pack by the image's own blockfs.
 mkdir -p "$work/data/tree/cat" "$work/data/tree/dog/é ü" "$work/data/tree/empty"

@@ -15,6 +15,8 @@ the CPU (they index host-side bookkeeping such as :meth:`BlockLoader.path` and
 
 from __future__ import annotations
 
+import pickle
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -23,9 +25,13 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from ..errors import DecodeError
 from .mountview import BlockfsMount
 
 __all__ = ["ByteBatch", "collate_samples"]
+
+ON_DECODE_ERROR = ("raise", "skip")
+SKIP_HINT = "pass on_decode_error='skip' to leave such files out and count them (loader.skipped)"
 
 
 def identity(data: Any) -> Any:
@@ -136,7 +142,10 @@ class WorkerBatch:
 
 
 def on_host(batch: Any) -> Any:
-    """A batch from the read pipeline as the loader yields it (a :class:`WorkerBatch` made whole)."""
+    """A batch from the read pipeline as the loader yields it (a :class:`WorkerBatch` made whole); a
+    :class:`DecodeFailure` is raised here."""
+    if isinstance(batch, DecodeFailure):
+        batch.raise_it()
     return batch.to_host() if isinstance(batch, WorkerBatch) else batch
 
 
@@ -147,11 +156,56 @@ def _byte_buffer(size: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
 
 
-class BatchReader(torch.utils.data.Dataset):
-    """Map-style: ``reader[ids]`` reads, decodes and collates the files ``ids`` -> (samples, labels, ids)."""
+def decode_error(sample_id: int, path: str, cause: BaseException, *, whole_batch: int = 0) -> DecodeError:
+    """The one-line error for ``decode`` failing on a file (the caller chains ``cause``)."""
+    text = str(cause).strip().splitlines()
+    why = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+    if whole_batch:
+        return DecodeError(
+            f"decode failed on all {whole_batch} samples of a batch, the first {path!r} (sample {sample_id}): "
+            f"{why}; skipping leaves no batch to yield: check that decode reads these files",
+            path=path, sample_id=sample_id,
+        )  # fmt: skip
+    return DecodeError(f"decode failed on {path!r} (sample {sample_id}): {why}; replace the file or pack without it, or "
+                       f"{SKIP_HINT}", path=path, sample_id=sample_id)  # fmt: skip
 
-    def __init__(self, mount: BlockfsMount, decode: Callable, collate: Callable) -> None:
+
+class DecodeFailure:
+    """A failed ``decode`` as it leaves the read pipeline (from a worker process too): :func:`on_host`
+    raises it as a :class:`~blockfs.errors.DecodeError` in the loader's process, the decode's exception
+    chained (with its traceback text as a note when it came from a worker, where tracebacks cannot cross)."""
+
+    __slots__ = ("sample_id", "path", "cause", "trace", "whole_batch")
+
+    def __init__(self, sample_id: int, path: str, cause: BaseException, whole_batch: int = 0) -> None:
+        self.sample_id, self.path, self.whole_batch = sample_id, path, whole_batch
+        self.trace = ""
+        if get_worker_info() is not None:
+            self.trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+            try:
+                pickle.loads(pickle.dumps(cause))
+            except Exception:  # an exception that does not survive a pickle: its type and text do
+                cause = RuntimeError(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+    def raise_it(self) -> None:
+        error = decode_error(self.sample_id, self.path, self.cause, whole_batch=self.whole_batch)
+        if self.trace and self.cause.__traceback__ is None and hasattr(self.cause, "add_note"):
+            self.cause.add_note(f"decode's traceback, in the worker process:\n{self.trace.rstrip()}")
+        raise error from self.cause
+
+
+class BatchReader(torch.utils.data.Dataset):
+    """Map-style: ``reader[ids]`` reads, decodes and collates the files ``ids`` -> (samples, labels, ids).
+
+    A file ``decode`` fails on makes the batch a :class:`DecodeFailure` (``on_decode_error="raise"``), or
+    is left out of it (``"skip"``: the batch's samples, labels and ids are the rest, in order)."""
+
+    def __init__(self, mount: BlockfsMount, decode: Callable, collate: Callable, on_decode_error: str = "raise") -> None:
+        if on_decode_error not in ON_DECODE_ERROR:
+            raise ValueError(f"on_decode_error must be 'raise' or 'skip' (got {on_decode_error!r})")
         self.mount, self.decode, self.collate = mount, decode, collate
+        self.on_decode_error = on_decode_error
 
     def __len__(self) -> int:
         return self.mount.n_entries
@@ -164,8 +218,31 @@ class BatchReader(torch.utils.data.Dataset):
                 return WorkerBatch(data, offsets, self.mount.labels[ids], ids)
             samples = self._read_bytes(ids)
         else:
-            samples = self.collate([self.decode(self.mount.read(i)) for i in ids.tolist()])
+            decoded = self._decoded(ids)
+            if isinstance(decoded, DecodeFailure):
+                return decoded  # type: ignore[return-value]  # raised by on_host in the loader's process
+            kept, rows = decoded
+            samples = self.collate(kept)
+            if len(kept) < ids.size:
+                ids = ids[rows]
         return samples, torch.from_numpy(self.mount.labels[ids]), torch.from_numpy(ids)
+
+    def _decoded(self, ids: np.ndarray) -> tuple[list, np.ndarray] | DecodeFailure:
+        """The decoded samples of ``ids`` and the rows they are (all of them unless skipped), or the failure."""
+        samples, rows, first = [], [], None
+        for row, i in enumerate(ids.tolist()):
+            data = self.mount.read(i)  # a read error is the mount's, never skipped
+            try:
+                samples.append(self.decode(data))
+            except Exception as e:
+                if self.on_decode_error == "raise":
+                    return DecodeFailure(i, self.mount.path(i), e)
+                first = first or (i, e)
+                continue
+            rows.append(row)
+        if not samples and first is not None:  # no sample to make a batch of: skipping cannot help
+            return DecodeFailure(first[0], self.mount.path(first[0]), first[1], whole_batch=ids.size)
+        return samples, np.asarray(rows, dtype=np.int64)
 
     def _read_bytes(self, ids: np.ndarray) -> ByteBatch:
         """The files' bytes read straight into one buffer (no bytes objects, no pickling)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,12 +28,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batches import (
+    ON_DECODE_ERROR,
     BatchReader,
     ByteBatch,
     DeviceFeeder,
     SampleCache,
     WorkList,
     collate_samples,
+    decode_error,
     identity,
     on_host,
     pinned,
@@ -145,7 +148,9 @@ class BlockShuffleDataset(IterableDataset):
     num_workers=W)``, except that its last batches are each worker's partial one. Call :meth:`set_epoch`
     before each epoch, as with ``DistributedSampler``: the epoch lives in shared memory, so workers kept by
     ``persistent_workers=True`` read the new one when their next iterator starts.  ``unlabeled=True`` also
-    yields files outside the class directories (label -1), which are left out by default.
+    yields files outside the class directories (label -1), which are left out by default.  A file
+    ``decode`` raises on stops the iteration with a :class:`~blockfs.errors.DecodeError` naming its path and
+    id (to skip such files and count them, use :class:`BlockLoader`'s ``on_decode_error="skip"``).
     """
 
     def __init__(
@@ -203,14 +208,22 @@ class BlockShuffleDataset(IterableDataset):
         order = self.order(info.id, info.num_workers) if info is not None else self.order()
         labels = self.mount.labels
         for i in order.tolist():
-            yield self.decode(self.mount.read(i)), int(labels[i]), i
+            data = self.mount.read(i)
+            try:
+                sample = self.decode(data)
+            except Exception as e:
+                raise decode_error(i, self.mount.path(i), e) from e
+            yield sample, int(labels[i]), i
 
 
 class BlockLoader:
     """Batches ``(samples, labels, ids)`` of a blockfs mount in block-shuffled order (see the module doc).
 
     ``decode(bytes) -> sample`` runs in the workers; ``collate(list of samples)`` (default
-    :func:`collate_samples`) makes the batch. ``rank``/``world_size`` default to torch.distributed's when it
+    :func:`collate_samples`) makes the batch. A file ``decode`` raises on stops the iteration with a
+    :class:`~blockfs.errors.DecodeError` naming its path and sample id (decode's exception chained);
+    ``on_decode_error="skip"`` leaves such files out of their batches instead (a batch is then shorter, its
+    samples, labels and ids still aligned) and counts them in :attr:`skipped` / :attr:`skipped_ids`. ``rank``/``world_size`` default to torch.distributed's when it
     is initialised. ``drop_last`` follows ``DistributedSampler`` (drop rather than pad to equal rank sizes)
     and also drops a last partial batch. ``reuse=True``: see :mod:`blockfs.loader.reuse`. ``importance=``: an
     :class:`ImportanceConfig`, see :mod:`blockfs.loader.importance` and :meth:`report_losses`. Files outside
@@ -243,8 +256,14 @@ class BlockLoader:
         nodes: int | None = None,
         unlabeled: bool = False,
         expect: str | None = None,
+        on_decode_error: str = "raise",
     ) -> None:
         self.batch_size = _check_int("batch_size", batch_size, 1)
+        if on_decode_error not in ON_DECODE_ERROR:
+            raise ValueError(f"on_decode_error must be 'raise' or 'skip' (got {on_decode_error!r})")
+        if on_decode_error == "skip" and reuse:
+            raise ValueError("on_decode_error='skip' does not combine with reuse=True (a reused half would miss "
+                             "its skipped samples): leave one of them out")  # fmt: skip
         self.seed = _check_int("seed", seed, 0)
         self.num_workers = _check_int("num_workers", num_workers, 0)
         self.blocks_in_flight = _check_int("blocks_in_flight", blocks_in_flight, 1)
@@ -262,7 +281,9 @@ class BlockLoader:
         self.node_of_block = _node_of_block(self.mount, self.nodes, self.seed)
         self.device = resolve_device(device)
         self.decode = decode
-        self._reader = BatchReader(self.mount, decode, collate)
+        self.on_decode_error = on_decode_error
+        self._reader = BatchReader(self.mount, decode, collate, on_decode_error)
+        self._skipped: list[int] = []  # ids left out because decode failed on them, in the order met
         self.multiprocessing_context = multiprocessing_context
         self._work = WorkList()
         self._dataloader: DataLoader | None = None
@@ -300,6 +321,17 @@ class BlockLoader:
     def __len__(self) -> int:
         """Batches in this epoch (for this rank)."""
         return len(self._epoch_plan())
+
+    @property
+    def skipped(self) -> int:
+        """Samples left out since this loader was made because ``decode`` failed on them
+        (``on_decode_error="skip"``; a bad file counts once per epoch that reads it)."""
+        return len(self._skipped)
+
+    @property
+    def skipped_ids(self) -> list[int]:
+        """The distinct ids of the files counted in :attr:`skipped` (``loader.path(i)`` names each)."""
+        return sorted(set(self._skipped))
 
     @property
     def selected(self) -> np.ndarray | None:
@@ -386,7 +418,8 @@ class BlockLoader:
 
     def _host_batches(self, plan: EpochPlan, start: int) -> Iterator[tuple]:
         todo = [k for k in range(start, len(plan)) if plan.bounds[k + 1] > plan.bounds[k]]
-        reads = map(on_host, self._pipeline([plan.fresh_ids(k) for k in todo])) if todo else iter(())
+        asked = [plan.fresh_ids(k) for k in todo]
+        reads = self._counted(map(on_host, self._pipeline(asked)), asked) if todo else iter(())
         if plan.reuse is None:
             yield from reads
             return
@@ -403,6 +436,15 @@ class BlockLoader:
             if fresh is not None:
                 cache.put(fresh_range, fresh)
             yield pinned(batch) if pin else batch
+
+    def _counted(self, batches: Iterator[tuple], asked: list[np.ndarray]) -> Iterator[tuple]:
+        """``batches``, noting the ids each left out (``on_decode_error="skip"``) in :attr:`skipped`."""
+        for batch, ids in zip(batches, asked):
+            if len(batch[2]) < ids.size:
+                missing = Counter(ids.tolist())
+                missing.subtract(batch[2].tolist())
+                self._skipped.extend(missing.elements())
+            yield batch
 
     def _pipeline(self, items: list[np.ndarray]) -> DataLoader:
         """The read pipeline over ``items``; its workers persist across epochs (a spawned worker costs

@@ -36,6 +36,81 @@ def deal(sizes: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(bins, dtype=np.int64), np.array(starts, dtype=np.int64)
 
 
+def deal_then_pour(sizes: np.ndarray, n_bins: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Deal items whole, in order, each to the least-loaded bin while it fits under ``cap``; from the first
+    item that does not fit, pour that item and all after it, as one stream of units, into the bins.
+
+    The pour levels the bins (water-filling, never above ``cap``): the emptiest are filled first, so every
+    bin gets a unit while units last, and the bins end within one unit of each other or at ``cap``.  Each
+    bin takes one contiguous run of the stream (the bins in order of load, then number), so an item is split
+    only where a run ends.  Units beyond what the bins hold (``sum(sizes) > n_bins * cap``) are left out.
+
+    Returns the pieces, in item order: (item, bin, start inside the item, length).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    loads = np.zeros(n_bins, dtype=np.int64)
+    heap = [(0, b) for b in range(n_bins)]
+    item_bin: list[int] = []
+    for size in sizes.tolist():
+        load, b = heap[0]
+        if load + size > cap:
+            break
+        item_bin.append(b)
+        loads[b] = load + size
+        heapq.heapreplace(heap, (load + size, b))
+    whole = len(item_bin)
+    items = [np.arange(whole, dtype=np.int64)]
+    bins = [np.array(item_bin, dtype=np.int64)]
+    starts = [np.zeros(whole, dtype=np.int64)]
+    lengths = [sizes[:whole]]
+    rest = sizes[whole:]
+    poured = _water_fill(loads, cap, int(rest.sum()))
+    order = np.lexsort((np.arange(n_bins), loads))  # by load, then bin number
+    amounts = poured[order]
+    # Cut the stream (the remaining items back to back) at the bins' runs; split each item where a run ends.
+    item_ends = np.cumsum(rest)
+    run_ends = np.cumsum(amounts)
+    cuts = np.union1d(item_ends, run_ends)
+    cuts = cuts[(cuts > 0) & (cuts <= run_ends[-1])]  # n_bins >= 1: there is a last run
+    if cuts.size:
+        piece_starts = np.concatenate([[0], cuts[:-1]])
+        piece_item = np.searchsorted(item_ends, piece_starts, side="right")
+        piece_bin = order[np.searchsorted(run_ends, piece_starts, side="right")]
+        item_begin = item_ends - rest
+        items.append(whole + piece_item)
+        bins.append(piece_bin)
+        starts.append(piece_starts - item_begin[piece_item])
+        lengths.append(cuts - piece_starts)
+    return tuple(np.concatenate(x).astype(np.int64) for x in (items, bins, starts, lengths))  # type: ignore[return-value]
+
+
+def _water_fill(loads: np.ndarray, cap: int, units: int) -> np.ndarray:
+    """How many of ``units`` each bin takes so the emptiest rise first, none above ``cap``: the bins below
+    a level ``L`` rise to it, and some of those at ``L`` take one more, lowest (load, bin) first."""
+    room = np.maximum(cap - loads, 0)
+    units = min(units, int(room.sum()))
+    if units == 0:
+        return np.zeros(loads.size, dtype=np.int64)
+
+    def taken(level: int) -> np.ndarray:
+        return np.clip(level - loads, 0, room)
+
+    low, high = 0, cap  # the highest level whose fill fits in ``units``
+    while low < high:
+        mid = (low + high + 1) // 2
+        if int(taken(mid).sum()) <= units:
+            low = mid
+        else:
+            high = mid - 1
+    amounts = taken(low)
+    extra = units - int(amounts.sum())
+    if extra:
+        can = np.flatnonzero(loads + amounts == low)  # at the level and still below cap (else extra == 0)
+        can = can[np.lexsort((can, loads[can]))][:extra]
+        amounts[can] += 1
+    return amounts
+
+
 def cyclic_segments(sizes: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
     """Cut the blocks of ``sizes``, repeated cyclically, at ``target`` samples.
 

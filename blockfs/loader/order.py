@@ -5,7 +5,8 @@ changes every epoch and every batch mixes several blocks:
 
 1. the epoch's blocks are permuted, and the files inside each block are shuffled;
 2. the permuted blocks are dealt to ranks (DDP), each to the rank with the fewest samples so far, so ranks
-   read disjoint blocks; each rank is then padded or trimmed to the same count (see
+   read disjoint blocks, except the last few, whose files are dealt across the ranks so that their counts
+   end within one sample of each other; each rank is then padded or trimmed to the same count (see
    :func:`block_shuffled_order`), and its blocks are dealt to its data-loader workers the same way;
 3. a worker keeps ``blocks_in_flight`` blocks open, one per *lane*: its blocks are dealt to the lanes in
    permutation order (each to the lane that empties first), and the lanes are merged uniformly at random,
@@ -23,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from ..core.partition import partition_blocks as core_partition
-from .dealing import cyclic_segments, deal, interleave, ranges, shuffle_within_blocks
+from .dealing import cyclic_segments, deal, deal_then_pour, interleave, ranges, shuffle_within_blocks
 
 __all__ = [
     "ORDERS",
@@ -153,17 +154,22 @@ def block_shuffled_order(
     / nodes``) are node ``k``'s, and each epoch deals only node ``k``'s blocks, in the epoch's permutation,
     to them.  Counts are equal across all ranks as below.
 
-    Counts follow torch's ``DistributedSampler`` as far as whole blocks allow. A rank owns the samples of
-    its blocks; think of them as its blocks in this epoch's permutation order, each block's files in their
-    shuffled order, repeated cyclically and cut at the rank count. Every rank yields the same count:
+    Counts follow torch's ``DistributedSampler``. Blocks go to ranks whole while they fit under the count;
+    the files of the blocks after that (the last few of the permutation) are split across the ranks, a
+    contiguous run of a block's shuffled files per rank, so a split block is read by two or more ranks but
+    each file by one. A rank owns the samples of its blocks and pieces, in this epoch's permutation order,
+    each block's files in their shuffled order, repeated cyclically and cut at the rank count. Every rank
+    yields the same count:
 
-    - ``drop_last=False``: the largest rank's sample count (``ceil(N / world_size)`` when the blocks split
-      evenly, less than one block's size more otherwise). Every file is read exactly once, and each shorter
-      rank pads by repeating samples from the start of its own sequence (the first files of its first
-      blocks, cyclically), never another rank's.
-    - ``drop_last=True``: the smallest rank's sample count (``floor(N / world_size)`` when the blocks split
-      evenly, less than one block's size less otherwise). Each longer rank drops samples from the end of its sequence (the tail of
-      its last blocks); no file is read twice.
+    - ``drop_last=False``: ``ceil(N / world_size)``. Every file is read exactly once, and each shorter rank
+      pads by repeating samples from the start of its own sequence (the first files of its first blocks,
+      cyclically), never another rank's: at most ``world_size - 1`` samples of the epoch are padding.
+    - ``drop_last=True``: ``floor(N / world_size)``. The last ``N mod world_size`` files of the stream of
+      split blocks are left out (at most ``world_size - 1``); no file is read twice.
+
+    With ``nodes > 1`` each node's blocks are split among its own ranks only, so the count is the largest
+    (smallest with ``drop_last``) node's ``ceil`` (``floor``) of its files over its ranks: the nodes' parts
+    differ by whole blocks, and so may the padding.
 
     A rank's blocks go to its workers whole and in permutation order, each to the worker with the fewest
     samples so far (padding included), so the workers' orders together hold exactly the rank's samples. A
@@ -183,8 +189,8 @@ def block_shuffled_order(
     rng = _epoch_rng(seed, epoch)
     permuted = rng.permutation(layout.n_blocks)
     sort_keys = rng.integers(0, 2**32, size=layout.n_files, dtype=np.uint32)
-    blocks, seg_block, seg_len = _rank_segments(layout, permuted, rank, world_size, drop_last, node_of)
-    files, seg_len = _worker_files(layout, blocks, seg_block, seg_len, worker, num_workers, sort_keys)
+    blocks, seg_block, seg_start, seg_len = _rank_segments(layout, permuted, rank, world_size, drop_last, node_of)
+    files, seg_len = _worker_files(layout, blocks, seg_block, seg_start, seg_len, worker, num_workers, sort_keys)
     merge_rng = _epoch_rng(seed, epoch, world_size, rank, num_workers, worker)
     return interleave(files, seg_len, blocks_in_flight, merge_rng)
 
@@ -192,41 +198,57 @@ def block_shuffled_order(
 def _rank_segments(
     layout: BlockLayout, permuted: np.ndarray, rank: int, world_size: int, drop_last: bool,
     node_of: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``rank``'s blocks (in permutation order) and the runs it reads of them: (blocks, run's index into
-    blocks, run's length), cut at the count every rank yields.  ``node_of``: each block's node, whose
-    ranks alone it is dealt to (``partition="node"``)."""
+    blocks, run's start in its block's shuffled files, run's length), cut at the count every rank yields.
+    ``node_of``: each block's node, whose ranks alone it is dealt to (``partition="node"``)."""
     sizes = layout.block_sizes[permuted]
     if node_of is None:
-        rank_of = _deal_to_ranks(sizes, world_size, f"world_size={world_size}", "the layout")
+        pieces = _deal_to_ranks(sizes, world_size, drop_last, f"world_size={world_size}", "the layout")
     else:
         nodes = int(node_of.max()) + 1 if node_of.size else 1
         local = world_size // max(nodes, 1)
-        rank_of = np.zeros(sizes.size, dtype=np.int64)
+        parts = []
         for node in range(nodes):
-            here = node_of[permuted] == node
-            rank_of[here] = node * local + _deal_to_ranks(sizes[here], local, f"{local} ranks per node",
+            here = np.flatnonzero(node_of[permuted] == node)
+            item, rank_of, start, length = _deal_to_ranks(sizes[here], local, drop_last, f"{local} ranks per node",
                                                           f"node {node}'s part")  # fmt: skip
-    loads = np.bincount(rank_of, weights=sizes, minlength=world_size).astype(np.int64)
+            parts.append((here[item], node * local + rank_of, start, length))
+        item, rank_of, start, length = (np.concatenate(x) for x in zip(*parts))
+        by_item = np.argsort(item, kind="stable")  # back to permutation order
+        pieces = item[by_item], rank_of[by_item], start[by_item], length[by_item]
+    item, rank_of, start, length = pieces
+    loads = np.bincount(rank_of, weights=length, minlength=world_size).astype(np.int64)
     target = int(loads.min() if drop_last else loads.max())
-    mine = (rank_of == rank) & (sizes > 0)
-    blocks, sizes = permuted[mine], sizes[mine]
-    seg_block, seg_len = cyclic_segments(sizes, target)
-    return blocks, seg_block, seg_len
+    mine = (rank_of == rank) & (length > 0)
+    blocks, starts, lengths = permuted[item[mine]], start[mine], length[mine]
+    seg_block, seg_len = cyclic_segments(lengths, target)
+    return blocks, seg_block, starts[seg_block], seg_len
 
 
-def _deal_to_ranks(sizes: np.ndarray, ranks: int, who: str, what: str) -> np.ndarray:
-    """Each block's rank among ``ranks``, dealt in order to the rank with the fewest samples so far."""
+def _deal_to_ranks(
+    sizes: np.ndarray, ranks: int, drop_last: bool, who: str, what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of blocks each rank among ``ranks`` reads: (block's index in ``sizes``, rank, start, length).
+
+    Blocks go whole, in order, to the rank with the fewest samples so far, while they fit under
+    ``ceil(N / ranks)`` (``floor`` with ``drop_last``); the files of the blocks after that are dealt across
+    the ranks (:func:`~blockfs.loader.dealing.deal_then_pour`), so the ranks end within one sample of each
+    other, as ``DistributedSampler``'s do, and at most ``ranks - 1`` samples are padding (or dropped).
+    """
     non_empty = int(np.count_nonzero(sizes))
     if 0 < non_empty < ranks:
         raise ValueError(f"{who} but {what} has only {non_empty} non-empty blocks: every rank needs a block of its own")
-    return deal(sizes, ranks)[0]
+    total = int(sizes.sum())
+    cap = total // ranks if drop_last else -(-total // ranks)
+    return deal_then_pour(sizes, ranks, cap)
 
 
 def _worker_files(
     layout: BlockLayout,
     blocks: np.ndarray,
     seg_block: np.ndarray,
+    seg_start: np.ndarray,
     seg_len: np.ndarray,
     worker: int,
     num_workers: int,
@@ -239,7 +261,7 @@ def _worker_files(
     worker_of = np.full(blocks.size, -1, dtype=np.int64)
     worker_of[used] = deal(per_block[used], num_workers)[0]
     keep = worker_of[seg_block] == worker
-    seg_block, seg_len = seg_block[keep], seg_len[keep]
+    seg_block, seg_start, seg_len = seg_block[keep], seg_start[keep], seg_len[keep]
     own = np.flatnonzero(worker_of == worker)
     local = np.full(blocks.size, -1, dtype=np.int64)
     local[own] = np.arange(own.size)
@@ -247,7 +269,7 @@ def _worker_files(
     shuffled = shuffle_within_blocks(layout, blocks[own], sort_keys)
     own_starts = np.zeros(own.size, dtype=np.int64)
     np.cumsum(layout.block_sizes[blocks[own]][:-1], out=own_starts[1:])
-    return shuffled[ranges(own_starts[local[seg_block]], seg_len)], seg_len
+    return shuffled[ranges(own_starts[local[seg_block]] + seg_start, seg_len)], seg_len
 
 
 def partition_blocks(

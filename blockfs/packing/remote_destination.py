@@ -46,8 +46,14 @@ from ..core.format import (
 )
 from ..errors import PackError
 from ..storage.location import is_remote, redact, store_kind
-from ..storage.remote import RemoteError, RemoteStore
 from ..storage.owned import DIR_FLAGS
+from ..storage.remote import (
+    BucketNotFoundError,
+    CredentialsRefusedError,
+    EndpointUnreachableError,
+    RemoteError,
+    RemoteStore,
+)
 from .destination import Destination, open_blocks_dir, write_metadata_file
 
 log = logging.getLogger(__name__)
@@ -94,6 +100,8 @@ class RemoteDestination(Destination):
                 pages.close()
             dataset = self.remote.exists(METADATA_NAME)
             ours = self.remote.exists(PACKING_MARKER)
+        except (CredentialsRefusedError, BucketNotFoundError, EndpointUnreachableError) as e:
+            raise PackError(f"cannot pack to {self.display}: {e}") from None  # the message names the fix
         except RemoteError as e:
             raise PackError(
                 f"cannot pack to {self.display}: {e} (does the bucket exist, and may these credentials list it?)"

@@ -21,6 +21,7 @@ What this layer adds to the client:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import sys
@@ -34,6 +35,8 @@ from typing import Any
 from ..errors import BlockfsError
 from .credentials import secret_values
 from .location import is_remote, join, redact, scrub, store_kind
+
+log = logging.getLogger(__name__)  # the client's raw text of a failure, at debug level (blockfs -v)
 
 # Options blockfs itself reads (the rest go to the client); defaults chosen with tools/bench/bench_remote.py.
 PART_SIZE = 8 << 20  # bytes per ranged GET when a whole block is fetched
@@ -68,6 +71,19 @@ class RemoteError(BlockfsError, OSError):
 
 class RemoteConfigError(BlockfsError, ValueError):
     """A URL or storage option blockfs cannot use."""
+
+
+class CredentialsRefusedError(RemoteError, PermissionError):
+    """The store answered 401 or 403: the credentials are wrong, expired, or may not read this."""
+
+
+class BucketNotFoundError(RemoteError, FileNotFoundError):
+    """The bucket (or container) of the URL does not exist.  Not ENOENT, which says an object is missing:
+    ``exists`` and the callers that ask it must not take a missing bucket for a missing object."""
+
+
+class EndpointUnreachableError(RemoteError, ConnectionError):
+    """No connection could be made to the store's endpoint before anything was ever read from it."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,37 @@ def _retriable(e: Exception) -> bool:
 
 class RangeNotServedError(RemoteError):
     """The server answered a ranged GET with more than the range: a limit of the server, not damage."""
+
+
+# Connection trouble, as obstore (reqwest, hyper) words it, and what to call it in a message.
+_CONNECT = re.compile(r"kind: Connect\b|tcp connect error|dns error|error trying to connect|ConnectionRefused", re.I)
+_CONNECT_WHY = ((re.compile(r"ConnectionRefused|connection refused", re.I), "connection refused"),
+                (re.compile(r"dns error|failed to lookup|Name or service not known", re.I), "the host name does not resolve"),
+                (re.compile(r"TimedOut|timed out|deadline", re.I), "no answer"))  # fmt: skip
+_REQUEST_URI = re.compile(r"(https?://[^/\s,)\"']+)")
+_ERROR_CODE = re.compile(r"<Code>([A-Za-z.]{1,64})</Code>")
+_NO_BUCKET = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
+# The fix for refused credentials, by kind of store.
+CHECK_CREDENTIALS = {
+    "s3": "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the access_key_id/secret_access_key options, "
+          "or AWS_PROFILE), that they have not expired, and that they may read this bucket",
+    "gcs": "check GOOGLE_APPLICATION_CREDENTIALS (or the service_account_path option) and that the account "
+           "may read this bucket",
+    "azure": "check AZURE_STORAGE_ACCOUNT_KEY or the SAS token (the account_key/sas_key options), that it has "
+             "not expired, and that it may read this container",
+    "http": "check the URL (a signed URL may have expired) and that the server lets this machine read it",
+}  # fmt: skip
+# Where a store's secrets may come from besides the options: never in a message or a log line.
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
+                    "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY")  # fmt: skip
+
+
+def _connect_failure(e: BaseException) -> bool:
+    return isinstance(e, ConnectionError) or bool(_CONNECT.search(str(e)))
+
+
+def _connect_why(text: str) -> str:
+    return next((why for pattern, why in _CONNECT_WHY if pattern.search(text)), "the connection failed")
 
 
 def _first_line(e: BaseException) -> str:
@@ -243,6 +290,9 @@ class RemoteStore:
         self.kind = store_kind(url)
         self.settings, client_options = split_options(options)
         self._secrets = secret_values(client_options)
+        self._secrets += [os.environ[k] for k in SECRET_VARIABLES if os.environ.get(k)]
+        self._endpoint = client_options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        self._reached = False  # whether any request has had an answer: until then, connect failures end early
         self._store = self._build(client_options)
         self.counters = RemoteCounters()
         self._pool: ThreadPoolExecutor | None = None
@@ -333,29 +383,48 @@ class RemoteStore:
             tries += 1
             self.counters.add("requests")
             try:
-                return request()
-            except (NotFoundError, FileNotFoundError):
-                self.counters.add("failures")
+                result = request()
+                self._reached = True
+                return result
+            except (NotFoundError, FileNotFoundError) as e:
+                self._reached = True
+                self._failed(what, name, e)
+                if _NO_BUCKET.search(str(e)):
+                    raise self._no_bucket() from None
                 raise RemoteError(errno.ENOENT, f"{self.where(name)}: no such object") from None
             except NotSupportedError as e:  # e.g. a ranged GET answered with the whole object
-                self.counters.add("failures")
+                self._failed(what, name, e)
                 raise RemoteError(
                     errno.EOPNOTSUPP, f"{self.where(name)}: {what} not supported: {self._scrub(_first_line(e))}"
                 ) from None
             except (PermissionDeniedError, UnauthenticatedError, PermissionError) as e:
-                self.counters.add("failures")
-                raise RemoteError(
-                    errno.EACCES, f"{self.where(name)}: {what} refused: {self._scrub(_first_line(e))}"
-                ) from None
+                self._reached = True
+                self._failed(what, name, e)
+                raise self._refused(what, name, e) from None
             except (BaseError, OSError) as e:  # the client's errors, and a connection's
                 if self.kind in CREDENTIALS and _NO_CREDENTIALS.search(str(e)):
-                    self.counters.add("failures")
+                    self._failed(what, name, e)
                     raise RemoteError(
                         errno.EACCES, f"{self.where(name)}: no {KIND_NAMES[self.kind]} credentials found: {CREDENTIALS[self.kind]}"
                     ) from None
+                status = _STATUS.search(str(e))
+                if status is not None:  # an answer (a LIST's errors come as generic ones, status in the text)
+                    self._reached = True
+                    if status.group(1) in ("401", "403"):
+                        self._failed(what, name, e)
+                        raise self._refused(what, name, e) from None
+                    if _NO_BUCKET.search(str(e)):
+                        self._failed(what, name, e)
+                        raise self._no_bucket() from None
                 waited = time.monotonic() - started
-                if not _retriable(e) or waited + delay > self.settings.retry_timeout:
-                    self.counters.add("failures")
+                # Before the store ever answered, a connection that fails is more likely a wrong endpoint or
+                # a server that is down than a blip: give up after connect_timeout, not retry_timeout.
+                unreached = not self._reached and _connect_failure(e)
+                window = min(self.settings.connect_timeout, self.settings.retry_timeout) if unreached else self.settings.retry_timeout
+                if not _retriable(e) or waited + delay > window:
+                    self._failed(what, name, e)
+                    if unreached:
+                        raise self._unreachable(e, waited) from None
                     gave_up = f" (gave up after {tries} tries in {waited:.1f} s)" if tries > 1 else ""
                     raise RemoteError(
                         errno.EIO, f"{self.where(name)}: {what} failed: {self._scrub(_first_line(e))}{gave_up}"
@@ -363,6 +432,45 @@ class RemoteStore:
                 self.counters.add("retries")
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    # --- what a failure is called ------------------------------------------------------------------------
+    def _failed(self, what: str, name: str, e: BaseException) -> None:
+        """Count a failure; the client's whole text goes to the debug log (``blockfs -v``), scrubbed."""
+        self.counters.add("failures")
+        log.debug("%s %s failed: %s", what, self.where(name), self._scrub(str(e)))
+
+    def _where_endpoint(self, text: str = "") -> str:
+        """The endpoint a request went to: the option's, else the one in the client's text, else the URL."""
+        found = _REQUEST_URI.search(text)
+        return redact(self._endpoint or (found.group(1) if found else self.display))
+
+    def _refused(self, what: str, name: str, e: BaseException) -> RemoteError:
+        text = str(e)
+        status = next(iter(_STATUS.findall(text)), None)
+        code = _ERROR_CODE.search(text)
+        said = ", ".join(x for x in (status, code.group(1) if code else None) if x) or "refused"
+        return CredentialsRefusedError(
+            errno.EACCES, f"{self.where(name)}: the {KIND_NAMES[self.kind]} store refused the credentials ({what}: {said}): "
+            f"{CHECK_CREDENTIALS[self.kind]}",
+        )  # fmt: skip
+
+    def _no_bucket(self) -> RemoteError:
+        bucket = self.url.split("://", 1)[1].split("/", 1)[0]
+        where = f" at {redact(self._endpoint)}" if self._endpoint else ""
+        kind = "container" if self.kind == "azure" else "bucket"
+        return BucketNotFoundError(
+            errno.EIO, f"{kind} {bucket!r} does not exist{where} ({self.display}): check the {kind} name in the URL"
+            + (" and the endpoint" if self._endpoint else ""),
+        )  # fmt: skip
+
+    def _unreachable(self, e: BaseException, waited: float) -> RemoteError:
+        endpoint = self._where_endpoint(str(e))
+        fix = ("check the endpoint (the endpoint storage option or AWS_ENDPOINT_URL) and that the server is running"
+               if self._endpoint else "check the URL, and this machine's network and proxy settings")  # fmt: skip
+        return EndpointUnreachableError(
+            errno.EIO, f"cannot reach {endpoint} for {self.display}: {_connect_why(str(e))} (tried for "
+            f"{waited:.1f} s; connect_timeout is {self.settings.connect_timeout:g} s): {fix}",
+        )  # fmt: skip
 
     def get(self, name: str) -> bytes:
         """The whole object."""
@@ -495,11 +603,27 @@ class RemoteStore:
         """The objects under ``prefix`` (relative to the store's), a page at a time (close() ends the listing)."""
         import obstore
 
-        pages = self._call("LIST", prefix or "/", lambda: obstore.list(self._store, prefix=prefix or None, chunk_size=1000))
+        stream: dict[str, Any] = {"pages": None, "yielded": False, "broken": False}
+
+        def next_page():
+            # A stream that failed ends (next() gives None), so a retry must not read it again: before any
+            # page it starts the listing anew; after one, the listing cannot resume and fails.
+            if stream["broken"]:
+                raise OSError(errno.EIO, "the listing broke off after its first pages")
+            if stream["pages"] is None:
+                stream["pages"] = obstore.list(self._store, prefix=prefix or None, chunk_size=1000)
+            try:
+                return next(stream["pages"], None)
+            except BaseException:
+                stream["pages"] = None
+                stream["broken"] = stream["yielded"]
+                raise
+
         while True:
-            page = self._call("LIST", prefix or "/", lambda: next(pages, None))
+            page = self._call("LIST", prefix or "/", next_page)
             if page is None:
                 return
+            stream["yielded"] = True
             yield [
                 ObjectInfo(o["path"], int(o["size"]), int(o["last_modified"].timestamp() * 1e9)) for o in page
             ]

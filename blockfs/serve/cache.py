@@ -247,8 +247,11 @@ class BlockCache:
     def _look_again(self, block: int) -> None:
         with self._lock:
             self._looks.pop(block, None)
-        if not self.closed and self.wanted(block):  # wanted() looks at the version: replaced, it is not damaged
-            self._background.load_soon(block, "replaced_loads")
+        try:
+            if not self.closed and self.wanted(block):  # wanted() looks at the version: replaced, not damaged
+                self._background.load_soon(block, "replaced_loads")
+        except Exception as e:  # noqa: BLE001 - a look that failed (closing, a store gone): the next read looks
+            log.debug("looking at damaged block %d again failed: %s", block, e)
 
     # --- sharing ----------------------------------------------------------------------------------
     def share(self, block: int) -> int:

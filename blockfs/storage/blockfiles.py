@@ -253,8 +253,11 @@ class LocalBlockFiles(BlockFiles):
                 # Ask for the whole range up front.  After the small header reads at the file's start, the
                 # kernel's readahead treats the block read as random and issues small requests, which an
                 # IOPS-bound disk serves far below its bandwidth; told the range, it issues large ones
-                # (README: Slow and remote storage).
-                os.posix_fadvise(d.fd, offset, size, os.POSIX_FADV_WILLNEED)
+                # (README: Slow and remote storage).  And as much again after it: a data section read in
+                # pieces (the store hashes one while it reads the next) has the next piece on its way, as
+                # the kernel's own readahead did before the descriptor was POSIX_FADV_RANDOM (past the
+                # file's end, the advice is cut there).
+                os.posix_fadvise(d.fd, offset, 2 * size, os.POSIX_FADV_WILLNEED)
             while done < size:
                 try:
                     n = os.preadv(d.fd, [view[done:]], offset + done)

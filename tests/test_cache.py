@@ -456,3 +456,28 @@ def test_a_block_found_damaged_while_claiming_ahead_is_declined(packed, monkeypa
         assert 0 not in cache._blocks and 0 not in cache._loading and cache.stats()["cache"]["used_bytes"] == 0
     finally:
         cache.close()
+
+
+def test_a_damaged_block_replaced_after_its_last_read_is_loaded_with_no_read_after(packed, tmp_path):
+    """Issue 29, item 9: the reads that follow a replacement may never come (the kernel keeps the pages of
+    files read alone), so a read of a damaged block has its version looked at again once the recheck
+    interval has passed, and the replaced block is loaded and cached then, with no further read."""
+    dest, contents = _copy_pack(packed, tmp_path)
+    path = fmt.block_path(dest, 1)
+    whole = open(path, "rb").read()
+    os.truncate(path, len(whole) // 2)  # as a copy in progress leaves it
+    ds, cache = open_cached(dest, 1 << 30, readahead=0)
+    try:
+        names = [os.fsdecode(p) for p in ds.files_in_block(1)]
+        with pytest.raises(CorruptBlockError):
+            ds.read(names[0])
+        with open(path + ".partial", "wb") as f:
+            f.write(whole)
+        os.rename(path + ".partial", path)  # what rsync and cp + mv do
+        assert ds.read(names[1]) == contents[names[1]]  # right at once, read alone (within the interval)
+        wait_until(lambda: cache.holds(1), "the replaced block to be loaded with no further read")
+        c = cache.stats()["counters"]
+        assert c["replaced_loads"] == 1 and c["damaged_blocks"] == 1
+        assert all(ds.read(name) == contents[name] for name in names)
+    finally:
+        cache.close()

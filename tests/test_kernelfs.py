@@ -125,3 +125,63 @@ def test_the_kernel_route_refuses_a_libfuse_only_option_in_one_line(packed, tmp_
     done = cli.main(["mount", str(dest), str(mnt), "--fuse", "kernel", "-o", "max_threads=4", "--foreground"])
     assert done != 0
     assert not os.path.ismount(mnt)
+
+
+def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tmp_path, caplog):
+    """One file's failed push (a struct.error was what a file of 4 GiB got) is counted and said once, in
+    one line; every other file of the job is still pushed.  In-process: the push is called as the pusher
+    thread calls it, with a stand-in session (no /dev/fuse)."""
+    import logging
+    import struct
+
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    src = tmp_path / "src"
+    src.mkdir()
+    names = [f"f{i}.bin" for i in range(6)]
+    for i, name in enumerate(names):
+        (src / name).write_bytes(bytes([i]) * (1000 + i))
+    blockfs.pack(src, tmp_path / "packed", fsync=False)  # one block
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with caplog.at_level(logging.DEBUG), assembled(tmp_path / "packed", tmp_path / "mnt", options,
+                                                   route="kernel") as fs:  # fmt: skip
+        calls = KernelCalls(fs)
+        nodes = [calls.lookup_path(name.encode())[1] for name in names]
+        assert calls.read(names[0].encode()) == (src / names[0]).read_bytes()  # loads the block
+        stored: list[int] = []
+
+        def store(nodeid: int, data, offset: int = 0) -> bool:
+            if nodeid == nodes[1]:
+                raise struct.error("'I' format requires 0 <= number <= 4294967295")
+            stored.append(nodeid)
+            return True
+
+        calls.session.store = store  # type: ignore[method-assign]
+        assert fs._push([n - 1 for n in nodes]) == []
+        assert sorted(stored) == sorted(nodes[:1] + nodes[2:])
+        assert fs.pushed["push_errors"] == 1 and fs.pushed["files_pushed"] == len(names) - 1
+    said = [r for r in caplog.records if "page cache" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(said) == 1 and names[1] in said[0].getMessage() and not said[0].exc_info
+
+
+def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_sent(tmp_path):
+    """The kernel takes a file pushed in pieces (offsets advancing, the last page partial): a file of
+    two pieces and a bit is read from the page cache alone, exact."""
+    from blockfs.serve import wire
+
+    require(has_fuse(), "/dev/fuse")
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(2 * wire.STORE_PIECE + 12_345)
+    (src / "big.bin").write_bytes(big)
+    (src / "small.bin").write_bytes(b"beside it")
+    blockfs.pack(src, tmp_path / "packed", fsync=False)
+    with mounted(tmp_path / "packed", tmp_path / "mnt", binding="kernel") as m:
+        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == 1, "prefill to load the block")
+        assert sorted(os.listdir(m.path)) == ["big.bin", "small.bin"]  # the kernel learns both nodes
+        wait_until(lambda: stats(m.path)["page_cache"]["files_pushed"] == 2, "both files pushed")
+        reads = requests(m.path).get("read", 0)
+        assert (m.path / "big.bin").read_bytes() == big and (m.path / "small.bin").read_bytes() == b"beside it"
+        assert requests(m.path).get("read", 0) == reads and stats(m.path)["page_cache"]["push_errors"] == 0

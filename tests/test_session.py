@@ -85,3 +85,54 @@ def test_a_libfuse_only_option_is_refused_in_one_line(tmp_path):
         session.mount(str(tmp_path), "x", "x", ["max_threads=4"])
     assert "max_threads=4" in str(raised.value) and "--fuse mfusepy" in str(raised.value)
     assert len(str(raised.value).splitlines()) == 1
+
+
+class Span:
+    """``n`` bytes of data at ``start`` without holding them (len() and slices only): a file of 5 GiB
+    without the memory."""
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.n = start, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, part: slice) -> "Span":
+        lo, hi, _ = part.indices(self.n)
+        return Span(self.start + lo, max(0, hi - lo))
+
+
+def stores_written(monkeypatch, fail_at: int | None = None) -> list[tuple[int, int, int, int]]:
+    """Replace os.writev with one that parses each FUSE_NOTIFY_STORE as the kernel would: a list of
+    (node, offset, size, the data's start) that fills as messages arrive; the ``fail_at``-th answers ENOENT."""
+    sent: list[tuple[int, int, int, int]] = []
+
+    def writev(fd: int, parts: list) -> int:
+        head, data = parts
+        length, code, unique = wire.OUT_HEADER.unpack_from(head)
+        node, offset, size, _ = wire.NOTIFY_STORE_OUT.unpack_from(head, wire.OUT_HEADER.size)
+        assert (code, unique) == (wire.NOTIFY_STORE, 0) and size == len(data) and length == len(head) + size
+        if len(sent) == fail_at:
+            raise OSError(errno.ENOENT, "no such node")
+        sent.append((node, offset, size, data.start))
+        return length
+
+    monkeypatch.setattr(os, "writev", writev)
+    return sent
+
+
+@pytest.mark.parametrize("size", [5, wire.STORE_PIECE, 3 * wire.STORE_PIECE + 5, (2 << 30) + 7, (5 << 30) + 3])
+def test_a_store_of_any_size_goes_in_pieces_the_kernel_takes(monkeypatch, size):
+    """Each message at most STORE_PIECE bytes (under the u32 size and write(2)'s 2 GiB), the offsets
+    advancing over the whole file, the data in order: files of 2 GiB and more reach the page cache too."""
+    sent = stores_written(monkeypatch)
+    assert Session({}).store(7, Span(0, size), offset=0)
+    assert all(node == 7 and 0 < n <= wire.STORE_PIECE for node, _, n, _ in sent)
+    assert [off for _, off, _, _ in sent] == [start for *_, start in sent] == list(range(0, size, wire.STORE_PIECE))
+    assert sum(n for _, _, n, _ in sent) == size
+
+
+def test_a_store_refused_midway_says_so_and_sends_no_more(monkeypatch):
+    sent = stores_written(monkeypatch, fail_at=2)
+    assert not Session({}).store(7, Span(0, 5 * wire.STORE_PIECE))  # the node was forgotten meanwhile
+    assert len(sent) == 2

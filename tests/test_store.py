@@ -14,6 +14,7 @@ from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.verify import verify
 from blockfs.errors import BlockReadError, CorruptBlockError, IndexFormatError
+from conftest import require
 from indexutil import patch_array, resign
 
 FILES = 400
@@ -341,3 +342,88 @@ def test_a_big_file_read_in_pieces_is_verified_once(tmp_path, monkeypatch):
         assert got == data
         with pytest.raises(CorruptBlockError, match="checksum mismatch"):
             ds.store.verify_file(block, slot, crc ^ 1)
+
+
+def resident_pages(path) -> list[bool]:
+    """Which pages of ``path`` are in the page cache now (mincore(2) on a map that faults nothing in)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return [bool(v & 1) for v in vec]
+
+
+@pytest.fixture
+def cold_block(tmp_path):
+    """(dataset, block file) of one block of 48 files of ~64 KiB, none of its pages in the page cache."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(5)
+    for i in range(48):
+        (src / f"f{i:02d}.bin").write_bytes(rng.randbytes(60_000 + rng.randint(0, 8000)))
+    blockfs.pack(src, tmp_path / "packed", fsync=False)  # one block of ~3 MiB
+    path = fmt.block_path(tmp_path / "packed", 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # clean pages only: those are what DONTNEED drops
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    require(not any(resident_pages(path)), "a filesystem that drops a file's pages (not tmpfs)")
+    return tmp_path / "packed", path
+
+
+def read_alone(dest, slots) -> tuple[set[int], set[int], list[bool]]:
+    """Read the files in ``slots`` of block 0 alone, in this order: (the pages of the header, the pages of
+    those files, the pages of the block file in the page cache afterwards)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    with PackedDataset(dest) as ds:
+        a = ds.index.arrays
+        head = ds.store.header(0)
+        wanted = set(range(-(-head.data_start // page)))
+        for slot in slots:
+            e = int(a["block_files"][int(a["block_offsets"][0]) + slot])
+            ds.store.read_file(0, slot, int(a["crc"][e]))
+            start = head.data_start + int(head.offsets[slot])
+            wanted |= set(range(start // page, (start + int(head.sizes[slot]) - 1) // page + 1))
+        return set(range(-(-head.data_start // page))), wanted, resident_pages(fmt.block_path(dest, 0))
+
+
+def test_files_read_alone_in_any_order_bring_no_other_file_of_their_block_from_the_disk(cold_block):
+    """Issue 29, item 10: a cache-once epoch read 0.58-0.62 of the dataset from the disk where the mount
+    read 0.50 — once a file's neighbours were cached, the kernel's readahead took the reads around it for a
+    stream and fetched the files after it, which are retained or in cached blocks and never read from
+    storage.  Files read alone here fill a run of the block out of order, the last one after the run:
+    only their own pages and the header's are read."""
+    dest, _ = cold_block
+    _, wanted, resident = read_alone(dest, [10, 12, 14, 11, 13, 15])
+    beyond = [p for p, r in enumerate(resident) if r and p not in wanted]
+    assert not beyond, f"{len(beyond)} pages of other files read from the disk (pages {beyond[:5]}...)"
+
+
+def test_files_read_alone_in_the_blocks_order_are_read_ahead(cold_block):
+    """The stream the kernel's readahead was for (a tree packed in directory order and read in order, a
+    big file read in windows) is still read ahead: the disk gets large requests, not one per file."""
+    dest, _ = cold_block
+    _, wanted, resident = read_alone(dest, range(10, 16))
+    after = max(wanted) + 1
+    assert all(resident[after : after + 64]), "the next 256 KiB after a stream of six files"

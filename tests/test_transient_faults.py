@@ -29,6 +29,13 @@ def _fuse():
     require(has_fuse(), "/dev/fuse")
 
 
+@pytest.fixture(params=[(), ("--no-prefill", "--open-mode", "none")], ids=["defaults", "no-prefill-open-none"])
+def mode(request) -> tuple[str, ...]:
+    """Every test runs with the defaults (prefill on; the kernel keeps pages, so a file read right once is
+    not read here again) and with every read reaching the server and nothing loaded before it is read."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """(root, {relative path: bytes}): a tree packed into 6 blocks of 20 files, each block under 64 KiB."""
@@ -66,30 +73,29 @@ def is_block(path: str) -> bool:
     return "/blocks/" in path
 
 
-def test_a_bit_flipped_in_transit_once_per_block_fails_no_file(tree, tmp_path):
+def test_a_bit_flipped_in_transit_once_per_block_fails_no_file(tree, tmp_path, mode):
     _, contents = tree
     with serving(served_copy(tree, tmp_path)) as (base, faults):
         faults.corrupt = lambda path, nth: is_block(path) and nth == 1  # every block's first answer
-        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", "--no-prefill") as m:
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", *mode) as m:
             assert read_every_file(m.path, contents) == {}
             errors = read_stats(m.path)["errors"]
             assert not errors["damaged_blocks_reported"] and not errors["damaged_files_read"]
         assert faults.gets and all(n >= 2 for p, n in faults.gets.items() if is_block(p))  # each fetched again
 
 
-def test_after_the_store_flips_bits_for_a_while_every_file_reads_right_once_it_is_healthy(tree, tmp_path):
+def test_after_the_store_flips_bits_for_a_while_every_file_reads_right_once_it_is_healthy(tree, tmp_path, mode):
     _, contents = tree
     with serving(served_copy(tree, tmp_path)) as (base, faults):
         faults.corrupt = lambda path, nth: is_block(path)
-        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill",
-                     "--open-mode", "none") as m:  # fmt: skip
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", *mode) as m:
             failed = read_every_file(m.path, contents)
             assert failed and set(failed.values()) == {errno.EIO}
             faults.corrupt = None
             assert read_every_file(m.path, contents) == {}
 
 
-def test_with_a_disk_tier_a_damaged_block_fails_only_its_damaged_file_with_bounded_traffic(tree, tmp_path):
+def test_with_a_disk_tier_a_damaged_block_fails_only_its_damaged_file_with_bounded_traffic(tree, tmp_path, mode):
     contents = tree[1]
     www = served_copy(tree, tmp_path)
     path = www / "packed" / "blocks" / "00000001.blk"
@@ -107,8 +113,7 @@ def test_with_a_disk_tier_a_damaged_block_fails_only_its_damaged_file_with_bound
     assert len(damaged) == 1 and len(in_block) > 1
     victim = damaged[0]
     with serving(www) as (base, faults):
-        args = ("--cache-size", "0", "--no-prefill", "--open-mode", "none", "--disk-cache", str(tmp_path / "disk"),
-                "--disk-cache-size", "1GiB")  # fmt: skip
+        args = ("--cache-size", "0", *mode, "--disk-cache", str(tmp_path / "disk"), "--disk-cache-size", "1GiB")
         with mounted(f"{base}/packed", tmp_path / "mnt", *args) as m:
             for _ in range(3):
                 assert read_every_file(m.path, contents) == {victim: errno.EIO}
@@ -120,14 +125,17 @@ def test_with_a_disk_tier_a_damaged_block_fails_only_its_damaged_file_with_bound
     assert tier["blocks"] == 5 and tier["write_failures"] == 0, tier
 
 
-def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cached_again(tree, tmp_path):
+def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cached_again(tree, tmp_path, mode):
+    """With the defaults, prefill finds the block damaged at mount, and after the replacement the kernel
+    keeps the pages of its files read alone, so no read comes back: the mount looks at the block again by
+    itself."""
     _, contents = tree
     packed = tmp_path / "packed"
     shutil.copytree(tree[0] / "packed", packed)
     block = packed / "blocks" / "00000001.blk"
     whole = block.read_bytes()
     os.truncate(block, len(whole) // 2)  # as a copy in progress leaves it
-    with mounted(packed, tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill", "--open-mode", "none") as m:
+    with mounted(packed, tmp_path / "mnt", "--cache-size", "64MiB", *mode) as m:
         failed = read_every_file(m.path, contents)
         with blockfs.open_dataset(tree[0] / "packed") as ds:
             in_block = {os.fsdecode(p) for p in ds.files_in_block(1)}
@@ -141,7 +149,7 @@ def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cach
             "cached_blocks"] == 6, "the replaced block to be cached")  # fmt: skip
 
 
-def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tmp_path):
+def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tmp_path, mode):
     """Damage is remembered for the object's version (ETag): once the object is restored, its block is
     loaded and cached again, not served file by file for the mount's life."""
     _, contents = tree
@@ -152,8 +160,7 @@ def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tm
     damaged[-1] ^= 0x40
     path.write_bytes(bytes(damaged))
     with serving(www) as (base, faults):
-        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", "--no-prefill",
-                     "--open-mode", "none") as m:  # fmt: skip
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "64MiB", *mode) as m:
             failed = read_every_file(m.path, contents)
             assert len(failed) == 1 and read_stats(m.path)["cache"]["cached_blocks"] == 5
             temp = path.with_name("restored")
@@ -163,7 +170,7 @@ def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tm
                 "cached_blocks"] == 6, "the restored block to be cached")  # fmt: skip
 
 
-def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tree, tmp_path):
+def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tree, tmp_path, mode):
     require(os.geteuid() == 0, "root (to mount a tmpfs)")
     import subprocess
 
@@ -174,8 +181,7 @@ def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tr
     require(done.returncode == 0, f"mount -t tmpfs ({done.stderr.strip()})")
     try:
         with serving(served_copy(tree, tmp_path)) as (base, faults):
-            args = ("--cache-size", "0", "--no-prefill", "--open-mode", "none", "--disk-cache", str(disk),
-                    "--disk-cache-size", "1GiB")  # fmt: skip
+            args = ("--cache-size", "0", *mode, "--disk-cache", str(disk), "--disk-cache-size", "1GiB")
             with mounted(f"{base}/packed", tmp_path / "mnt", *args) as m:
                 for _ in range(2):
                     assert read_every_file(m.path, contents) == {}
@@ -191,7 +197,7 @@ def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tr
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_sends_nothing(tree, tmp_path):
+def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_sends_nothing(tree, tmp_path, mode):
     """Lookups, attributes, listings and the control files never wait behind data reads (F9): 40 readers
     wait on a store holding every block answer; ``stat``, ``ls`` and ``stats.json`` still answer."""
     import threading
@@ -202,7 +208,7 @@ def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_se
     readers, later = names[:40], names[40:]
     with serving(served_copy(tree, tmp_path)) as (base, faults):
         faults.hold = is_block
-        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", "--no-prefill") as m:
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", *mode) as m:
             threads = [threading.Thread(target=read_every_file, args=(m.path, {rel: contents[rel]}), daemon=True)
                        for rel in readers]  # fmt: skip
             try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import stat
 
+import pytest
+
 from blockfs.serve import wire
 
 
@@ -46,3 +48,13 @@ def test_notify_store_header_counts_the_data_that_follows():
 
 def test_a_negative_entry_names_node_zero():
     assert wire.ENTRY_OUT_HEAD.unpack_from(wire.negative_entry(30))[:3] == (0, 0, 30)
+
+
+def test_notify_store_header_refuses_more_than_one_piece():
+    """A size the kernel cannot take in one message (a u32, and write(2) stops at 2 GiB) is refused here,
+    by name, instead of a struct.error or a message cut short (Session.store sends pieces)."""
+    assert wire.STORE_PIECE % (64 << 10) == 0  # whole pages of any page size
+    wire.notify_store_header(2, 0, wire.STORE_PIECE)
+    for size in (wire.STORE_PIECE + 1, 3 << 30, 5 << 30):
+        with pytest.raises(ValueError, match="FUSE_NOTIFY_STORE"):
+            wire.notify_store_header(2, 0, size)

@@ -88,6 +88,15 @@ class BackgroundLoads:
             if self._cache.wanted(ahead) and (self._part is None or ahead in self._part):
                 self._pool.submit(self._cache.load_ahead, ahead, "readahead_loads", fill_only=False)
 
+    def load_soon(self, block: int, counter: str) -> None:
+        """Load ``block`` on a loader thread, as a read's miss would (a damaged block found replaced)."""
+        if self._cache.closed:
+            return
+        try:
+            self._pool.submit(self._cache.load_ahead, block, counter, fill_only=False)
+        except RuntimeError:  # closed meanwhile: the pool takes nothing more
+            pass
+
     def prefetch(self, blocks: list[int]) -> None:
         """Load ``blocks`` in this order as far as they fit without evicting; replaces the last call's list."""
         with self._lock:

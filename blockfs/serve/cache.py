@@ -15,8 +15,11 @@ What it promises (the mount's serving rules):
 * A damaged block — its data checksum fails, its header is wrong, or it is not this dataset's, on two
   fetches (:meth:`BlockStore._checked`) — is never cached, and that is remembered for its stored version;
   its files are then read one by one, each verified by its own CRC, so only the files whose bytes are
-  damaged fail.  Once the stored block is another version (replaced, restored), it is read and cached anew.  A *failed read* (missing file, EMFILE, EIO) is not
-  damage: it fails the reads waiting on it and nothing is remembered, so the next read tries again.
+  damaged fail.  Once the stored block is another version (replaced, restored), it is read and cached anew:
+  a read of a damaged block also has its version looked at again :data:`DAMAGE_RECHECK_S` later, in the
+  background, since the reads that follow a replacement may never come here (the kernel keeps the pages
+  of the files just read alone).  A *failed read* (missing file, EMFILE, EIO) is not damage: it fails the
+  reads waiting on it and nothing is remembered, so the next read tries again.
 * A cached block's memory is a sealed memfd where the process has descriptors to spare, so that
   :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it (:mod:`blockfs.serve.share`).
   Only policies that never evict share: a loader's map keeps a block's pages alive, which must not hold
@@ -117,6 +120,7 @@ class BlockCache:
         # Damaged blocks -> (the stored version found damaged, when it was last looked at): never cached,
         # their files served one by one, until the stored block is another version (replaced, restored).
         self._damaged: dict[int, tuple[object, float]] = {}
+        self._looks: dict[int, threading.Timer] = {}  # damaged blocks read since: a look at their version due
         self.closed = False
         # Called with (block, the cached block) each time a block is published; the kernel adapter pushes
         # its files into the page cache from there.  Runs in the loading thread: it must only queue work.
@@ -166,7 +170,8 @@ class BlockCache:
             self._background.read_ahead(block)
 
     def _read_miss(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
-        self._is_damaged(block)  # a damaged block replaced since is forgotten here, before its header is read
+        if self._is_damaged(block):  # a damaged block replaced since is forgotten here, before its header is read
+            self._look_again_later(block)
         head = self._header(block)  # small; raises for a missing, foreign or damaged header
         with self._lock:
             cached = self._blocks.get(block)
@@ -225,6 +230,28 @@ class BlockCache:
         self._store.renew(block)
         log.info("block %d was replaced since it was found damaged: reading it anew", block)
         return False
+
+    def _look_again_later(self, block: int) -> None:
+        """Once :data:`DAMAGE_RECHECK_S` have passed since the last look, look at damaged ``block``'s version
+        again and load it if it was replaced, whether or not another read comes (at most one look due)."""
+        with self._lock:
+            known = self._damaged.get(block)
+            if self.closed or known is None or block in self._looks:
+                return
+            delay = max(0.0, known[1] + DAMAGE_RECHECK_S - time.monotonic()) + 0.01
+            timer = self._looks[block] = threading.Timer(delay, self._look_again, (block,))
+        timer.name = f"blockfs-look-{block}"
+        timer.daemon = True
+        timer.start()
+
+    def _look_again(self, block: int) -> None:
+        with self._lock:
+            self._looks.pop(block, None)
+        try:
+            if not self.closed and self.wanted(block):  # wanted() looks at the version: replaced, not damaged
+                self._background.load_soon(block, "replaced_loads")
+        except Exception as e:  # noqa: BLE001 - a look that failed (closing, a store gone): the next read looks
+            log.debug("looking at damaged block %d again failed: %s", block, e)
 
     # --- sharing ----------------------------------------------------------------------------------
     def share(self, block: int) -> int:
@@ -458,6 +485,9 @@ class BlockCache:
         """Stop the loaders and drop every cached block."""
         with self._lock:
             self.closed = True
+            looks, self._looks = list(self._looks.values()), {}
+        for timer in looks:
+            timer.cancel()
         self._background.close()
         with self._lock:
             for cached in self._blocks.values():

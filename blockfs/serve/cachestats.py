@@ -21,6 +21,7 @@ COUNTERS = (
     "load_errors",  # block loads that failed, for any reason
     "read_errors",  # reads answered with a failed read of a block file (EIO; the next read tries again)
     "announcements", "prefetch_loads", "blocks_shared",
+    "replaced_loads",  # damaged blocks loaded in the background once found replaced (a new stored version)
     "disk_copies_ahead",  # announced blocks memory would not hold, fetched into a remote dataset's disk tier
 )  # fmt: skip
 

@@ -442,13 +442,29 @@ class KernelFS:
             data = cached.view(slot)
             if not len(data):
                 continue
-            if store(e + 1, data):
+            try:
+                stored = store(e + 1, data)
+            except Exception as err:  # noqa: BLE001 - this file only: the others of the job are still pushed
+                pushed[e] = 1  # not tried again while the kernel holds the node: its reads come here
+                self._push_failed(e, err)
+                continue
+            if stored:
                 pushed[e] = 1
                 counts["files_pushed"] += 1
                 counts["bytes_pushed"] += len(data)
             else:
                 refused.append(e)
         return refused
+
+    def _push_failed(self, e: int, err: Exception) -> None:
+        """Count a file the kernel would not take; say so once a mount (its reads are served as usual)."""
+        self.pushed["push_errors"] += 1
+        if self.pushed["push_errors"] == 1:
+            path = os.fsdecode(self.view.ds.path_of(e))
+            log.warning("pushing %s into the page cache failed: %s; its reads are served as usual (later "
+                        "failures are counted in page_cache.push_errors)", path, err)  # fmt: skip
+        else:
+            log.debug("pushing entry %d into the page cache failed: %s", e, err)
 
     # --- statistics -------------------------------------------------------------------------------------
     def _stats(self) -> dict[str, Any]:

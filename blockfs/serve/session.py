@@ -279,10 +279,13 @@ class Session:
                 log.warning("answering the kernel failed: %s", e)
 
     def store(self, nodeid: int, data: Any, offset: int = 0) -> bool:
-        """Put ``data`` into ``nodeid``'s page cache at ``offset``; False when the kernel does not hold
+        """Put ``data`` into ``nodeid``'s page cache at ``offset``, one message per
+        :data:`~blockfs.serve.wire.STORE_PIECE` (a file of any size); False when the kernel does not hold
         that node (it was never looked up, or was forgotten).  Never call it from a reader thread."""
         try:
-            os.writev(self.fd, [wire.notify_store_header(nodeid, offset, len(data)), data])
+            for start in range(0, len(data), wire.STORE_PIECE):
+                piece = data[start : start + wire.STORE_PIECE]  # a memoryview's slice: no copy
+                os.writev(self.fd, [wire.notify_store_header(nodeid, offset + start, len(piece)), piece])
             return True
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENODEV, errno.EBADF):

@@ -58,6 +58,10 @@ FOPEN_CACHE_DIR = 1 << 3
 NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
 NOTIFY_STORE = 4
+# The most one FUSE_NOTIFY_STORE carries.  The kernel takes any size whose message arrives whole, but the
+# size is a u32 and write(2) moves at most MAX_RW_COUNT (2 GiB - 4 KiB) bytes, so a bigger file is stored
+# in pieces; a multiple of every page size, so each page but a file's last is stored whole.
+STORE_PIECE = 4 << 20
 
 IN_HEADER = struct.Struct("=IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
 OUT_HEADER = struct.Struct("=IiQ")  # len, error, unique
@@ -132,7 +136,10 @@ def reply_header(unique: int, payload_len: int, error: int = 0) -> bytes:
 
 def notify_store_header(nodeid: int, offset: int, size: int) -> bytes:
     """The bytes before the data of a ``FUSE_NOTIFY_STORE``: put ``size`` bytes at ``offset`` of
-    ``nodeid``'s page cache (the kernel answers ENOENT for a node it does not hold)."""
+    ``nodeid``'s page cache (the kernel answers ENOENT for a node it does not hold).  ``size`` is at most
+    :data:`STORE_PIECE`: a bigger store is sent in pieces (:meth:`blockfs.serve.session.Session.store`)."""
+    if not 0 <= size <= STORE_PIECE:
+        raise ValueError(f"a FUSE_NOTIFY_STORE of {size} bytes: store at most {STORE_PIECE} bytes a message")
     body = NOTIFY_STORE_OUT.pack(nodeid, offset, size, 0)
     return OUT_HEADER.pack(OUT_HEADER.size + len(body) + size, NOTIFY_STORE, 0) + body
 

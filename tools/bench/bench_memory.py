@@ -7,7 +7,11 @@ the budget; each configuration is mounted with the same total budget and read ``
 at a time (``open().read()``), a new shuffled order every epoch, with the page cache dropped before each
 epoch (root) and ``--open-mode none`` so every read reaches blockfs.  Configurations: no cache, LRU,
 cache-once blocks only, cache-once plus retention (most-files, and threshold auto).  Per epoch: files/s,
-bytes read from storage (the mount's own counter), hit rate by files and by bytes (1 - storage / served).
+bytes read from storage (the mount's own counter), hit rate by files and by bytes (1 - storage / served),
+and the bytes the mount's process read from the disk (``/proc/PID/io`` ``read_bytes``: the kernel's
+readahead on the block files included, which the mount's counter does not see).  ``--evict`` drops only
+this benchmark's files from the page cache (its block files; a shared machine keeps the rest) instead of
+the whole page cache.
 
 Then the kernel page cache on top of the plan (issue 4: "mark target files so the kernel keeps their pages
 across opens ... where it pays"): the retention plan mounted with each ``--open-mode`` (``enosys``: the
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 
 from helpers.benchutil import MemoryCgroup, drop_caches
+from helpers.storage_emulation import evict
 
 import make_dataset as md
 
@@ -64,6 +69,15 @@ print(time.perf_counter() - started)
 """
 
 
+def disk_read_bytes(pid: int) -> int:
+    """Bytes process ``pid`` has read from block devices (its readahead included); 0 where not shown."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def run_epochs(
     dest: Path,
     mnt: Path,
@@ -73,6 +87,7 @@ def run_epochs(
     epochs: int,
     open_mode: str = "none",
     cgroup: MemoryCgroup | None = None,
+    evict_only: bool = False,
 ) -> list[dict]:
     """Mount, read ``epochs`` shuffled epochs, unmount.  Without ``cgroup``: in this process, the page cache
     dropped before every epoch; with it: in a child confined to the cgroup, dropped before epoch 1 only."""
@@ -87,8 +102,12 @@ def run_epochs(
             order = names[:]
             random.Random(epoch).shuffle(order)
             if cgroup is None or epoch == 0:
-                drop_caches(1)
+                if evict_only:
+                    evict([dest])
+                else:
+                    drop_caches(1)
             before = read_stats(mnt)
+            disk_before = disk_read_bytes(before["mount"]["pid"])
             if cgroup is None:
                 started = time.perf_counter()
                 for name in order:
@@ -101,6 +120,7 @@ def run_epochs(
                     capture_output=True, text=True, check=True, preexec_fn=cgroup.enter,
                 ).stdout)  # fmt: skip
             stats = read_stats(mnt)
+            disk = disk_read_bytes(stats["mount"]["pid"]) - disk_before
             after = stats["counters"]
             d = {k: after[k] - before["counters"][k]
                  for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")}  # fmt: skip
@@ -111,6 +131,7 @@ def run_epochs(
                 "epoch": epoch + 1,
                 "files_per_s": len(order) / seconds,
                 "storage_bytes": d["bytes_from_storage"],
+                "disk_bytes": disk,
                 "file_hit_rate": d["file_hits"] / d["files_served"] if d["files_served"] else 0.0,
                 "byte_hit_rate": max(0.0, 1 - d["bytes_from_storage"] / d["bytes_served"]) if d["bytes_served"] else 0.0,
             })  # fmt: skip
@@ -130,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-cache", default=None, help="page cache the reader may hold in the kernel runs "
                    "(default: the budget)")  # fmt: skip
     p.add_argument("--no-kernel", action="store_true", help="skip the kernel page cache runs")
+    p.add_argument("--evict", action="store_true", help="drop only the benchmark's block files from the page "
+                   "cache before an epoch (a shared machine), not the whole page cache")
     a = p.parse_args(argv)
     budget = parse_size(a.budget)
     page_cache = parse_size(a.page_cache) if a.page_cache else budget
@@ -168,13 +191,13 @@ def _run_all(a: argparse.Namespace, budget: int, results: dict, cgroup: MemoryCg
             mnt = work / "mnt"
             mnt.mkdir(exist_ok=True)
             for config, extra in CONFIGS.items():
-                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs)
+                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, evict_only=a.evict)
                 final = rows[-1].pop("final_stats")
                 results["runs"].append({"ratio": total / budget, "dataset_bytes": total, "files": len(names),
                                         "config": config, "epochs": rows, "plan": final["plan"],
                                         "retained": final.get("retained")})  # fmt: skip
             for open_mode, extra in KERNEL_CONFIGS.items() if cgroup is not None else ():
-                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, open_mode, cgroup)
+                rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, open_mode, cgroup, a.evict)
                 rows[-1].pop("final_stats")
                 results["kernel_runs"].append({"ratio": total / budget, "dataset_bytes": total,
                                                "files": len(names), "open_mode": open_mode, "epochs": rows})  # fmt: skip
@@ -182,11 +205,13 @@ def _run_all(a: argparse.Namespace, budget: int, results: dict, cgroup: MemoryCg
 
 def _table(results: dict, epochs: int) -> str:
     budget = results["budget_bytes"]
-    lines = [f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %",
-             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(epochs))]
+    lines = [f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %, "
+             "disk read by the mount (% of dataset)",
+             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^37}" for e in range(epochs))]
     for run in results["runs"]:
         cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
-                 f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%}" for r in run["epochs"]]  # fmt: skip
+                 f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%} {r['disk_bytes'] / run['dataset_bytes']:5.1%}"
+                 for r in run["epochs"]]  # fmt: skip
         lines.append(f"{run['ratio']:5.2f} {run['config']:<18} " + " | ".join(cells))
     if results["kernel_runs"]:
         lines += ["", f"kernel page cache on top of retention (most-files), the reader limited to "

@@ -8,6 +8,10 @@ plus the three things only this route can do:
   stops asking and keeps pages across opens; ``opendir`` likewise, so listings are cached too).
 * **Listings carry attributes** (READDIRPLUS, always): the kernel creates the inode of every listed entry,
   so a script that lists before it reads (``os.walk``, ``ImageFolder``, ``find``) sends no LOOKUP at all.
+  Each reply is packed from the index's columns for the slice of the directory it covers (NumPy rows,
+  names from the path table): its cost is its own, at any offset of a directory of any size.
+* **The node table is arrays** sized by the index (lookup counts, pushed flags): nothing per node, and a
+  FORGET never takes a count below zero.
 * **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
   file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
   reads of those files never reach this process.  Files listed after their block loaded are pushed as
@@ -229,20 +233,21 @@ class KernelFS:
         start, length = start[: stop - first], length[: stop - first]
         a = self.view.attrs(first, stop)
         next_offset = np.arange(first - kids.start + 3, stop - kids.start + 3, dtype=np.uint64)
-        dirents = wire.dirent_rows(a["ino"], next_offset, length, a["mode"])
         if not plus:
+            dirents = wire.dirent_rows(a["ino"], next_offset, length, a["mode"])
             return b"".join(head) + wire.records(dirents, table, start, length)
-        linked = self._linkable(first, a)
         rows = np.zeros(stop - first, dtype=wire.DIRENTPLUS_ROW)
-        rows["dirent"] = dirents
+        wire.dirent_rows(a["ino"], next_offset, length, a["mode"], out=rows["dirent"])
         entry = rows["entry"]  # a view: the fields below are written into rows
-        # Node id 0 and no attributes where the check of an empty file failed: the kernel counts no
-        # lookup for that entry and will LOOKUP it, and the lookup answers the error.
-        entry["nodeid"] = np.where(linked, np.arange(first + 1, stop + 1, dtype=np.uint64), 0)
-        entry["entry_valid"] = entry["attr_valid"] = np.where(linked, self._valid, 0)
-        entry["attr"] = wire.attr_rows(a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"],
-                                       self.view.uid, self.view.gid)  # fmt: skip
-        entry["attr"][~linked] = np.zeros((), dtype=wire.ATTR_ROW)
+        wire.attr_rows(a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"], self.view.uid, self.view.gid,
+                       out=entry["attr"])  # fmt: skip
+        entry["nodeid"] = np.arange(first + 1, stop + 1, dtype=np.uint64)
+        entry["entry_valid"] = entry["attr_valid"] = self._valid
+        linked = self._linkable(first, a)
+        if not linked.all():
+            # Node id 0 and no attributes where the check of an empty file failed: the kernel counts no
+            # lookup for that entry and will LOOKUP it, and the lookup answers the error.
+            entry[~linked] = np.zeros((), dtype=wire.ENTRY_OUT_ROW)
         reply = b"".join(head) + wire.records(rows, table, start, length)
         with self._nodes:
             self._lookups[first:stop] += linked

@@ -144,24 +144,28 @@ def dirent(ino: int, next_offset: int, name: bytes, mode: int) -> bytes:
 
 
 def attr_rows(ino: np.ndarray, size: np.ndarray, mode: np.ndarray, nlink: np.ndarray, mtime_ns: np.ndarray,
-              uid: int, gid: int) -> np.ndarray:  # fmt: skip
-    """:func:`attr` of many entries at once: an :data:`ATTR_ROW` array."""
-    out = np.zeros(len(ino), dtype=ATTR_ROW)
+              uid: int, gid: int, out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """:func:`attr` of many entries at once: an :data:`ATTR_ROW` array (written into ``out``, zeroed,
+    when given: a field of a larger row)."""
+    if out is None:
+        out = np.zeros(len(ino), dtype=ATTR_ROW)
     sec, nsec = np.divmod(np.asarray(mtime_ns, dtype=np.int64), 1_000_000_000)
     mode = np.asarray(mode, dtype=np.uint32)
-    regular = (mode & 0o170000) == stat.S_IFREG
     out["ino"], out["size"], out["mode"], out["nlink"] = ino, size, mode, nlink
-    out["blocks"] = np.where(regular, (np.asarray(size, dtype=np.uint64) + 511) // 512, 0)
-    for field in ("atime", "mtime", "ctime"):
-        out[field] = sec
-        out[field + "nsec"] = nsec
+    out["blocks"] = (np.asarray(size, dtype=np.uint64) + 511) // 512
+    out["blocks"][(mode & 0o170000) != stat.S_IFREG] = 0  # a directory's or a link's size is not data
+    out["atime"] = out["mtime"] = out["ctime"] = sec
+    out["atimensec"] = out["mtimensec"] = out["ctimensec"] = nsec
     out["uid"], out["gid"], out["blksize"] = uid, gid, 4096
     return out
 
 
-def dirent_rows(ino: np.ndarray, next_offset: np.ndarray, name_length: np.ndarray, mode: np.ndarray) -> np.ndarray:
-    """The fixed part of many ``fuse_dirent`` at once (each record's name follows it: :func:`records`)."""
-    out = np.empty(len(ino), dtype=DIRENT_ROW)
+def dirent_rows(ino: np.ndarray, next_offset: np.ndarray, name_length: np.ndarray, mode: np.ndarray,
+                out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The fixed part of many ``fuse_dirent`` at once (each record's name follows it: :func:`records`),
+    written into ``out`` when given."""
+    if out is None:
+        out = np.empty(len(ino), dtype=DIRENT_ROW)
     out["ino"], out["off"], out["namelen"] = ino, next_offset, name_length
     out["type"] = (np.asarray(mode, dtype=np.uint32) & 0o170000) >> 12
     return out

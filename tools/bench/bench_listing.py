@@ -75,16 +75,26 @@ def anon_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def served(command: list[str], mnt: Path, log: Path, measure: Callable[[Path], dict], env: dict | None = None,
            cwd: Path | None = None) -> dict:  # fmt: skip
-    """Start a server, wait until ``mnt`` serves, ``measure(mnt)`` (plus the server's anonymous memory
-    after it), and always unmount."""
+    """Start a server, wait until ``mnt`` serves, ``measure(mnt)`` (plus the server's CPU time during it
+    and its anonymous memory after it: less moved by the machine's other load than wall time), and
+    always unmount."""
     mnt.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
     try:
         wait_until_mounted(mnt, proc, 300, str(log))
+        cpu = cpu_seconds(proc.pid)
         result = measure(mnt)
+        result["server_cpu_s"] = cpu_seconds(proc.pid) - cpu
         result["server_anon_bytes"] = anon_bytes(proc.pid)
         return result
     finally:
@@ -107,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-dir", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", type=Path, help="another blockfs checkout to measure beside this one")
+    parser.add_argument("--mount-arg", action="append", default=[], help="an extra `blockfs mount` argument "
+                        "(repeat for several), e.g. --mount-arg=--no-prefill")
     parser.add_argument("--route", default="kernel", choices=("kernel", "mfusepy"), help="the FUSE route (BLOCKFS_FUSE)")
     parser.add_argument("--work", type=Path, help="where the trees go (default: a temporary directory, removed)")
     parser.add_argument("--json", type=Path)
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         def mount_command(checkout: Path) -> list[str]:
             return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
                     "from blockfs.cli import main; sys.exit(main())", str(checkout),
-                    "mount", str(packed), str(work / "mnt"), "--foreground"]  # fmt: skip
+                    "mount", str(packed), str(work / "mnt"), "--foreground", *args.mount_arg]  # fmt: skip
 
         def measure(mnt: Path) -> dict:
             return measure_listings(mnt, args.flat, n_tree)
@@ -178,13 +190,15 @@ def table(results: dict, args: argparse.Namespace) -> str:
     lines = [f"cold listings, {args.route} route, median of {args.runs} (ratios: time / plain directory's, "
              f"time / no-work server's)",
              f"{'':10} {'ls -f of ' + format(args.flat, ',') + ' entries':>36} "
-             f"{'os.walk of ' + format(args.dirs * args.per_dir, ',') + ' files':>36} {'server anon':>12}"]  # fmt: skip
+             f"{'os.walk of ' + format(args.dirs * args.per_dir, ',') + ' files':>36} {'server cpu':>12} "
+             f"{'server anon':>12}"]  # fmt: skip
     for name, r in results.items():
         cells = []
         for key in ("ls_flat_s", "walk_tree_s"):
             cells.append(f"{r[key]:8.2f} s {r[key] / plain[key]:6.2f}x plain {r[key] / floor[key]:5.2f}x null")
+        cpu = f"{r['server_cpu_s']:8.2f} s" if "server_cpu_s" in r else ""
         anon = f"{r['server_anon_bytes'] / 2**20:9.0f} MiB" if "server_anon_bytes" in r and name != "null" else ""
-        lines.append(f"{name:10} {cells[0]:>36} {cells[1]:>36} {anon:>12}")
+        lines.append(f"{name:10} {cells[0]:>36} {cells[1]:>36} {cpu:>12} {anon:>12}")
     return "\n".join(lines)
 
 

@@ -230,3 +230,54 @@ def test_the_plan_holds_its_budget_and_a_later_epoch_reads_only_what_it_does_not
             if retainer is not None:
                 retainer.close()
             cache.close()
+
+
+class _Blocks:
+    """A stand-in for the block cache: file (block, slot) holds ``size`` bytes of the byte ``block``."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.reads = size, 0
+
+    def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
+        self.reads += 1
+        return bytes([block % 256]) * self.size
+
+    def note_hit(self, offset: int, size: int) -> None:
+        pass
+
+
+def test_retained_targets_are_found_by_array_and_cost_no_object_per_file():
+    """200,000 targets spread over blocks: the table that finds them is arrays (bytes per target, not a
+    dict entry's hundreds), and every target, and only a target, is served from the arena once read."""
+    import tracemalloc
+
+    from blockfs.serve.retain import RetainingReader
+
+    rng = np.random.default_rng(4)
+    n_blocks, per_block = 400, 1000
+    every = np.arange(n_blocks * per_block)
+    chosen = np.sort(rng.choice(every, size=200_000, replace=False))
+    blocks, slots = chosen // per_block, chosen % per_block
+    cache = _Blocks(3)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reader = RetainingReader(cache, blocks, slots, np.full(chosen.size, 3), lock_memory=False)  # type: ignore[arg-type]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    try:
+        assert held < 40 * chosen.size, f"{held / chosen.size:.0f} bytes a target"
+        assert reader.targets == chosen.size
+        target = set(chosen.tolist())
+        for key in rng.choice(every, size=2000).tolist() + [n_blocks * per_block + 5]:
+            b, s = divmod(key, per_block)
+            assert reader.is_target(b, s) == (key in target)
+            assert not reader.holds(b, s)
+        assert not reader.is_target(-1, 0) and not reader.is_target(0, -1) and not reader.is_target(10**6, 0)
+        b, s = int(blocks[7]), int(slots[7])
+        assert reader.read_file(b, s, 0) == bytes([b]) * 3 and reader.holds(b, s)
+        reads = cache.reads
+        assert reader.read_file(b, s, 0, 1, 5) == bytes([b]) * 2 and cache.reads == reads  # from the arena
+    finally:
+        reader.close()

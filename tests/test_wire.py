@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 
+import numpy as np
 import pytest
 
 from blockfs.serve import wire
@@ -58,3 +59,43 @@ def test_notify_store_header_refuses_more_than_one_piece():
     for size in (wire.STORE_PIECE + 1, 3 << 30, 5 << 30):
         with pytest.raises(ValueError, match="FUSE_NOTIFY_STORE"):
             wire.notify_store_header(2, 0, size)
+
+
+def test_records_packed_a_reply_at_a_time_are_the_ones_packed_one_by_one():
+    rng = np.random.default_rng(5)
+    n = 60
+    names = [bytes(rng.integers(1, 256, size=k, dtype=np.uint8)).replace(b"/", b"x") for k in rng.integers(1, 256, n)]
+    names[:3] = [b"a", b"abcdefg", b"abcdefgh"]  # the padding's edges
+    length = np.array([len(name) for name in names])
+    start = np.cumsum(length) - length + 3  # the names anywhere in a table
+    table = np.frombuffer(b"xyz" + b"".join(names), dtype=np.uint8)
+    ino = rng.integers(1, 1 << 40, n, dtype=np.uint64)
+    size = rng.integers(0, 1 << 33, n, dtype=np.uint64)
+    mode = rng.choice([stat.S_IFREG | 0o444, stat.S_IFDIR | 0o555, stat.S_IFLNK | 0o777], n).astype(np.uint32)
+    nlink = rng.integers(1, 9, n).astype(np.uint32)
+    mtime = rng.integers(0, 1 << 62, n, dtype=np.int64)
+    nxt = np.arange(3, n + 3, dtype=np.uint64)
+    dirents = wire.dirent_rows(ino, nxt, length, mode)
+    one_by_one = [wire.dirent(int(ino[i]), int(nxt[i]), names[i], int(mode[i])) for i in range(n)]
+    assert wire.records(dirents, table, start, length) == b"".join(one_by_one)
+    assert wire.record_ends(length, plus=False)[-1] == sum(map(len, one_by_one))
+
+    rows = np.zeros(n, dtype=wire.DIRENTPLUS_ROW)
+    rows["dirent"] = dirents
+    rows["entry"]["nodeid"] = ino + 1
+    rows["entry"]["entry_valid"] = rows["entry"]["attr_valid"] = 9
+    rows["entry"]["attr"] = wire.attr_rows(ino, size, mode, nlink, mtime, 7, 8)
+    one_by_one = [
+        wire.direntplus(wire.entry_out(int(ino[i]) + 1, wire.attr(int(ino[i]), int(size[i]), int(mode[i]), int(nlink[i]),
+                                                                  int(mtime[i]), 7, 8), 9),
+                        int(ino[i]), int(nxt[i]), names[i], int(mode[i]))
+        for i in range(n)
+    ]  # fmt: skip
+    assert wire.records(rows, table, start, length) == b"".join(one_by_one)
+    assert wire.record_ends(length, plus=True)[-1] == sum(map(len, one_by_one))
+
+
+def test_a_batch_forget_is_read_as_one_array():
+    body = wire.BATCH_FORGET_IN.pack(3, 0) + b"".join(wire.FORGET_ONE.pack(n, c) for n, c in [(5, 1), (9, 2), (5, 3)])
+    rows = wire.forgets(memoryview(body))
+    assert rows["nodeid"].tolist() == [5, 9, 5] and rows["nlookup"].tolist() == [1, 2, 3]

@@ -313,7 +313,26 @@ class PackedIndex:
 
     def names(self, entry: int) -> list[bytes]:
         """Names of a directory's children, sorted."""
-        return [self.path(c).rpartition(b"/")[2] for c in self.children(entry)]
+        return self.joined_names(entry).split(b"\0")[:-1]
+
+    def joined_names(self, entry: int) -> bytes:
+        """The names of a directory's children, sorted, each followed by a NUL, from one slice of the path
+        table: the children's paths lie back to back there, each its parent's path + "/" + its name
+        (checked at open), so one ``replace`` drops the shared prefix and no path is built or split."""
+        kids = self.children(entry)
+        table = self._buf[self._paths_start + self._path_off[kids.start] : self._paths_start + self._path_off[kids.stop]]
+        if entry == 0 or not table:
+            return table
+        prefix = self.path(entry) + b"/"  # NUL then prefix starts every path: names hold neither NUL nor "/"
+        return (b"\0" + table).replace(b"\0" + prefix, b"\0")[1:]
+
+    def name_spans(self, entry: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) in ``arrays["paths"]`` of the names of directory ``entry``'s children
+        ``first..stop-1`` (entry ids, within :meth:`children`), as int64 arrays: each name is its path
+        past the parent's path and "/"."""
+        off = self.arrays["path_offsets"][first : stop + 1].astype(np.int64)
+        skip = 0 if entry == 0 else self._path_off[entry + 1] - self._path_off[entry]  # the path, "/" for its NUL
+        return off[:-1] + skip, off[1:] - off[:-1] - 1 - skip
 
     def link_target(self, entry: int) -> bytes:
         k = int(self.arrays["slot"][entry])

@@ -217,13 +217,15 @@ class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chose
             return [(name, {"st_mode": mode, "st_ino": ino}, 0) for name, mode, ino in self.control.readdir(raw)]
         view = self.view
         e = view.lookup(raw)
-        children, names = view.children(e)
-        listing = [(".", e), ("..", view.parent(e))]
-        listing += [(name.decode(ENCODING), child) for name, child in zip(names, children)]
-        out = []
-        for name, child in listing:
-            a = view.attr(child)
-            out.append((name, {"st_mode": a.mode if name not in (".", "..") else stat.S_IFDIR, "st_ino": a.ino}, 0))
+        kids = view.children(e)
+        # From the index's columns a directory at a time: the names decoded and split once, the modes and
+        # inode numbers as two lists; the binding makes its own object per entry from these tuples.
+        names = view.child_names(e).decode(ENCODING).split("\0")[:-1]  # each name ends in a NUL
+        a = view.attrs(kids.start, kids.stop)
+        out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(e).ino}, 0),
+               ("..", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(view.parent(e)).ino}, 0)]  # fmt: skip
+        out += [(name, {"st_mode": mode, "st_ino": ino}, 0)
+                for name, mode, ino in zip(names, a["mode"].tolist(), a["ino"].tolist())]  # fmt: skip
         return out
 
     @fuse_call

@@ -8,6 +8,10 @@ plus the three things only this route can do:
   stops asking and keeps pages across opens; ``opendir`` likewise, so listings are cached too).
 * **Listings carry attributes** (READDIRPLUS, always): the kernel creates the inode of every listed entry,
   so a script that lists before it reads (``os.walk``, ``ImageFolder``, ``find``) sends no LOOKUP at all.
+  Each reply is packed from the index's columns for the slice of the directory it covers (NumPy rows,
+  names from the path table): its cost is its own, at any offset of a directory of any size.
+* **The node table is arrays** sized by the index (lookup counts, pushed flags): nothing per node, and a
+  FORGET never takes a count below zero.
 * **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
   file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
   reads of those files never reach this process.  Files listed after their block loaded are pushed as
@@ -21,19 +25,21 @@ answered from a data thread, so lookups, listings and the control files never wa
 
 from __future__ import annotations
 
-import array
 import errno
 import functools
 import logging
 import os
 import queue
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, Literal
 
+import numpy as np
+
 from ..errors import BlockfsError
 from . import wire
-from .session import DEFERRED, NO_REPLY, Session, forgotten
+from .session import DEFERRED, NO_REPLY, Session
 from .view import ROOT, MountView
 
 log = logging.getLogger(__name__)
@@ -72,9 +78,11 @@ class KernelFS:
         self.view = view
         self.control = view.control
         self._valid = int(view.options.timeout_s)
+        # The node table: arrays sized by the index, nothing per node (node id = entry + 1).
         n = view.index.n_entries
-        self._lookups = array.array("q", bytes(8 * n))  # the kernel's lookup count of each entry's node
-        self._pushed = bytearray(n)  # 1: this entry's pages were pushed and the kernel may still hold them
+        self._lookups = np.zeros(n, dtype=np.int64)  # the kernel's lookup count of each entry's node
+        self._pushed = np.zeros(n, dtype=np.uint8)  # 1: this entry's pages were pushed and the kernel may still hold them
+        self._nodes = threading.Lock()  # lookup counts move in several reader threads
         self._control_nodes: dict[int, list] = {}  # node -> [path, lookups]
         self._control_lock = threading.Lock()
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
@@ -157,9 +165,14 @@ class KernelFS:
         a = self.view.attr(e)
         return wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid)
 
+    def lookups(self, nodeid: int) -> int:
+        """The kernel's lookup count of a dataset node, as this server keeps it (0: the kernel holds no inode)."""
+        return int(self._lookups[nodeid - 1]) if 0 < nodeid <= len(self._lookups) else 0
+
     def _entry(self, e: int) -> bytes:
         """The entry of dataset entry ``e``, counted as a lookup by the kernel."""
-        self._lookups[e] += 1
+        with self._nodes:
+            self._lookups[e] += 1
         return wire.entry_out(e + 1, self._attr(e), self._valid)
 
     # --- metadata ---------------------------------------------------------------------------------------
@@ -195,43 +208,76 @@ class KernelFS:
 
     def _list(self, nodeid: int, body: memoryview, plus: bool) -> bytes:
         """Entries from the request's offset on, as many as fit: "." and ".." are offsets 0 and 1, the
-        children follow; each entry's offset is the next one's (never 0)."""
+        children follow; each entry's offset is the next one's (never 0).
+
+        The children's records are packed from the index's columns for just the slice this request
+        covers (a directory's children are one run of entries): a reply costs the same at any offset of
+        any directory, and no Python object is made per entry."""
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
         if nodeid >= CONTROL_NODES:
             return self._list_control(self._control_path(nodeid), offset, size, plus)
         e = nodeid - 1
         if not self.view.is_dir(e):
             raise OSError(errno.ENOTDIR, "not a directory")
-        children, names = self.view.children(e)
+        kids = self.view.children(e)
+        head = self._dots(e, offset, size, plus)
+        if offset + len(head) < 2:
+            return b"".join(head)  # not even "." and ".." fit
+        first = kids.start + max(0, offset - 2)  # the first child entry to send
+        room = size - sum(map(len, head))
+        stop = min(kids.stop, first + room // (wire.record_width(plus) + 8))
+        if stop <= first:
+            return b"".join(head)
+        table, start, length = self.view.name_spans(e, first, stop)
+        stop = first + int(np.searchsorted(wire.record_ends(length, plus), room, side="right"))
+        start, length = start[: stop - first], length[: stop - first]
+        a = self.view.attrs(first, stop)
+        next_offset = np.arange(first - kids.start + 3, stop - kids.start + 3, dtype=np.uint64)
+        if not plus:
+            dirents = wire.dirent_rows(a["ino"], next_offset, length, a["mode"])
+            return b"".join(head) + wire.records(dirents, table, start, length)
+        rows = np.zeros(stop - first, dtype=wire.DIRENTPLUS_ROW)
+        wire.dirent_rows(a["ino"], next_offset, length, a["mode"], out=rows["dirent"])
+        entry = rows["entry"]  # a view: the fields below are written into rows
+        wire.attr_rows(a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"], self.view.uid, self.view.gid,
+                       out=entry["attr"])  # fmt: skip
+        entry["nodeid"] = np.arange(first + 1, stop + 1, dtype=np.uint64)
+        entry["entry_valid"] = entry["attr_valid"] = self._valid
+        linked = self._linkable(first, a)
+        if not linked.all():
+            # Node id 0 and no attributes where the check of an empty file failed: the kernel counts no
+            # lookup for that entry and will LOOKUP it, and the lookup answers the error.
+            entry[~linked] = np.zeros((), dtype=wire.ENTRY_OUT_ROW)
+        reply = b"".join(head) + wire.records(rows, table, start, length)
+        with self._nodes:
+            self._lookups[first:stop] += linked
+        self._push_listed(first, stop, linked)
+        return reply
+
+    def _dots(self, e: int, offset: int, size: int, plus: bool) -> list[bytes]:
+        """The records of "." and ".." from ``offset`` on that fit in ``size`` (node id 0 in a listing
+        with attributes: the kernel looks neither up)."""
         out: list[bytes] = []
         used = 0
-        listed: list[int] = []
-        for i in range(offset, len(children) + 2):
-            if i < 2:
-                child, name = (e if i == 0 else self.view.parent(e)), (b"." if i == 0 else b"..")
-            else:
-                child, name = children[i - 2], names[i - 2]
-            a = self.view.attr(child)
-            linked = plus and i >= 2 and self._listable(child, a.size)
-            if plus:
-                # Node id 0: the kernel takes no attributes (and counts no lookup) for . and .., nor for an
-                # entry whose check failed: it will LOOKUP that one, and the lookup answers the error.
-                entry = wire.negative_entry(0) if not linked else wire.entry_out(
-                    child + 1, wire.attr(a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid),
-                    self._valid)  # fmt: skip
-                one = wire.direntplus(entry, a.ino, i + 1, name, a.mode)
-            else:
-                one = wire.dirent(a.ino, i + 1, name, a.mode)
+        for i in range(offset, 2):
+            a = self.view.attr(e if i == 0 else self.view.parent(e))
+            name = b"." if i == 0 else b".."
+            one = (wire.direntplus(wire.negative_entry(0), a.ino, i + 1, name, a.mode) if plus
+                   else wire.dirent(a.ino, i + 1, name, a.mode))  # fmt: skip
             if used + len(one) > size:
                 break
             out.append(one)
             used += len(one)
-            if linked:
-                self._lookups[child] += 1
-                listed.append(child)
-        if listed:
-            self._push_later(listed)
-        return b"".join(out)
+        return out
+
+    def _linkable(self, first: int, a: np.ndarray) -> np.ndarray:
+        """Which of entries ``first``, ``first + 1``... (``a``: their :meth:`MountView.attrs`) a listing may
+        give with attributes: all but the empty files :meth:`_listable` refuses."""
+        linked = np.ones(len(a), dtype=bool)
+        empty = np.flatnonzero((a["size"] == 0) & ((a["mode"] & 0o170000) == stat.S_IFREG))
+        for i in empty.tolist():
+            linked[i] = self._listable(first + i, 0)
+        return linked
 
     def _listable(self, e: int, size: int) -> bool:
         """Whether a listing may give ``e``'s attributes: an empty file only once its block confirms it
@@ -316,23 +362,33 @@ class KernelFS:
 
     # --- forgetting -------------------------------------------------------------------------------------
     def forget(self, nodeid: int, body: memoryview, unique: int) -> object:
-        self._forget(forgotten(body, wire.FORGET, nodeid))
-        return NO_REPLY
-
-    def batch_forget(self, nodeid: int, body: memoryview, unique: int) -> object:
-        self._forget(forgotten(body, wire.BATCH_FORGET, nodeid))
-        return NO_REPLY
-
-    def _forget(self, pairs: Any) -> None:
-        for node, count in pairs:
-            if node >= CONTROL_NODES:
-                self._forget_control(node, count)
-            elif 0 < node <= len(self._lookups):
-                e = node - 1
-                left = max(0, self._lookups[e] - count)
+        (count,) = wire.FORGET_IN.unpack_from(body)
+        if nodeid >= CONTROL_NODES:
+            self._forget_control(nodeid, count)
+        elif 0 < nodeid <= len(self._lookups):
+            e = nodeid - 1
+            with self._nodes:
+                left = max(0, int(self._lookups[e]) - count)  # never below 0, whatever the kernel sends
                 self._lookups[e] = left
                 if not left:
                     self._pushed[e] = 0  # the kernel dropped the inode, and its pages with it
+        return NO_REPLY
+
+    def batch_forget(self, nodeid: int, body: memoryview, unique: int) -> object:
+        rows = wire.forgets(body)
+        node, count = rows["nodeid"], rows["nlookup"]
+        control = node >= CONTROL_NODES
+        for one, n in zip(node[control].tolist(), count[control].tolist()):
+            self._forget_control(one, n)
+        mine = (node >= 1) & (node <= len(self._lookups))
+        e = node[mine].astype(np.int64) - 1
+        dropped = np.minimum(count[mine], 1 << 62).astype(np.int64)
+        with self._nodes:
+            np.subtract.at(self._lookups, e, dropped)  # .at: a node twice in one batch loses both counts
+            gone = e[self._lookups[e] <= 0]
+            self._lookups[gone] = 0
+            self._pushed[gone] = 0
+        return NO_REPLY
 
     def _forget_control(self, node: int, count: int) -> None:
         with self._control_lock:
@@ -399,6 +455,19 @@ class KernelFS:
                   and cache.holds(self.view.block_slot(e)[0])]  # fmt: skip
         if wanted:
             self._pushes.put(("entries", wanted))
+
+    def _push_listed(self, first: int, stop: int, linked: np.ndarray) -> None:
+        """:meth:`_push_later` of the entries ``first..stop-1`` a listing gave (``linked``), by array."""
+        if not self._pushing:
+            return
+        wanted = first + np.flatnonzero(linked & (self._pushed[first:stop] == 0) & (self._size[first:stop] > 0))
+        if not wanted.size:
+            return
+        blocks = self.view.block_of(wanted)
+        held = [b for b in np.unique(blocks).tolist() if self.view.cache.holds(b)]
+        wanted = wanted[np.isin(blocks, held)]
+        if wanted.size:
+            self._pushes.put(("entries", wanted.tolist()))
 
     def _push_loop(self) -> None:
         """The one thread that writes into the kernel's page cache (never a reader thread: see session).

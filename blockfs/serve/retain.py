@@ -51,30 +51,47 @@ class RetainingReader:
         lock_memory: bool = True,
     ) -> None:
         self._cache = cache
+        blocks, slots = np.asarray(blocks, dtype=np.int64), np.asarray(slots, dtype=np.int64)
         sizes = np.asarray(sizes, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if sizes.size else sizes
         self.capacity = int(sizes.sum())
-        # key -> (start in the arena, size); a plain dict: one hash lookup per read.
-        self._where: dict[tuple[int, int], tuple[int, int]] = {
-            (b, s): (o, n) for b, s, o, n in zip(blocks.tolist(), slots.tolist(), starts.tolist(), sizes.tolist())
-        }
+        self.n_targets = int(sizes.size)
+        # Where each target lives, in arrays (no Python object per file): target (block, slot) is row
+        # base[block] + slot of a table as long as the blocks' slots up to their last target's; a row
+        # holds the file's start in the arena and its length, or -1 where the file is not a target.
+        width = np.zeros(int(blocks.max()) + 1 if blocks.size else 0, dtype=np.int64)
+        np.maximum.at(width, blocks, slots + 1)
+        base = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
+        rows = base[blocks] + slots
+        start, length = np.full(int(base[-1]), -1, dtype=np.int64), np.full(int(base[-1]), -1, dtype=np.int64)
+        start[rows], length[rows] = starts, sizes
+        # Read through memoryviews: indexing one gives a Python int far faster than NumPy's scalars.
+        self._base = base.data.cast("B").cast("q")
+        self._start = start.data.cast("B").cast("q")
+        self._length = length.data.cast("B").cast("q")
+        self._held = bytearray(int(base[-1]))  # 1: read once, in the arena
         self._arena = mmap.mmap(-1, max(self.capacity, 1))
         self._memlock = MemoryLock(lock_memory and self.capacity > 0)
         self._locked = self._memlock.lock(self._arena) if self.capacity else False
-        self._held: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._c = {"retained_files": 0, "retained_bytes": 0, "retained_hits": 0, "retained_reads": 0,
                    "storage_bytes_avoided": 0}  # fmt: skip
 
+    def _row(self, block: int, slot: int) -> int:
+        """The table row of a target file, or -1."""
+        if not 0 <= block < len(self._base) - 1:
+            return -1
+        row = self._base[block] + slot
+        return row if 0 <= slot and row < self._base[block + 1] and self._length[row] >= 0 else -1
+
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
-        key = (block, slot)
-        where = self._where.get(key)
-        if where is None:
+        row = self._row(block, slot)
+        if row < 0:
             return self._cache.read_file(block, slot, crc, offset, size)
-        start, length = where
+        start, length = self._start[row], self._length[row]
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
-        if key in self._held:
+        if self._held[row]:
             with self._lock:
                 self._c["retained_reads"] += 1
                 self._c["storage_bytes_avoided"] += size
@@ -86,8 +103,8 @@ class RetainingReader:
         if len(data) == length:
             self._arena[start : start + length] = data  # concurrent first reads write the same bytes
             with self._lock:
-                if key not in self._held:
-                    self._held.add(key)
+                if not self._held[row]:
+                    self._held[row] = 1
                     self._c["retained_files"] += 1
                     self._c["retained_bytes"] += length
         return data[offset : offset + size]
@@ -95,32 +112,34 @@ class RetainingReader:
     def preload(self, crcs: dict[tuple[int, int], int], on_file: Callable[[int], None] | None = None) -> None:
         """Read every target file now (``crcs``: key -> CRC); ``on_file(bytes)`` after each."""
         for (block, slot), crc in crcs.items():
-            if (block, slot) in self._where and (block, slot) not in self._held:
+            row = self._row(block, slot)
+            if row >= 0 and not self._held[row]:
                 data = self.read_file(block, slot, crc)
                 if on_file:
                     on_file(len(data))
 
     def holds(self, block: int, slot: int) -> bool:
         """Whether this file is held now (read once already): a read of it is a memory copy."""
-        return (block, slot) in self._held
+        row = self._row(block, slot)
+        return row >= 0 and bool(self._held[row])
 
     def is_target(self, block: int, slot: int) -> bool:
         """Whether the plan retains this file (read yet or not)."""
-        return (block, slot) in self._where
+        return self._row(block, slot) >= 0
 
     @property
     def targets(self) -> int:
-        return len(self._where)
+        return self.n_targets
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = dict(self._c)
-        return {**c, "target_files": len(self._where), "target_bytes": self.capacity,
+        return {**c, "target_files": self.n_targets, "target_bytes": self.capacity,
                 "locked": self._locked, "mlock": self._memlock.failure or ("locked" if self._locked else "off")}  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
-            self._held.clear()
+            self._held[:] = bytes(len(self._held))  # nothing is held once the arena is gone
         self._arena.close()
 
 

@@ -35,7 +35,7 @@ import socket
 import stat
 import subprocess
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import wire
 
@@ -307,12 +307,3 @@ class Session:
             if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
                 raise
 
-
-def forgotten(body: memoryview, opcode: int, nodeid: int) -> Iterable[tuple[int, int]]:
-    """(node id, lookups dropped) pairs of a FORGET or BATCH_FORGET request."""
-    if opcode == wire.FORGET:
-        yield nodeid, wire.FORGET_IN.unpack_from(body)[0]
-        return
-    count, _ = wire.BATCH_FORGET_IN.unpack_from(body)
-    for i in range(count):
-        yield wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size)

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 from .. import protocol
 from ..core.dataset import PackedDataset
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
@@ -27,6 +28,8 @@ from .plan import MemoryPlan
 from .retain import RetainingReader
 
 ROOT = 0  # the root directory's entry id
+# What :meth:`MountView.attrs` answers: one row per entry, the fields of :class:`Attr`
+ATTRS = np.dtype([("ino", "u8"), ("size", "u8"), ("mode", "u4"), ("nlink", "u4"), ("mtime_ns", "i8")])
 
 
 class Attr(NamedTuple):
@@ -100,9 +103,31 @@ class MountView:
     def parent(self, e: int) -> int:
         return int(self._a["parent"][e])
 
-    def children(self, e: int) -> tuple[range, list[bytes]]:
-        """A directory's child entries and their names, in the index's (sorted) order."""
-        return self.index.children(e), self.index.names(e)
+    def children(self, e: int) -> range:
+        """A directory's child entries, in the index's (name-sorted) order: one contiguous run of entries."""
+        return self.index.children(e)
+
+    def child_names(self, e: int) -> bytes:
+        """The names of directory ``e``'s children in :meth:`children`'s order, each followed by a NUL."""
+        return self.index.joined_names(e)
+
+    def name_spans(self, e: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(table, start, length): the names of directory ``e``'s children ``first..stop-1`` (entry ids) are
+        ``table[start[i] : start[i] + length[i]]`` — the index's path table, nothing copied."""
+        start, length = self.index.name_spans(e, first, stop)
+        return self._a["paths"], start, length
+
+    def attrs(self, first: int, stop: int) -> np.ndarray:
+        """:meth:`attr` of entries ``first..stop-1`` at once, as an :data:`ATTRS` array."""
+        a = self._a
+        out = np.empty(stop - first, dtype=ATTRS)
+        for name in ("ino", "size", "mode", "nlink", "mtime_ns"):
+            out[name] = a[name][first:stop]
+        links = np.flatnonzero(a["kind"][first:stop] == KIND_SYMLINK)
+        if links.size:  # a symlink's size is its target's length
+            slot = self._slot[first:stop][links].astype(np.int64)
+            out["size"][links] = a["link_offsets"][slot + 1] - a["link_offsets"][slot]
+        return out
 
     def readlink(self, e: int) -> bytes:
         if self.index.kind(e) != KIND_SYMLINK:
@@ -131,6 +156,10 @@ class MountView:
     # --- data ---------------------------------------------------------------------------------------
     def read(self, e: int, offset: int, size: int) -> bytes:
         return self.ds.read_entry(e, offset, size)
+
+    def block_of(self, entries: np.ndarray) -> np.ndarray:
+        """The block of each file entry in ``entries``."""
+        return self._block[entries]
 
     def block_slot(self, e: int) -> tuple[int, int]:
         return int(self._block[e]), int(self._slot[e])

@@ -18,6 +18,8 @@ from __future__ import annotations
 import stat
 import struct
 
+import numpy as np
+
 KERNEL_MAJOR = 7
 KERNEL_MINOR = 38  # what these layouts are; older kernels (>= MIN_MINOR) get the same bytes they understand
 MIN_MINOR = 31  # FUSE_MAX_PAGES, NO_OPEN(DIR)_SUPPORT, CACHE_SYMLINKS: Linux 5.1 and later
@@ -75,6 +77,7 @@ GETXATTR_IN = struct.Struct("=II")  # size, padding
 GETXATTR_OUT = struct.Struct("=II")
 FORGET_IN = struct.Struct("=Q")  # nlookup
 FORGET_ONE = struct.Struct("=QQ")  # nodeid, nlookup
+FORGET_ROW = np.dtype([("nodeid", "=u8"), ("nlookup", "=u8")])
 BATCH_FORGET_IN = struct.Struct("=II")  # count, dummy
 OPEN_OUT = struct.Struct("=QII")  # fh, open_flags, padding
 KSTATFS = struct.Struct("=QQQQQIIII24x")
@@ -85,6 +88,20 @@ NOTIFY_INVAL_ENTRY_OUT = struct.Struct("=QII")  # parent, namelen, flags (the na
 
 ENTRY_OUT_SIZE = ENTRY_OUT_HEAD.size + ATTR.size  # 128
 DIRENTPLUS_FIXED = ENTRY_OUT_SIZE + DIRENT_HEAD.size
+
+# The same structures as NumPy rows, for listings packed a whole reply at a time (times as signed
+# integers: the kernel reads the u64 as time64_t, so a time before 1970 is its two's complement).
+ATTR_ROW = np.dtype([
+    ("ino", "=u8"), ("size", "=u8"), ("blocks", "=u8"), ("atime", "=i8"), ("mtime", "=i8"), ("ctime", "=i8"),
+    ("atimensec", "=u4"), ("mtimensec", "=u4"), ("ctimensec", "=u4"), ("mode", "=u4"), ("nlink", "=u4"),
+    ("uid", "=u4"), ("gid", "=u4"), ("rdev", "=u4"), ("blksize", "=u4"), ("flags", "=u4"),
+])  # fmt: skip
+ENTRY_OUT_ROW = np.dtype([
+    ("nodeid", "=u8"), ("generation", "=u8"), ("entry_valid", "=u8"), ("attr_valid", "=u8"),
+    ("entry_valid_nsec", "=u4"), ("attr_valid_nsec", "=u4"), ("attr", ATTR_ROW),
+])  # fmt: skip
+DIRENT_ROW = np.dtype([("ino", "=u8"), ("off", "=u8"), ("namelen", "=u4"), ("type", "=u4")])
+DIRENTPLUS_ROW = np.dtype([("entry", ENTRY_OUT_ROW), ("dirent", DIRENT_ROW)])
 
 
 def attr(ino: int, size: int, mode: int, nlink: int, mtime_ns: int, uid: int, gid: int) -> bytes:
@@ -128,6 +145,69 @@ def direntplus(entry: bytes, ino: int, next_offset: int, name: bytes, mode: int)
 def dirent(ino: int, next_offset: int, name: bytes, mode: int) -> bytes:
     head = DIRENT_HEAD.pack(ino, next_offset, len(name), dirent_type(mode))
     return head + name + _padding(DIRENT_HEAD.size + len(name))
+
+
+def attr_rows(ino: np.ndarray, size: np.ndarray, mode: np.ndarray, nlink: np.ndarray, mtime_ns: np.ndarray,
+              uid: int, gid: int, out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """:func:`attr` of many entries at once: an :data:`ATTR_ROW` array (written into ``out``, zeroed,
+    when given: a field of a larger row)."""
+    if out is None:
+        out = np.zeros(len(ino), dtype=ATTR_ROW)
+    sec, nsec = np.divmod(np.asarray(mtime_ns, dtype=np.int64), 1_000_000_000)
+    mode = np.asarray(mode, dtype=np.uint32)
+    out["ino"], out["size"], out["mode"], out["nlink"] = ino, size, mode, nlink
+    out["blocks"] = (np.asarray(size, dtype=np.uint64) + 511) // 512
+    out["blocks"][(mode & 0o170000) != stat.S_IFREG] = 0  # a directory's or a link's size is not data
+    out["atime"] = out["mtime"] = out["ctime"] = sec
+    out["atimensec"] = out["mtimensec"] = out["ctimensec"] = nsec
+    out["uid"], out["gid"], out["blksize"] = uid, gid, 4096
+    return out
+
+
+def dirent_rows(ino: np.ndarray, next_offset: np.ndarray, name_length: np.ndarray, mode: np.ndarray,
+                out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The fixed part of many ``fuse_dirent`` at once (each record's name follows it: :func:`records`),
+    written into ``out`` when given."""
+    if out is None:
+        out = np.empty(len(ino), dtype=DIRENT_ROW)
+    out["ino"], out["off"], out["namelen"] = ino, next_offset, name_length
+    out["type"] = (np.asarray(mode, dtype=np.uint32) & 0o170000) >> 12
+    return out
+
+
+def records(fixed: np.ndarray, table: np.ndarray, start: np.ndarray, length: np.ndarray) -> bytes:
+    """Rows of ``fixed`` (:data:`DIRENT_ROW` or :data:`DIRENTPLUS_ROW`), each followed by its name —
+    ``table[start[i] : start[i] + length[i]]`` — and zeros to a multiple of 8 bytes: a READDIR(PLUS)
+    reply, packed without a Python object per entry.  Built as one row per record as wide as the widest
+    (names are at most 255 bytes), then cut to each record's length."""
+    n, width = len(fixed), fixed.dtype.itemsize
+    if not n:
+        return b""
+    widest = int(length.max())
+    cols = np.arange(widest)
+    rows = np.zeros((n, (width + widest + 7) & ~7), dtype=np.uint8)
+    rows[:, :width] = fixed.view(np.uint8).reshape(n, width)
+    inside = cols < length[:, None]
+    rows[:, width : width + widest][inside] = table[(start[:, None] + cols)[inside]]
+    keep = np.arange(rows.shape[1]) < ((width + length + 7) & ~7)[:, None]
+    return rows[keep].tobytes()
+
+
+def record_ends(length: np.ndarray, plus: bool) -> np.ndarray:
+    """Where each of a run of records ends, from the first one's start, for names of these lengths (a
+    record is at least its fixed part + 8 bytes: names are never empty, records 8-byte aligned)."""
+    return np.cumsum((record_width(plus) + length + 7) & ~7)
+
+
+def record_width(plus: bool) -> int:
+    """The fixed part of a READDIRPLUS (``plus``) or READDIR record, in bytes (a multiple of 8)."""
+    return DIRENTPLUS_ROW.itemsize if plus else DIRENT_ROW.itemsize
+
+
+def forgets(body: memoryview) -> np.ndarray:
+    """The (nodeid, nlookup) rows of a BATCH_FORGET request, as one array."""
+    count, _ = BATCH_FORGET_IN.unpack_from(body)
+    return np.frombuffer(body, dtype=FORGET_ROW, count=count, offset=BATCH_FORGET_IN.size)
 
 
 def reply_header(unique: int, payload_len: int, error: int = 0) -> bytes:

@@ -253,8 +253,11 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
 def cmd_umount(args: argparse.Namespace) -> int:
     from ..serve.process import unmount
 
-    unmount(args.mountpoint)
-    print(f"unmounted {args.mountpoint}")
+    if unmount(args.mountpoint):
+        print(f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
+              "and goes once nothing uses it")  # fmt: skip
+    else:
+        print(f"unmounted {args.mountpoint}")
     return 0
 
 

@@ -274,15 +274,29 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
     return result[0]
 
 
+UNMOUNT_WAIT_S = 30.0  # how long one unmount command may take before the next is tried
+
+
+class _Stuck(Exception):
+    """An unmount command that did not return: the serving process is alive but does not answer."""
+
+
 def _run(command: list[str]) -> tuple[bool, str]:
     if shutil.which(command[0]) is None:
         return False, f"{command[0]}: not installed"
-    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=UNMOUNT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise _Stuck(f"no answer after {UNMOUNT_WAIT_S:g} s") from None
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
-def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
-    """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit."""
+def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
+    """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit.
+
+    Plain unmounts first, lazy ones last.  A command that does not return within :data:`UNMOUNT_WAIT_S`
+    (a live server that does not answer) is stopped, and the lazy unmounts are tried next; True when the
+    mount was detached lazily for that reason (it goes once nothing uses it)."""
     path = _canonical(mountpoint)
     entry = mount_entry(path)
     if entry is None:
@@ -290,11 +304,18 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
     if not entry["fstype"].startswith("fuse"):
         raise MountError(f"{os.fspath(mountpoint)!r} is a {entry['fstype']} mount, not a blockfs one")
     pid = serving_pid(path)
-    reasons = []
+    reasons: list[str] = []
+    stuck = False
     attempts = (["fusermount3", "-u", path], ["fusermount", "-u", path], ["umount", path],
                 ["fusermount3", "-uz", path], ["fusermount", "-uz", path], ["umount", "-l", path])  # fmt: skip
     for command in attempts:
-        ok, why = _run(command)
+        lazy = command[1] in ("-uz", "-l")
+        if stuck and not lazy:
+            continue  # another plain unmount would wait on the same server
+        try:
+            ok, why = _run(command)
+        except _Stuck as e:
+            ok, why, stuck = False, str(e), True
         if ok and not is_mounted(path):
             break
         reasons.append(f"{' '.join(command[:-1])}: {why or 'failed'}")
@@ -302,6 +323,7 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
         raise MountError(f"cannot unmount {path!r}: " + "; ".join(reasons))
     if pid is not None:
         _wait_exit(pid, timeout)
+    return stuck
 
 
 def _wait_exit(pid: int, timeout: float) -> None:

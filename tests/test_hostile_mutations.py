@@ -306,7 +306,7 @@ def test_a_real_mount_answers_exact_bytes_or_eio_under_block_damage_and_stays_up
     dest = fresh_copy(pristine, tmp_path)
     damaged, steps = _damage_blocks(pristine, dest, seed=3)
     intact = _intact_file(pristine, damaged)
-    with mounted(dest, tmp_path / "mnt", "--open-mode", "none", *prefill) as m:
+    with mounted(dest, tmp_path / "mnt", "--open-mode", "none") as m:
         mnt = os.fsencode(m.path)
 
         def read(rel: bytes) -> bytes:

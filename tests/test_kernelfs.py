@@ -118,10 +118,28 @@ def test_every_policy_serves_every_file_right_on_the_kernel_route(packed, tmp_pa
         assert stats(m.path)["mount"]["binding"] == "kernel"
 
 
-def test_the_kernel_route_refuses_a_libfuse_only_option_in_one_line(packed, tmp_path):
+def test_the_kernel_route_refuses_an_option_it_cannot_honour_in_one_line(packed, tmp_path, capsys):
     _, dest = packed
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    done = cli.main(["mount", str(dest), str(mnt), "--fuse", "kernel", "-o", "max_threads=4", "--foreground"])
+    done = cli.main(["mount", str(dest), str(mnt), "--fuse", "kernel", "-o", "fsname=ok,uid=0", "--foreground"])
     assert done != 0
     assert not os.path.ismount(mnt)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'uid=0' is not one the kernel route takes" in err, err
+
+
+def test_the_kernel_route_applies_fsname_subtype_and_noexec_and_ignores_libfuse_settings(packed, tmp_path):
+    """Issue 29, 8: an fstab line written for libfuse (``fsname=`` is common) mounts on the kernel route."""
+    from blockfs.serve.process import mount_entry
+
+    _, dest = packed
+    with mounted(dest, tmp_path / "mnt", "-o", "fsname=imagenet,subtype=bfs,noexec,kernel_cache,max_threads=4",
+                 binding="kernel") as m:  # fmt: skip
+        assert mount_entry(m.path) == {"fstype": "fuse.bfs", "source": "imagenet"}
+        with open("/proc/self/mounts") as f:
+            options = next(line.split()[3] for line in f if line.split()[1] == str(m.path)).split(",")
+        assert {"ro", "nosuid", "nodev", "noexec"} <= set(options), options
+        assert len(walk(m.path)) == 300
+        ignored = [line for line in m.log_text().splitlines() if "changes nothing on the kernel route" in line]
+    assert len(ignored) == 2 and "'kernel_cache'" in ignored[0] and "'max_threads=4'" in ignored[1], ignored

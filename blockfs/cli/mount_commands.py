@@ -184,9 +184,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
         # Secrets (storage options, a URL's user and token) go through a pipe, never the command line.
         argv = _secret_free(args.argv, args.dest)
-        command = [sys.executable, "-m", "blockfs", *argv, "--foreground", "--budget-bytes", str(size)]
-        command += [] if args.log else ["--log", log_path]
-        command += ["--fetched-dir", fetched] if fetched else []
+        end = argv.index("--") if "--" in argv else len(argv)  # what follows "--" is positionals only
+        added = ["--foreground", "--budget-bytes", str(size)] + ([] if args.log else ["--log", log_path])
+        added += ["--fetched-dir", fetched] if fetched else []
+        command = [sys.executable, "-m", "blockfs", *argv[:end], *added, *argv[end:]]
         # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
         timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
         pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args))

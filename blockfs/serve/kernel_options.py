@@ -30,6 +30,13 @@ LIBFUSE_ONLY = frozenset({
     "clone_fd", "nonempty", "intr", "intr_signal", "rw", "suid", "dev", "exec", "atime", "relatime",
     "strictatime", "sync", "async", "dirsync",
 })  # fmt: skip
+# libfuse's options the kernel route refuses (they would need libfuse to act on them): with LIBFUSE_ONLY and the
+# rest above, every option a libfuse route takes — what mount.fuse.blockfs lets through to -o.
+LIBFUSE_OTHER = frozenset({
+    "allow_root", "auto_unmount", "uid", "gid", "umask", "entry_timeout", "negative_timeout", "attr_timeout",
+    "ac_attr_timeout", "noforget", "remember", "modules", "subdir", "direct_io", "nopath", "debug",
+    "max_readahead", "max_background", "congestion_threshold", "time_gran", "large_read", "blkdev", "diratime",
+})  # fmt: skip
 ACCEPTED = (*KERNEL_FLAGS, *(f"{k}=N" for k in KERNEL_VALUES), *(f"{k}=NAME" for k in NAMES), *MOUNT_FLAGS)
 
 
@@ -80,3 +87,9 @@ def parse(options: Iterable[str]) -> KernelMount:
             "with --fuse mfusepy for libfuse's options"
         )  # fmt: skip
     return out
+
+
+def is_fuse_option(key: str) -> bool:
+    """Whether ``key`` names a FUSE mount option that some route takes (the kernel's or libfuse's)."""
+    return (key in KERNEL_FLAGS or key in KERNEL_VALUES or key in NAMES or key in MOUNT_FLAGS or key in ALWAYS
+            or key in LIBFUSE_ONLY or key in LIBFUSE_OTHER)  # fmt: skip

@@ -137,7 +137,8 @@ def start_background(
     read_end = None
     if handoff is not None:
         read_end, write_end = os.pipe()
-        command += [handoff_option, str(read_end)]
+        end = command.index("--") if "--" in command else len(command)  # options go before the positionals
+        command[end:end] = [handoff_option, str(read_end)]
     log_fd = open_log(log_path)
     try:
         offset = os.lseek(log_fd, 0, os.SEEK_END)

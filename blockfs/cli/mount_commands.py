@@ -9,7 +9,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -167,12 +166,16 @@ def cmd_mount(args: argparse.Namespace) -> int:
     _check_nodes(args)
     size, why = _budget(args)
     # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory
-    # handed to the serving process (which removes it).
+    # named after the mount point and handed to the serving process (which removes it; 'blockfs umount'
+    # does when that process was killed).
     fetched = None
-    if is_remote(args.dest) and not args.foreground and not args.disk_cache:
-        fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
+    if is_remote(args.dest) and not args.disk_cache and not args.fetched_dir:
+        mnt.remove_fetched(args.mountpoint)  # left by a killed server of an earlier mount here
+        fetched = mnt.fetched_directory(args.mountpoint)
+        if args.foreground:
+            args.fetched_dir = fetched  # this process serves: it removes it when it ends
     try:
-        with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
+        with open_from_args(args, keep_fetched_in=args.fetched_dir or fetched) as ds:  # serving removes it
             if args.budget_bytes is None and not args.quiet:  # a background mount's server: its parent printed it
                 print(_plan_line(ds.metadata, size, why, args.policy), flush=True)
                 if args.policy != "none":

@@ -9,10 +9,13 @@ statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is import
 from __future__ import annotations
 
 import errno
+import hashlib
+import logging
 import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Sequence
@@ -21,8 +24,10 @@ from ..client import read_stats
 from ..errors import BlockfsError, MountError
 from ..storage.owned import open_owned_dir
 
-__all__ = ["check_mountpoint", "default_log_path", "is_mounted", "log_directory", "mount_entry", "open_log",
-           "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+__all__ = ["check_mountpoint", "default_log_path", "fetched_directory", "is_mounted", "log_directory", "mount_entry",
+           "open_log", "remove_fetched", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+
+log = logging.getLogger(__name__)
 
 LOG_KEEP_DAYS = 14  # a default log not written for this long is removed when the next mount starts
 LOGS_KEPT = 64  # and only this many, the most recently written, are kept
@@ -257,6 +262,64 @@ def _remove_old_logs(dir_fd: int) -> None:
                 pass
 
 
+FETCHED_PREFIX = "blockfs-fetched-"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _fetched_prefix(mountpoint: str | os.PathLike) -> str:
+    """The start of the names of ``mountpoint``'s fetched directories: the mount point's hash in them."""
+    return f"{FETCHED_PREFIX}{hashlib.sha256(os.fsencode(_canonical(mountpoint))).hexdigest()[:16]}-"
+
+
+def fetched_directory(mountpoint: str | os.PathLike) -> str:
+    """A new private directory (0700, a random name) in the temporary directory for what a mount of a remote
+    dataset fetched (its ``blockfs.json`` and index), named after ``mountpoint``: the serving process
+    removes it when it ends, and :func:`remove_fetched` finds it when that process was killed."""
+    return tempfile.mkdtemp(prefix=_fetched_prefix(mountpoint))
+
+
+def remove_fetched(mountpoint: str | os.PathLike) -> int:
+    """Remove the fetched directories of mounts of ``mountpoint`` (see :func:`fetched_directory`) that a
+    killed serving process left in the temporary directory: only directories of this user's with that
+    name (never a link, never another user's), and in them only files; how many were removed."""
+    prefix, removed = _fetched_prefix(mountpoint), 0
+    try:
+        tmp = os.open(tempfile.gettempdir(), _DIR_FLAGS)
+    except OSError:
+        return 0
+    try:
+        for name in os.listdir(tmp):
+            if name.startswith(prefix) and _remove_own_dir(tmp, name):
+                removed += 1
+    finally:
+        os.close(tmp)
+    return removed
+
+
+def _remove_own_dir(parent: int, name: str) -> bool:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)  # O_NOFOLLOW: a link there is not ours to follow
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_uid != os.getuid():
+            return False
+        for entry in os.listdir(fd):
+            try:
+                if not stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(entry, dir_fd=fd)  # a link inside goes, never what it points at
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", os.path.join(tempfile.gettempdir(), name), e.strerror or e)
+        return False
+    return True
+
+
 def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | None:
     """The pid of the process serving a live mount (None if dead or not answering within ``timeout``)."""
     result: list[int | None] = [None]
@@ -324,6 +387,7 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
         raise MountError(f"cannot unmount {path!r}: " + "; ".join(reasons))
     if pid is not None:
         _wait_exit(pid, timeout)
+    remove_fetched(path)  # a live server removed its own; a killed one could not
     return stuck
 
 

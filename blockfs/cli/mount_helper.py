@@ -31,8 +31,8 @@ __all__ = ["blockfs_argv", "main"]
 MOUNT_OWN = frozenset({
     "ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
     "dev", "nodev", "suid", "nosuid", "exec", "sync", "async", "atime", "relatime",
-    "norelatime", "strictatime", "diratime", "lazytime", "nolazytime", "silent", "loud",
-})  # fmt: skip  # not noexec, noatime, nodiratime: the FUSE mount applies them (they go to -o)
+    "norelatime", "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "silent", "loud",
+})  # fmt: skip  # not noexec, noatime: the FUSE mount applies them (they go to -o)
 MOUNT_OWN_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=")
 
 

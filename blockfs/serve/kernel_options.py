@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_NOATIME, MS_NODIRATIME = 1024, 2048
+MS_NOATIME = 1024
 
 KERNEL_FLAGS = ("allow_other", "default_permissions")  # the kernel's FUSE options without a value
 KERNEL_VALUES = ("max_read", "blksize")  # ... and with a number
 NAMES = ("fsname", "subtype")  # the mount's source and its type (fuse.SUBTYPE) in the mount table
-MOUNT_FLAGS = {"noexec": MS_NOEXEC, "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME}  # applied
-ALWAYS = frozenset({"ro", "nosuid", "nodev"})  # every blockfs mount is so already
+MOUNT_FLAGS = {"noexec": MS_NOEXEC, "noatime": MS_NOATIME}  # applied (libfuse's routes take them too)
+ALWAYS = frozenset({"ro", "nosuid", "nodev", "nodiratime"})  # every blockfs mount is so already (read-only)
 # libfuse's own settings: each changes nothing on this route, which already does what they ask or has
 # nothing for them to act on (no writes, no locks, its own request loop, the index's inode numbers).
 LIBFUSE_ONLY = frozenset({
@@ -35,7 +35,7 @@ LIBFUSE_ONLY = frozenset({
 LIBFUSE_OTHER = frozenset({
     "allow_root", "auto_unmount", "uid", "gid", "umask", "entry_timeout", "negative_timeout", "attr_timeout",
     "ac_attr_timeout", "noforget", "remember", "modules", "subdir", "direct_io", "nopath", "debug",
-    "max_readahead", "max_background", "congestion_threshold", "time_gran", "large_read", "blkdev", "diratime",
+    "max_readahead", "max_background", "congestion_threshold", "time_gran", "large_read", "blkdev",
 })  # fmt: skip
 ACCEPTED = (*KERNEL_FLAGS, *(f"{k}=N" for k in KERNEL_VALUES), *(f"{k}=NAME" for k in NAMES), *MOUNT_FLAGS)
 

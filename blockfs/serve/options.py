@@ -120,7 +120,7 @@ class MountOptions:
     fuse_options: tuple[str, ...] = _declared(Flag(  # mount.fuse.blockfs passes the -o items it does not know
         "-o", section="fuse", metavar="FUSE_OPTIONS", repeat=True, fstab=False,
         help="extra FUSE mount options, comma-separated. The kernel route takes allow_other, default_permissions, "
-             "max_read=N, blksize=N, fsname=NAME, subtype=NAME, noexec, noatime, nodiratime; it ignores libfuse's "
+             "max_read=N, blksize=N, fsname=NAME, subtype=NAME, noexec, noatime; it ignores libfuse's "
              "own settings (kernel_cache, use_ino, max_threads...) with a log line and refuses the rest. "
              "--fuse mfusepy/fusepy take libfuse's options",
     ), ())  # fmt: skip

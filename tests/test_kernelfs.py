@@ -143,3 +143,36 @@ def test_the_kernel_route_applies_fsname_subtype_and_noexec_and_ignores_libfuse_
         assert len(walk(m.path)) == 300
         ignored = [line for line in m.log_text().splitlines() if "changes nothing on the kernel route" in line]
     assert len(ignored) == 2 and "'kernel_cache'" in ignored[0] and "'max_threads=4'" in ignored[1], ignored
+
+
+def test_an_empty_files_check_never_reads_storage_on_a_request_thread(tmp_path):
+    """Issue 29, 1, in-process: with no block header in memory, READDIRPLUS gives the empty file without
+    attributes (node 0) and its LOOKUP is answered from a data thread; every storage read happens there.
+    Once the header is in memory, both answer at once with the entry."""
+    import threading
+
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "empty").write_bytes(b"")
+    (tmp_path / "src" / "d" / "full").write_bytes(b"0123456789")
+    blockfs.pack(tmp_path / "src", tmp_path / "packed", fsync=False)
+    options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
+    with assembled(tmp_path / "packed", tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        files = fs.view.ds.store._files
+        readers: list[str] = []
+        for name in ("pread", "read_into", "size"):
+            def counted(*args, _real=getattr(files, name)):
+                readers.append(threading.current_thread().name)
+                return _real(*args)
+            setattr(files, name, counted)
+        err, d = calls.lookup_path(b"d")
+        assert err == 0
+        assert [(n, bool(c)) for n, c, _m in calls.listdir(d)[1]] == [(b"empty", False), (b"full", True)]
+        assert readers == []  # the listing read nothing
+        assert calls.lookup_path(b"d/empty")[0] == 0
+        assert readers and all(t.startswith("blockfs-data") for t in readers), readers
+        assert [(n, bool(c)) for n, c, _m in calls.listdir(d)[1]] == [(b"empty", True), (b"full", True)]

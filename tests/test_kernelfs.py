@@ -118,13 +118,64 @@ def test_every_policy_serves_every_file_right_on_the_kernel_route(packed, tmp_pa
         assert stats(m.path)["mount"]["binding"] == "kernel"
 
 
-def test_the_kernel_route_refuses_a_libfuse_only_option_in_one_line(packed, tmp_path):
+def test_the_kernel_route_refuses_an_option_it_cannot_honour_in_one_line(packed, tmp_path, capsys):
     _, dest = packed
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    done = cli.main(["mount", str(dest), str(mnt), "--fuse", "kernel", "-o", "max_threads=4", "--foreground"])
+    done = cli.main(["mount", str(dest), str(mnt), "--fuse", "kernel", "-o", "fsname=ok,uid=0", "--foreground"])
     assert done != 0
     assert not os.path.ismount(mnt)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'uid=0' is not one the kernel route takes" in err, err
+
+
+def test_the_kernel_route_applies_fsname_subtype_and_noexec_and_ignores_libfuse_settings(packed, tmp_path):
+    """Issue 29, 8: an fstab line written for libfuse (``fsname=`` is common) mounts on the kernel route."""
+    from blockfs.serve.process import mount_entry
+
+    _, dest = packed
+    with mounted(dest, tmp_path / "mnt", "-o", "fsname=imagenet,subtype=bfs,noexec,kernel_cache,max_threads=4",
+                 binding="kernel") as m:  # fmt: skip
+        assert mount_entry(m.path) == {"fstype": "fuse.bfs", "source": "imagenet"}
+        with open("/proc/self/mounts") as f:
+            options = next(line.split()[3] for line in f if line.split()[1] == str(m.path)).split(",")
+        assert {"ro", "nosuid", "nodev", "noexec"} <= set(options), options
+        assert len(walk(m.path)) == 300
+        ignored = [line for line in m.log_text().splitlines() if "changes nothing on the kernel route" in line]
+    assert len(ignored) == 2 and "'kernel_cache'" in ignored[0] and "'max_threads=4'" in ignored[1], ignored
+
+
+def test_an_empty_files_check_never_reads_storage_on_a_request_thread(tmp_path):
+    """Issue 29, 1, in-process: with no block header in memory, READDIRPLUS gives the empty file without
+    attributes (node 0) and its LOOKUP is answered from a data thread; every storage read happens there.
+    Once the header is in memory, both answer at once with the entry."""
+    import threading
+
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "empty").write_bytes(b"")
+    (tmp_path / "src" / "d" / "full").write_bytes(b"0123456789")
+    blockfs.pack(tmp_path / "src", tmp_path / "packed", fsync=False)
+    options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
+    with assembled(tmp_path / "packed", tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        files = fs.view.ds.store._files
+        readers: list[str] = []
+        for name in ("pread", "read_into", "size"):
+            def counted(*args, _real=getattr(files, name)):
+                readers.append(threading.current_thread().name)
+                return _real(*args)
+            setattr(files, name, counted)
+        err, d = calls.lookup_path(b"d")
+        assert err == 0
+        assert [(n, bool(c)) for n, c, _m in calls.listdir(d)[1]] == [(b"empty", False), (b"full", True)]
+        assert readers == []  # the listing read nothing
+        assert calls.lookup_path(b"d/empty")[0] == 0
+        assert readers and all(t.startswith("blockfs-data") for t in readers), readers
+        assert [(n, bool(c)) for n, c, _m in calls.listdir(d)[1]] == [(b"empty", True), (b"full", True)]
 
 
 def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tmp_path, caplog):

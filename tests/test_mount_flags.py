@@ -111,9 +111,9 @@ def test_mount_fuse_blockfs_reaches_the_field(field):
     _check(field, _options_from(argv), expected)
 
 
-def test_fstab_items_nobody_knows_go_to_libfuse():
-    argv = blockfs_argv("/d", "/m", ["noatime,max_read=4096,allow_other,fsname=x"])
-    assert _options_from(argv).fuse_options == ("max_read=4096,fsname=x",)
+def test_fstab_items_that_are_fuse_mount_options_go_to_dash_o():
+    argv = blockfs_argv("/d", "/m", ["noatime,max_read=4096,allow_other,fsname=x,relatime"])
+    assert _options_from(argv).fuse_options == ("noatime,max_read=4096,fsname=x",)
 
 
 def test_plan_takes_the_memory_and_nodes_flags():

@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 import blockfs
+from blockfs.cli import mount_helper
 from blockfs.cli.mount_helper import blockfs_argv
 from blockfs.serve.process import is_mounted
 from conftest import has_fuse, require
@@ -32,8 +33,8 @@ HELPER = Path("/sbin/mount.fuse.blockfs")
 def test_mount_options_become_blockfs_options():
     argv = blockfs_argv("/d", "/m", ["ro,_netdev,nofail,x-systemd.automount,cache_size=1GiB,allow_other",
                                      "storage.endpoint=http://h:9,max_read=131072,no_prefill,defaults"])  # fmt: skip
-    assert argv == ["mount", "/d", "/m", "--cache-size", "1GiB", "--allow-other", "--storage-option",
-                    "endpoint=http://h:9", "--no-prefill", "-o", "max_read=131072"]  # fmt: skip
+    assert argv == ["mount", "--cache-size=1GiB", "--allow-other", "--storage-option", "endpoint=http://h:9",
+                    "--no-prefill", "-o", "max_read=131072", "--", "/d", "/m"]  # fmt: skip
     with pytest.raises(ValueError, match="write it as cache_size=VALUE"):
         blockfs_argv("/d", "/m", ["cache_size"])
     with pytest.raises(ValueError, match="foreground"):
@@ -41,6 +42,34 @@ def test_mount_options_become_blockfs_options():
     for secret in ("storage.secret_access_key=x", "storage.secret=x", "storage.account_key=x"):
         with pytest.raises(ValueError, match="is a credential, and fstab is readable by every user"):
             blockfs_argv("/d", "/m", [secret])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["/d", "/m", "-o", "help"], "option 'help' is not a mount option"),
+    (["/d", "/m", "-o", "ro,version"], "option 'version' is not a mount option"),
+    (["/d", "/m", "-o", "cache_size=1GiB,no_such_thing=1"], "option 'no_such_thing=1' is not a mount option"),
+    (["/d", "/m", "-o", "--help"], "option '--help' is not a mount option"),
+])  # fmt: skip
+def test_the_helper_refuses_what_is_not_a_mount_option_in_one_line(argv, says, capsys):
+    """Issue 29, 6: ``-o help`` became ``blockfs mount --help``, which printed usage and exited 0 — mount(8)
+    and systemd took that for a mount."""
+    assert mount_helper.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1 and says in err, (out, err)
+
+
+@pytest.mark.parametrize("dataset", ["--help", "-h", "-o", "--version"])
+def test_a_dataset_named_like_an_option_is_a_path_never_a_success(dataset, tmp_path, capsys):
+    """mount(8) runs ``mount.fuse.blockfs DATASET MNT -o ...``: a dataset field of ``--help`` printed usage
+    and exited 0.  Both positionals now come after ``--``, in the helper and in ``blockfs mount``."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    assert mount_helper.main([dataset, str(mnt), "-o", "rw,no_prefill", "-f"]) == 0  # -f: what it would run
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(f"-- {dataset} {mnt}"), out
+    assert mount_helper.main([dataset, str(mnt), "-o", "rw,no_prefill"]) == 2
+    out, err = capsys.readouterr()
+    assert "usage" not in out + err and not os.path.ismount(mnt), (out, err)
 
 
 @pytest.fixture

@@ -111,3 +111,31 @@ def test_a_background_mount_logs_in_private_and_not_through_the_old_temp_name(tm
     finally:
         release(mnt)
     assert target.read_bytes() == b"untouched\n"
+
+
+def test_umount_of_a_server_that_does_not_answer_stops_waiting_and_unmounts_lazily(tmp_path, monkeypatch, capsys):
+    """Issue 29, 2: an unmount command stuck on a live server that does not answer was a traceback (its
+    TimeoutExpired uncaught) and the lazy unmount never tried.  Stand-ins for the unmount tools: the plain
+    ones never return, the lazy ones detach; ``blockfs umount`` says so in one line and exits 0."""
+    from blockfs import cli
+
+    calls, detached = tmp_path / "calls", tmp_path / "detached"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("fusermount3", "fusermount", "umount"):
+        script = bin_dir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $1" >> "{calls}"\n'
+                          f'case "$1" in -uz|-l) touch "{detached}"; exit 0;; esac\nexec sleep 60\n')  # fmt: skip
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(process, "UNMOUNT_WAIT_S", 0.5)
+    monkeypatch.setattr(process, "serving_pid", lambda path: None)
+    mnt = str(tmp_path / "mnt")
+    live = {"fstype": "fuse.blockfs", "source": "/data/x.blockfs"}
+    monkeypatch.setattr(process, "mount_entry", lambda path: None if detached.exists() else live)
+    assert cli.main(["umount", mnt]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines() == [f"unmounted {mnt} lazily: its serving process did not answer, so the mount "
+                                        "is detached and goes once nothing uses it"] and not err, (out, err)  # fmt: skip
+    # One plain unmount waited on; no other plain one after it; the lazy one last.
+    assert calls.read_text().splitlines() == ["fusermount3 -u", "fusermount3 -uz"]

@@ -16,6 +16,7 @@ import blockfs
 from blockfs.client import control_dir, read_stats
 from conftest import has_fuse, make_edge_tree, require
 from mountutil import mounted
+from polling import wait_until
 from s3server import SECRET, upload_tree
 
 pytestmark = pytest.mark.fuse
@@ -233,3 +234,60 @@ def test_a_background_mount_keeps_its_secrets_out_of_its_command_line_and_enviro
         assert SECRET not in done.stdout + done.stderr + (tmp_path / "log").read_text()
     finally:
         blockfs_cli("umount", str(mnt))
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "foreground"])
+def test_umount_of_a_killed_remote_mount_removes_its_fetched_directory_and_nothing_else(url, tmp_path, background):
+    """Issue 29, 7: a remote mount's fetched metadata and index (a directory in the temporary directory,
+    named after the mount point) stayed there when its server was SIGKILLed.  ``blockfs umount`` of the
+    dead mount removes that directory: never a link planted under its name, another user's, or another
+    mount point's."""
+    import signal
+
+    from blockfs.serve.process import FETCHED_PREFIX, is_mounted
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [sys.executable, "-m", "blockfs", "mount", url, str(mnt), "--no-prefill", "--log", str(tmp_path / "log")]
+    proc = None
+    if background:
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+    else:
+        proc = subprocess.Popen([*command, "--foreground"], env=env)
+        wait_until(lambda: os.path.ismount(mnt), "the foreground mount")
+    try:
+        pid = read_stats(mnt)["mount"]["pid"]
+        fetched = [n for n in os.listdir(tmp) if n.startswith(FETCHED_PREFIX)]
+        assert len(fetched) == 1 and {"blockfs.json", "index.bfi"} <= set(os.listdir(tmp / fetched[0])), fetched
+        prefix = fetched[0][: fetched[0].rindex("-") + 1]
+        victim = tmp_path / "victim"
+        victim.mkdir()
+        (victim / "keep").write_text("kept\n")
+        os.symlink(victim, tmp / f"{prefix}link")  # a link under this mount point's name
+        (tmp / f"{FETCHED_PREFIX}0123456789abcdef-other").mkdir()  # another mount point's
+        (tmp / f"{FETCHED_PREFIX}0123456789abcdef-other" / "index.bfi").write_bytes(b"x")
+        theirs = tmp / f"{prefix}theirs"
+        theirs.mkdir()
+        if os.geteuid() == 0:
+            os.chown(theirs, 65534, 65534)  # another user's, under this mount point's name
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split(
+            ")")[-1].split()[0] in ("Z", "X"), "the server to die")  # fmt: skip
+        assert (tmp / fetched[0]).is_dir()  # what the killed server could not remove
+        done = subprocess.run([sys.executable, "-m", "blockfs", "umount", str(mnt)], capture_output=True, text=True,
+                              env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not is_mounted(mnt)
+        left = sorted(os.listdir(tmp))
+        expected = [f"{FETCHED_PREFIX}0123456789abcdef-other", f"{prefix}link"]
+        assert left == sorted(expected + ([f"{prefix}theirs"] if os.geteuid() == 0 else [])), left
+        assert (victim / "keep").read_text() == "kept\n"
+    finally:
+        if is_mounted(mnt):
+            subprocess.run([sys.executable, "-m", "blockfs", "umount", str(mnt)], capture_output=True, env=env)
+        if proc is not None:
+            proc.wait(10)

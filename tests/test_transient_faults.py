@@ -238,3 +238,63 @@ def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_se
                     t.join(30)
         assert held >= 10 and len(timings) == 4, (held, timings)
         assert max(timings.values()) < 1.0, timings
+
+
+@pytest.fixture(scope="module")
+def empties(tmp_path_factory):
+    """A dataset whose ``d`` holds three empty files and a 100 KB one, and whose ``other`` holds one file,
+    one file per block (so each empty file's check fetches its own block's header)."""
+    root = tmp_path_factory.mktemp("empties")
+    for rel, size in (("d/empty0", 0), ("d/empty1", 0), ("d/empty2", 0), ("d/big", 100_000), ("other/x", 10)):
+        (root / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "src" / rel).write_bytes(b"b" * size)
+    blockfs.pack(root / "src", root / "www" / "packed", files_per_block=1, fsync=False)
+    return root / "www"
+
+
+def test_a_store_that_sends_nothing_never_freezes_lookups_or_listings_of_empty_files(empties, tmp_path):
+    """Issue 29, 1: the kernel never reads an empty file, so its only check (its block's header says it is
+    empty) runs when it is looked up or listed.  With a store that sends nothing, three ``stat``s of empty
+    files wait for it; meanwhile another directory, the control files and (kernel route: the checks wait on
+    data threads, never on a reader) the empty files' own directory all answer.  On the libfuse routes a
+    lookup waits on one of libfuse's threads and holds its directory until it ends (up to the store's request
+    timeout): other directories answer.  Once the store answers, the empty files stat as empty."""
+    import threading
+
+    www = tmp_path / "www"
+    shutil.copytree(empties, www)
+    with serving(www) as (base, faults):
+        faults.hold = is_block
+        with mounted(f"{base}/packed", tmp_path / "mnt", "--no-prefill") as m:
+            kernel_route = read_stats(m.path)["mount"]["binding"] == "kernel"
+            d = os.path.join(m.path, "d")
+            sizes: dict[str, int] = {}
+            waiting = [threading.Thread(target=lambda n=n: sizes.__setitem__(n, os.stat(os.path.join(d, n)).st_size),
+                                        daemon=True) for n in ("empty0", "empty1", "empty2")]  # fmt: skip
+            answers: dict[str, object] = {}
+            try:
+                for t in waiting:
+                    t.start()
+                wait_until(lambda: faults.held >= 1, "an empty file's check to wait on the store")
+
+                def others() -> None:  # each would wait forever behind a reader thread held by a check
+                    answers["stat other/x"] = os.stat(os.path.join(m.path, "other", "x")).st_size
+                    answers["ls other"] = os.listdir(os.path.join(m.path, "other"))
+                    answers["stats.json"] = read_stats(m.path)["dataset"]["files"]
+                    if kernel_route:
+                        answers["ls d"] = sorted(os.listdir(d))
+                        answers["stat d/big"] = os.stat(os.path.join(d, "big")).st_size
+
+                probe = threading.Thread(target=others, daemon=True)
+                probe.start()
+                probe.join(20)  # a bound on a hang, not a timing: none of these needs the store
+                held = faults.held
+            finally:
+                faults.released.set()
+                for t in waiting:
+                    t.join(60)
+            expected = {"stat other/x": 10, "ls other": ["x"], "stats.json": 5}
+            if kernel_route:
+                expected |= {"ls d": ["big", "empty0", "empty1", "empty2"], "stat d/big": 100_000}
+            assert held >= 1 and answers == expected, (held, answers)
+            assert sizes == {"empty0": 0, "empty1": 0, "empty2": 0}, sizes

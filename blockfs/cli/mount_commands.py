@@ -9,7 +9,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -209,12 +208,16 @@ def cmd_mount(args: argparse.Namespace) -> int:
     _check_nodes(args)
     size, why = _budget(args)
     # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory
-    # handed to the serving process (which removes it).
+    # named after the mount point and handed to the serving process (which removes it; 'blockfs umount'
+    # does when that process was killed).
     fetched = None
-    if is_remote(args.dest) and not args.foreground and not args.disk_cache:
-        fetched = tempfile.mkdtemp(prefix="blockfs-fetched-")
+    if is_remote(args.dest) and not args.disk_cache and not args.fetched_dir:
+        mnt.remove_fetched(args.mountpoint)  # left by a killed server of an earlier mount here
+        fetched = mnt.fetched_directory(args.mountpoint)
+        if args.foreground:
+            args.fetched_dir = fetched  # this process serves: it removes it when it ends
     try:
-        with open_from_args(args, keep_fetched_in=fetched or args.fetched_dir) as ds:  # serving removes it
+        with open_from_args(args, keep_fetched_in=args.fetched_dir or fetched) as ds:  # serving removes it
             if args.budget_bytes is None:  # a background mount's server: its parent printed it
                 planned = _memory_plan(args, size, ds)
                 if not args.quiet:
@@ -230,9 +233,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
         # Secrets (storage options, a URL's user and token) go through a pipe, never the command line.
         argv = _secret_free(args.argv, args.dest)
-        command = [sys.executable, "-m", "blockfs", *argv, "--foreground", "--budget-bytes", str(size)]
-        command += [] if args.log else ["--log", log_path]
-        command += ["--fetched-dir", fetched] if fetched else []
+        end = argv.index("--") if "--" in argv else len(argv)  # what follows "--" is positionals only
+        added = ["--foreground", "--budget-bytes", str(size)] + ([] if args.log else ["--log", log_path])
+        added += ["--fetched-dir", fetched] if fetched else []
+        command = [sys.executable, "-m", "blockfs", *argv[:end], *added, *argv[end:]]
         # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
         timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
         pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args))
@@ -299,8 +303,11 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
 def cmd_umount(args: argparse.Namespace) -> int:
     from ..serve.process import unmount
 
-    unmount(args.mountpoint)
-    print(f"unmounted {args.mountpoint}")
+    if unmount(args.mountpoint):
+        print(f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
+              "and goes once nothing uses it")  # fmt: skip
+    else:
+        print(f"unmounted {args.mountpoint}")
     return 0
 
 

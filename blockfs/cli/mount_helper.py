@@ -8,8 +8,12 @@ mount(8) looks for its helper in /sbin only, so a pip-installed helper is linked
 It calls ``mount.fuse.blockfs DATASET MNT [-n] [-s] [-f] [-v] [-o OPTIONS]``.  The options are mount's
 own (``ro``, ``_netdev``, ``nofail``, ``x-systemd.*``: ignored here, mount and systemd act on them),
 ``blockfs mount``'s long options written with underscores (``cache_size=32GiB``, ``disk_cache=/var/cache/x``,
-``allow_other``, ``no_prefill``), ``storage.KEY=VALUE`` for ``--storage-option KEY=VALUE``, and anything
-else, which goes to libfuse as ``-o``.  The mount then runs in the background, as mount(8) expects.
+``allow_other``, ``no_prefill``), ``storage.KEY=VALUE`` for ``--storage-option KEY=VALUE``, and FUSE mount
+options (``fsname=``, ``max_read=``, ``noexec``...), which go to ``blockfs mount -o`` (what each route takes
+of them: :mod:`blockfs.serve.kernel_options`).  Any other key is refused in one line, so the helper never
+exits 0 without mounting (``-o help`` used to print ``blockfs mount``'s help and say it had mounted); the
+dataset and the mount point are given after ``--``, so neither can be taken for an option.  The mount then
+runs in the background, as mount(8) expects.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 import sys
 from typing import Sequence
 
+from ..serve.kernel_options import is_fuse_option
 from ..storage.credentials import WHERE_FROM, is_credential
 from .mount_flags import not_in_fstab
 
@@ -27,9 +32,9 @@ __all__ = ["blockfs_argv", "main"]
 # mount(8)'s and systemd's options, which they act on themselves; blockfs is read-only whatever is asked.
 MOUNT_OWN = frozenset({
     "ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
-    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "sync", "async", "atime", "noatime", "relatime",
+    "dev", "nodev", "suid", "nosuid", "exec", "sync", "async", "atime", "relatime",
     "norelatime", "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "silent", "loud",
-})  # fmt: skip
+})  # fmt: skip  # not noexec, noatime: the FUSE mount applies them (they go to -o)
 MOUNT_OWN_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=")
 
 
@@ -41,6 +46,8 @@ def _mount_options() -> dict[str, bool]:
     mount = commands.choices["mount"]  # argparse keeps the subcommands' parsers there
     options = {}
     for action in mount._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue  # not a mount option: "help" in fstab must never print usage and exit 0
         for flag in action.option_strings:
             if flag.startswith("--") and action.help != argparse.SUPPRESS:
                 options[flag[2:].replace("-", "_")] = action.nargs != 0
@@ -57,10 +64,12 @@ def _refuse_credential(name: str, dataset: str) -> ValueError:
     return ValueError(f"option {name!r} is a credential, and fstab is readable by every user: {where}")
 
 
-def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[str]:
-    """``blockfs``'s command line for mount(8)'s ``DATASET MNT -o a,b=c`` (``options``: the ``-o`` values)."""
+def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """``blockfs``'s command line for mount(8)'s ``DATASET MNT -o a,b=c`` (``options``: the ``-o`` values;
+    ``extra``: more options).  The dataset and the mount point come after ``--``: a dataset named ``--help``
+    or ``-o`` is a path, never an option."""
     known, refused = _mount_options(), {"foreground"} | not_in_fstab()  # not_in_fstab: "o" (-o)
-    argv, fuse = ["mount", dataset, mountpoint], []
+    argv, fuse = ["mount"], []
     for item in (i.strip() for opt in options for i in opt.split(",")):
         if not item or item in MOUNT_OWN or item.startswith(MOUNT_OWN_PREFIXES):
             continue
@@ -76,10 +85,13 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str]) -> list[
             if known[name] != bool(eq):
                 form = f"{name}=VALUE" if known[name] else name
                 raise ValueError(f"option {item!r}: write it as {form}")
-            argv += [f"--{name.replace('_', '-')}"] + ([value] if eq else [])
+            argv.append(f"--{name.replace('_', '-')}" + (f"={value}" if eq else ""))  # a value is never an option
+        elif is_fuse_option(name):
+            fuse.append(item)  # the route mounting it applies, ignores or refuses it (one line each)
         else:
-            fuse.append(item)  # libfuse's (max_read=, ...): it names any it does not know
-    return argv + (["-o", ",".join(fuse)] if fuse else [])
+            raise ValueError(f"option {item!r} is not a mount option of blockfs's: see 'blockfs mount --help' for "
+                             "blockfs's own (written with underscores) and -o for the FUSE ones")  # fmt: skip
+    return [*argv, *(["-o", ",".join(fuse)] if fuse else []), *extra, "--", dataset, mountpoint]
 
 
 _FLAG = re.compile(r"--storage-option (\w+)=|--([a-z][a-z-]+)")
@@ -121,16 +133,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run as mount(8)'s helper; return the exit status (0 mounted, 2 error)."""
     from . import main as blockfs_main
 
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if len(given) < 2 or given[0] in ("-h", "--help") and len(given) == 1:
+        args = parser.parse_args(given)  # run by hand: its help, or what is missing
+    else:
+        # mount(8) gives DATASET MNT first, then its options: whatever they are named ("--help", "-o"),
+        # those two are paths, never options.
+        rest = given[2:]
+        for i in range(len(rest) - 1):
+            if rest[i] == "-o":  # "-o X" as "-oX": an options field "--help" is that field, never a flag
+                rest[i : i + 2] = ["-o" + rest[i + 1], ""]
+        args = parser.parse_args([*filter(None, rest), "--", *given[:2]])
     try:
-        command = blockfs_argv(args.dataset, args.mountpoint, args.o)
+        command = blockfs_argv(args.dataset, args.mountpoint, args.o, ["-v"] if args.v else ["-q"])
     except ValueError as e:
         print(f"mount.fuse.blockfs: error: {e}", file=sys.stderr)
         return 2
     if args.f:
         print("mount.fuse.blockfs: would run: blockfs " + " ".join(command))
         return 0
-    return blockfs_main(command + (["-v"] if args.v else ["-q"]), wording=in_fstab_words)
+    return blockfs_main(command, wording=in_fstab_words)
 
 
 if __name__ == "__main__":

@@ -228,16 +228,32 @@ class PackedDataset:
             # The index's size decides where the file ends: it must be the block's, or the file comes out
             # cut.  Checked after the read, whose reader (a cache) sees the header's faults first and has
             # left the header with the store.
-            stored = self.store.file_size(block, slot)
-            if stored != length:
-                raise CorruptBlockError(
-                    f"{self.store.where(block)}: slot {slot} holds {stored} bytes, the index says {length}: "
-                    "the index or the block is damaged; run 'blockfs verify'",
-                    block=block,
-                )
+            self._check_size(block, slot, length, self.store.file_size(block, slot))
             return data
         except (CorruptBlockError, BlockReadError) as err:
             raise _naming(err, f"{os.fsdecode(self.path_of(e))!r}") from err
+
+    def confirm_empty(self, e: int) -> bool | None:
+        """For an empty file (the kernel never reads one, so this is its only check): whether its block's
+        header, if already in memory, says so too — None when it is not (confirming would wait on storage:
+        :meth:`read_entry` confirms it then).  A header that disagrees raises as :meth:`read_entry` does."""
+        block, slot = int(self._a["block"][e]), int(self._a["slot"][e])
+        stored = self.store.known_file_size(block, slot)
+        if stored is None:
+            return None
+        try:
+            self._check_size(block, slot, int(self._a["size"][e]), stored)
+        except CorruptBlockError as err:
+            raise _naming(err, f"{os.fsdecode(self.path_of(e))!r}") from err
+        return True
+
+    def _check_size(self, block: int, slot: int, length: int, stored: int) -> None:
+        if stored != length:
+            raise CorruptBlockError(
+                f"{self.store.where(block)}: slot {slot} holds {stored} bytes, the index says {length}: "
+                "the index or the block is damaged; run 'blockfs verify'",
+                block=block,
+            )
 
     def read_pieces(self, e: int) -> Iterator[bytes]:
         """All of a file's bytes, in pieces (``cat``, ``unpack``): a file in a narrow block whole, since

@@ -212,6 +212,11 @@ class BlockStore:
             sizes = self._sizes[block]
         return sizes[slot]
 
+    def known_file_size(self, block: int, slot: int) -> int | None:
+        """:meth:`file_size` without reading anything: None while the block's header is not checked yet."""
+        sizes = self._sizes.get(block)  # one look: a header dropped meanwhile (renew) is read by no one here
+        return None if sizes is None else sizes[slot]
+
     def _read_header(self, block: int) -> fmt.BlockHeader:
         where = self.where(block)
         disk_size = self._file_size(block)

@@ -20,7 +20,9 @@ plus the three things only this route can do:
   pressure the kernel drops them and the reads come back here, served as before.
 
 Reads whose bytes are in memory are answered by the reader thread that took them; any other read is
-answered from a data thread, so lookups, listings and the control files never wait behind storage.
+answered from a data thread, and so is the lookup of an empty file whose block's header is not in memory
+(its only check: see ``_listable``), so no reader thread ever waits on storage and lookups, listings and the
+control files never wait behind it.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ class KernelFS:
 
     # --- metadata ---------------------------------------------------------------------------------------
     @answers
-    def lookup(self, nodeid: int, body: memoryview, unique: int) -> bytes:
+    def lookup(self, nodeid: int, body: memoryview, unique: int) -> Any:
         name = bytes(body[: len(body) - 1])  # NUL-terminated
         if nodeid >= CONTROL_NODES:
             return self._control_entry(self._control_path(nodeid) + b"/" + name)
@@ -187,7 +189,15 @@ class KernelFS:
         e = self.view.child(parent, name)
         if e < 0:
             return wire.negative_entry(self._valid)
-        self.view.check_present(e)
+        if not self.view.check_present(e, wait=False):  # an empty file whose block's header is not in memory
+            self._data.submit(self._answer_later, unique, self._checked_entry, e)
+            return DEFERRED
+        return self._checked_entry(e, checked=True)
+
+    def _checked_entry(self, e: int, checked: bool = False) -> bytes:
+        """The lookup's answer for ``e``, checked present first (on a data thread when that waits on storage)."""
+        if not checked:
+            self.view.check_present(e)
         entry = self._entry(e)
         self._push_later([e])
         return entry
@@ -281,15 +291,16 @@ class KernelFS:
 
     def _listable(self, e: int, size: int) -> bool:
         """Whether a listing may give ``e``'s attributes: an empty file only once its block confirms it
-        (the kernel never reads a file of size 0, so a size zeroed in a forged index must not get there)."""
+        (the kernel never reads a file of size 0, so a size zeroed in a forged index must not get there).
+        Confirmed from memory only: where that would wait on storage the entry goes without attributes, and
+        the kernel's LOOKUP of it checks it on a data thread (a listing never waits on a store)."""
         if size:
             return True
         try:
-            self.view.check_present(e)
+            return self.view.check_present(e, wait=False)
         except Exception as err:  # noqa: BLE001 - answered by the lookup the kernel will send instead
             self.view.report(err)
             return False
-        return True
 
     def _list_control(self, path: bytes, offset: int, size: int, plus: bool) -> bytes:
         out: list[bytes] = []

@@ -119,7 +119,10 @@ class MountOptions:
     ), False)  # fmt: skip
     fuse_options: tuple[str, ...] = _declared(Flag(  # mount.fuse.blockfs passes the -o items it does not know
         "-o", section="fuse", metavar="FUSE_OPTIONS", repeat=True, fstab=False,
-        help="extra libfuse options, comma-separated",
+        help="extra FUSE mount options, comma-separated. The kernel route takes allow_other, default_permissions, "
+             "max_read=N, blksize=N, fsname=NAME, subtype=NAME, noexec, noatime; it ignores libfuse's "
+             "own settings (kernel_cache, use_ino, max_threads...) with a log line and refuses the rest. "
+             "--fuse mfusepy/fusepy take libfuse's options",
     ), ())  # fmt: skip
     storage: StorageOptions | None = _declared(  # a remote dataset's options and its disk tier
         FromFlags(("--storage-option", "--disk-cache", "--disk-cache-size")), None)  # fmt: skip

@@ -9,10 +9,13 @@ statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is import
 from __future__ import annotations
 
 import errno
+import hashlib
+import logging
 import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Sequence
@@ -21,8 +24,10 @@ from ..client import read_stats
 from ..errors import BlockfsError, MountError
 from ..storage.owned import open_owned_dir
 
-__all__ = ["check_mountpoint", "default_log_path", "is_mounted", "log_directory", "mount_entry", "open_log",
-           "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+__all__ = ["check_mountpoint", "default_log_path", "fetched_directory", "is_mounted", "log_directory", "mount_entry",
+           "open_log", "remove_fetched", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+
+log = logging.getLogger(__name__)
 
 LOG_KEEP_DAYS = 14  # a default log not written for this long is removed when the next mount starts
 LOGS_KEPT = 64  # and only this many, the most recently written, are kept
@@ -137,7 +142,8 @@ def start_background(
     read_end = None
     if handoff is not None:
         read_end, write_end = os.pipe()
-        command += [handoff_option, str(read_end)]
+        end = command.index("--") if "--" in command else len(command)  # options go before the positionals
+        command[end:end] = [handoff_option, str(read_end)]
     log_fd = open_log(log_path)
     try:
         offset = os.lseek(log_fd, 0, os.SEEK_END)
@@ -256,6 +262,64 @@ def _remove_old_logs(dir_fd: int) -> None:
                 pass
 
 
+FETCHED_PREFIX = "blockfs-fetched-"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _fetched_prefix(mountpoint: str | os.PathLike) -> str:
+    """The start of the names of ``mountpoint``'s fetched directories: the mount point's hash in them."""
+    return f"{FETCHED_PREFIX}{hashlib.sha256(os.fsencode(_canonical(mountpoint))).hexdigest()[:16]}-"
+
+
+def fetched_directory(mountpoint: str | os.PathLike) -> str:
+    """A new private directory (0700, a random name) in the temporary directory for what a mount of a remote
+    dataset fetched (its ``blockfs.json`` and index), named after ``mountpoint``: the serving process
+    removes it when it ends, and :func:`remove_fetched` finds it when that process was killed."""
+    return tempfile.mkdtemp(prefix=_fetched_prefix(mountpoint))
+
+
+def remove_fetched(mountpoint: str | os.PathLike) -> int:
+    """Remove the fetched directories of mounts of ``mountpoint`` (see :func:`fetched_directory`) that a
+    killed serving process left in the temporary directory: only directories of this user's with that
+    name (never a link, never another user's), and in them only files; how many were removed."""
+    prefix, removed = _fetched_prefix(mountpoint), 0
+    try:
+        tmp = os.open(tempfile.gettempdir(), _DIR_FLAGS)
+    except OSError:
+        return 0
+    try:
+        for name in os.listdir(tmp):
+            if name.startswith(prefix) and _remove_own_dir(tmp, name):
+                removed += 1
+    finally:
+        os.close(tmp)
+    return removed
+
+
+def _remove_own_dir(parent: int, name: str) -> bool:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)  # O_NOFOLLOW: a link there is not ours to follow
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_uid != os.getuid():
+            return False
+        for entry in os.listdir(fd):
+            try:
+                if not stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(entry, dir_fd=fd)  # a link inside goes, never what it points at
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", os.path.join(tempfile.gettempdir(), name), e.strerror or e)
+        return False
+    return True
+
+
 def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | None:
     """The pid of the process serving a live mount (None if dead or not answering within ``timeout``)."""
     result: list[int | None] = [None]
@@ -274,15 +338,29 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
     return result[0]
 
 
+UNMOUNT_WAIT_S = 30.0  # how long one unmount command may take before the next is tried
+
+
+class _Stuck(Exception):
+    """An unmount command that did not return: the serving process is alive but does not answer."""
+
+
 def _run(command: list[str]) -> tuple[bool, str]:
     if shutil.which(command[0]) is None:
         return False, f"{command[0]}: not installed"
-    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=UNMOUNT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise _Stuck(f"no answer after {UNMOUNT_WAIT_S:g} s") from None
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
-def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
-    """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit."""
+def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
+    """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit.
+
+    Plain unmounts first, lazy ones last.  A command that does not return within :data:`UNMOUNT_WAIT_S`
+    (a live server that does not answer) is stopped, and the lazy unmounts are tried next; True when the
+    mount was detached lazily for that reason (it goes once nothing uses it)."""
     path = _canonical(mountpoint)
     entry = mount_entry(path)
     if entry is None:
@@ -290,11 +368,18 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
     if not entry["fstype"].startswith("fuse"):
         raise MountError(f"{os.fspath(mountpoint)!r} is a {entry['fstype']} mount, not a blockfs one")
     pid = serving_pid(path)
-    reasons = []
+    reasons: list[str] = []
+    stuck = False
     attempts = (["fusermount3", "-u", path], ["fusermount", "-u", path], ["umount", path],
                 ["fusermount3", "-uz", path], ["fusermount", "-uz", path], ["umount", "-l", path])  # fmt: skip
     for command in attempts:
-        ok, why = _run(command)
+        lazy = command[1] in ("-uz", "-l")
+        if stuck and not lazy:
+            continue  # another plain unmount would wait on the same server
+        try:
+            ok, why = _run(command)
+        except _Stuck as e:
+            ok, why, stuck = False, str(e), True
         if ok and not is_mounted(path):
             break
         reasons.append(f"{' '.join(command[:-1])}: {why or 'failed'}")
@@ -302,6 +387,8 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> None:
         raise MountError(f"cannot unmount {path!r}: " + "; ".join(reasons))
     if pid is not None:
         _wait_exit(pid, timeout)
+    remove_fetched(path)  # a live server removed its own; a killed one could not
+    return stuck
 
 
 def _wait_exit(pid: int, timeout: float) -> None:

@@ -37,7 +37,8 @@ import subprocess
 import threading
 from typing import Any, Callable, Sequence
 
-from . import wire
+from . import kernel_options, wire
+from .kernel_options import MS_NODEV, MS_NOSUID, MS_RDONLY
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,7 @@ DEFERRED = object()  # a handler's answer: "I will reply later"
 NO_REPLY = object()  # FORGET and BATCH_FORGET: the kernel expects nothing back
 BUFFER_BYTES = 1 << 17  # > the largest request a read-only filesystem is sent (names, xattr names)
 
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
 MNT_DETACH = 2
-# mount(8)-style options the kernel itself takes for a FUSE mount; the rest are libfuse's (refused here)
-KERNEL_FLAGS = {"allow_other", "default_permissions"}
-KERNEL_VALUES = {"max_read", "blksize"}
-IGNORED = {"ro", "nosuid", "nodev", "noatime", "rw", "suid", "dev", "auto_cache", "kernel_cache"}
 
 Handler = Callable[[int, memoryview, int], Any]  # (nodeid, request body, unique) -> reply body
 
@@ -82,38 +78,33 @@ class Session:
     def mount(
         self, mountpoint: str, fsname: str, subtype: str, options: Sequence[str] = (), *, fusermount: bool | None = None
     ) -> None:
-        """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...).
-        ``fusermount``: mount through fusermount3 (default: only when not root)."""
-        flags, values = set(), {}
-        for item in options:
-            key, eq, value = item.partition("=")
-            if key in KERNEL_FLAGS and not eq:
-                flags.add(key)
-            elif key in KERNEL_VALUES and eq:
-                values[key] = value
-            elif key not in IGNORED:
-                raise MountFailed(
-                    errno.EINVAL, f"mount option {item!r} is not one the kernel route takes (allow_other, "
-                    "default_permissions, max_read=N, blksize=N): remove it from -o, or mount with --fuse mfusepy "
-                    "for libfuse's options"
-                )  # fmt: skip
-        flags.add("default_permissions")
+        """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...), as
+        :mod:`blockfs.serve.kernel_options` takes them.  ``fusermount``: mount through fusermount3 (default:
+        only when not root)."""
+        try:
+            given = kernel_options.parse(options)
+        except kernel_options.OptionRefused as e:
+            raise MountFailed(errno.EINVAL, str(e)) from None
+        for item in given.ignored:
+            log.warning("mount option %r is libfuse's and changes nothing on the kernel route: ignored", item)
+        given.flags.add("default_permissions")
+        fsname, subtype = given.names.get("fsname", fsname), given.names.get("subtype", subtype)
         self.mountpoint = mountpoint
         self._fusermount = os.geteuid() != 0 if fusermount is None else fusermount
         if self._fusermount:
-            self.fd = self._mount_with_fusermount(mountpoint, fsname, subtype, flags, values)
+            self.fd = self._mount_with_fusermount(mountpoint, fsname, subtype, given)
         else:
-            self.fd = self._mount_directly(mountpoint, fsname, subtype, flags, values)
+            self.fd = self._mount_directly(mountpoint, fsname, subtype, given)
 
     @staticmethod
-    def _mount_directly(mountpoint: str, fsname: str, subtype: str, flags: set, values: dict) -> int:
+    def _mount_directly(mountpoint: str, fsname: str, subtype: str, given: kernel_options.KernelMount) -> int:
         fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         opts = [f"fd={fd}", f"rootmode={stat.S_IFDIR:o}",
-                f"user_id={os.getuid()}", f"group_id={os.getgid()}", *sorted(flags),
-                *(f"{k}={v}" for k, v in sorted(values.items()))]  # fmt: skip
+                f"user_id={os.getuid()}", f"group_id={os.getgid()}", *sorted(given.flags),
+                *(f"{k}={v}" for k, v in sorted(given.values.items()))]  # fmt: skip
         libc = _libc()
         rc = libc.mount(os.fsencode(fsname), os.fsencode(mountpoint), f"fuse.{subtype}".encode(),
-                        MS_RDONLY | MS_NOSUID | MS_NODEV, ",".join(opts).encode())  # fmt: skip
+                        MS_RDONLY | MS_NOSUID | MS_NODEV | given.mount_flags, ",".join(opts).encode())  # fmt: skip
         if rc != 0:
             err = ctypes.get_errno()
             os.close(fd)
@@ -121,12 +112,12 @@ class Session:
         return fd
 
     @staticmethod
-    def _mount_with_fusermount(mountpoint: str, fsname: str, subtype: str, flags: set, values: dict) -> int:
+    def _mount_with_fusermount(mountpoint: str, fsname: str, subtype: str, given: kernel_options.KernelMount) -> int:
         tool = shutil.which("fusermount3") or shutil.which("fusermount")
         if tool is None:
             raise MountFailed(errno.ENOENT, "fusermount3 is not installed: install the fuse3 package")
-        opts = ["ro", "nosuid", "nodev", f"fsname={fsname}", f"subtype={subtype}", *sorted(flags),
-                *(f"{k}={v}" for k, v in sorted(values.items()))]  # fmt: skip
+        opts = ["ro", "nosuid", "nodev", *given.flag_names(), f"fsname={fsname}", f"subtype={subtype}",
+                *sorted(given.flags), *(f"{k}={v}" for k, v in sorted(given.values.items()))]  # fmt: skip
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             done = subprocess.run(

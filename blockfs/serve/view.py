@@ -90,12 +90,18 @@ class MountView:
             size = len(self.index.link_target(e))
         return Attr(ino, size, mode, nlink, mtime_ns)
 
-    def check_present(self, e: int) -> None:
+    def check_present(self, e: int, *, wait: bool = True) -> bool:
         """Called when the kernel first learns of ``e``: the kernel never reads a file whose size is 0, so
-        check here that its block holds an empty file (a size zeroed in a forged index must fail EIO)."""
+        check here that its block holds an empty file (a size zeroed in a forged index must fail EIO).
+        ``wait=False``: check only from what is in memory, and say False (not checked) where checking
+        would wait on storage — a caller that must never wait (a request thread) checks later elsewhere."""
         kind, _mode, size = self.index.stat_fields(e)[:3]
-        if size == 0 and kind == KIND_FILE:
-            self.ds.read_entry(e)
+        if size or kind != KIND_FILE:
+            return True
+        if not wait:
+            return self.ds.confirm_empty(e) is not None
+        self.ds.read_entry(e)
+        return True
 
     def is_dir(self, e: int) -> bool:
         return self.index.kind(e) == KIND_DIR

@@ -24,12 +24,20 @@ from .memory import MemoryLock
 from ..core.index import KIND_FILE
 
 
+def slot_base(block_counts: np.ndarray) -> np.ndarray:
+    """Where each block's slots start in one numbering of every (block, slot) of a dataset: the file in
+    slot ``s`` of block ``b`` is ``base[b] + s``, dense, so per-file state fits an array."""
+    base = np.zeros(len(block_counts) + 1, dtype=np.int64)
+    np.cumsum(block_counts, out=base[1:])
+    return base
+
+
 def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(block, slot, size) of each distinct file of an index, hard links counted once, in entry order."""
     files = np.flatnonzero(arrays["kind"] == KIND_FILE)
     block = arrays["block"][files].astype(np.int64)
     slot = arrays["slot"][files].astype(np.int64)
-    _, first = np.unique(np.stack([block, slot], axis=1), axis=0, return_index=True)
+    _, first = np.unique(slot_base(arrays["block_counts"])[block] + slot, return_index=True)
     first.sort()
     return block[first], slot[first], arrays["size"][files][first].astype(np.int64)
 
@@ -38,7 +46,9 @@ class RetainingReader:
     """Serves target files from memory after their first read; everything else from ``cache``.
 
     ``blocks``, ``slots``, ``sizes``: the target files (the plan's ``retained`` mask applied to
-    :func:`unique_files`).  Thread-safe.
+    :func:`unique_files`); ``block_counts``: the slots of every block (the index's column).  Where each
+    target sits in the arena is an array over every (block, slot) of the dataset (:func:`slot_base`),
+    never a Python object per file: built in a few NumPy passes at mount.  Thread-safe.
     """
 
     def __init__(
@@ -47,34 +57,41 @@ class RetainingReader:
         blocks: np.ndarray,
         slots: np.ndarray,
         sizes: np.ndarray,
+        block_counts: np.ndarray,
         *,
         lock_memory: bool = True,
     ) -> None:
         self._cache = cache
         sizes = np.asarray(sizes, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if sizes.size else sizes
+        base = slot_base(block_counts)
+        keys = base[np.asarray(blocks, dtype=np.int64)] + np.asarray(slots, dtype=np.int64)
         self.capacity = int(sizes.sum())
-        # key -> (start in the arena, size); a plain dict: one hash lookup per read.
-        self._where: dict[tuple[int, int], tuple[int, int]] = {
-            (b, s): (o, n) for b, s, o, n in zip(blocks.tolist(), slots.tolist(), starts.tolist(), sizes.tolist())
-        }
+        self._targets = int(sizes.size)
+        start = np.full(int(base[-1]), -1, dtype=np.int64)  # -1: not a target
+        start[keys] = np.cumsum(sizes) - sizes
+        length = np.zeros(int(base[-1]), dtype=np.int64)
+        length[keys] = sizes
+        # memoryviews: indexing one gives a Python int far faster than NumPy's scalars (one per read).
+        self._base = base.data.cast("B").cast("q")
+        self._start = start.data.cast("B").cast("q")
+        self._length = length.data.cast("B").cast("q")
+        self._held = bytearray(int(base[-1]))  # 1: read once, its bytes are in the arena
         self._arena = mmap.mmap(-1, max(self.capacity, 1))
         self._memlock = MemoryLock(lock_memory and self.capacity > 0)
         self._locked = self._memlock.lock(self._arena) if self.capacity else False
-        self._held: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._c = {"retained_files": 0, "retained_bytes": 0, "retained_hits": 0, "retained_reads": 0,
                    "storage_bytes_avoided": 0}  # fmt: skip
 
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
-        key = (block, slot)
-        where = self._where.get(key)
-        if where is None:
+        key = self._base[block] + slot
+        start = self._start[key]
+        if start < 0:
             return self._cache.read_file(block, slot, crc, offset, size)
-        start, length = where
+        length = self._length[key]
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
-        if key in self._held:
+        if self._held[key]:
             with self._lock:
                 self._c["retained_reads"] += 1
                 self._c["storage_bytes_avoided"] += size
@@ -86,8 +103,8 @@ class RetainingReader:
         if len(data) == length:
             self._arena[start : start + length] = data  # concurrent first reads write the same bytes
             with self._lock:
-                if key not in self._held:
-                    self._held.add(key)
+                if not self._held[key]:
+                    self._held[key] = 1
                     self._c["retained_files"] += 1
                     self._c["retained_bytes"] += length
         return data[offset : offset + size]
@@ -95,32 +112,32 @@ class RetainingReader:
     def preload(self, crcs: dict[tuple[int, int], int], on_file: Callable[[int], None] | None = None) -> None:
         """Read every target file now (``crcs``: key -> CRC); ``on_file(bytes)`` after each."""
         for (block, slot), crc in crcs.items():
-            if (block, slot) in self._where and (block, slot) not in self._held:
+            if self.is_target(block, slot) and not self.holds(block, slot):
                 data = self.read_file(block, slot, crc)
                 if on_file:
                     on_file(len(data))
 
     def holds(self, block: int, slot: int) -> bool:
         """Whether this file is held now (read once already): a read of it is a memory copy."""
-        return (block, slot) in self._held
+        return bool(self._held[self._base[block] + slot])
 
     def is_target(self, block: int, slot: int) -> bool:
         """Whether the plan retains this file (read yet or not)."""
-        return (block, slot) in self._where
+        return self._start[self._base[block] + slot] >= 0
 
     @property
     def targets(self) -> int:
-        return len(self._where)
+        return self._targets
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = dict(self._c)
-        return {**c, "target_files": len(self._where), "target_bytes": self.capacity,
+        return {**c, "target_files": self._targets, "target_bytes": self.capacity,
                 "locked": self._locked, "mlock": self._memlock.failure or ("locked" if self._locked else "off")}  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
-            self._held.clear()
+            self._held = bytearray(len(self._held))
         self._arena.close()
 
 

@@ -263,9 +263,11 @@ class Session:
     # --- answering --------------------------------------------------------------------------------
     def reply(self, unique: int, body: Any) -> None:
         """Answer request ``unique`` with ``body`` (bytes-like, or a list/tuple of them)."""
-        parts = list(body) if isinstance(body, (list, tuple)) else [body]
-        size = sum(len(p) for p in parts)
-        self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + size, 0, unique), *parts])
+        if isinstance(body, (list, tuple)):
+            size = sum(len(p) for p in body)
+            self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + size, 0, unique), *body])
+        else:  # the common case, one part: no list built, no sum
+            self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + len(body), 0, unique), body])
 
     def fail(self, unique: int, err: int) -> None:
         self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -err, unique)])

@@ -185,3 +185,23 @@ def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path)
     assert sum(v for k, v in by_open.items() if k != "ioctl") <= n // 10, by_open
     if sys.version_info < (3, 14):
         assert by_open.get("ioctl", 0) >= n, by_open  # isatty(): one per open, answered in the request loop
+
+
+def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_path):
+    # Its pages are in the kernel's cache from the READ's answer: a push when its block loads (or is listed)
+    # would copy the same bytes again.  A file only looked up is still pushed (the recording session refuses).
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)  # every block in memory: reads are answered by the reader
+        read, looked_up = names[0], names[1]
+        assert calls.read(read.encode()) == (src / read).read_bytes()
+        assert calls.lookup_path(looked_up.encode())[0] == 0
+        entry = {n: fs.view.lookup(n.encode()) for n in (read, looked_up)}
+        assert fs._push([entry[read], entry[looked_up]]) == [entry[looked_up]]  # only the unread one was tried

@@ -376,7 +376,12 @@ class KernelFS:
             return self.control.read(path, size, offset)
         e = nodeid - 1
         if self.view.in_memory(e):
-            return self.view.read(e, offset, size)
+            data = self.view.read(e, offset, size)
+            if not offset and len(data) < size:
+                # The whole file went to the kernel's pages with this answer: a push when its block loads
+                # would only copy it there again.
+                self._pushed[e] = 1
+            return data
         self._data.submit(self._answer_later, unique, self.view.read, e, offset, size)
         return DEFERRED
 

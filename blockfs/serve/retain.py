@@ -37,8 +37,13 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     files = np.flatnonzero(arrays["kind"] == KIND_FILE)
     block = arrays["block"][files].astype(np.int64)
     slot = arrays["slot"][files].astype(np.int64)
-    _, first = np.unique(slot_base(arrays["block_counts"])[block] + slot, return_index=True)
-    first.sort()
+    base = slot_base(arrays["block_counts"])
+    keys = base[block] + slot
+    if keys.size and np.bincount(keys, minlength=int(base[-1])).max() > 1:  # hard links: keep each file's first
+        _, first = np.unique(keys, return_index=True)
+        first.sort()
+    else:  # no two entries share a slot (the common case): no sort at all
+        first = np.arange(keys.size)
     return block[first], slot[first], arrays["size"][files][first].astype(np.int64)
 
 

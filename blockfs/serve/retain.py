@@ -39,6 +39,7 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     slot = arrays["slot"][files].astype(np.int64)
     base = slot_base(arrays["block_counts"])
     keys = base[block] + slot
+    # The index's checks bound the slots by the files (core/index_checks.py), so the count array is small.
     if keys.size and np.bincount(keys, minlength=int(base[-1])).max() > 1:  # hard links: keep each file's first
         _, first = np.unique(keys, return_index=True)
         first.sort()

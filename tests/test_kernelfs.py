@@ -236,3 +236,83 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
         reads = requests(m.path).get("read", 0)
         assert (m.path / "big.bin").read_bytes() == big and (m.path / "small.bin").read_bytes() == b"beside it"
         assert requests(m.path).get("read", 0) == reads and stats(m.path)["page_cache"]["push_errors"] == 0
+
+
+def test_a_lookup_pushes_nothing_its_read_would_outrun(packed, tmp_path):
+    # A file looked up (no listing) is read at once: the READ reaches the server before a push from the pusher
+    # thread could land, so the lookup queues none (the block's own load still pushes what the kernel holds).
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    src, dest = packed
+    names = walk(src)
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        assert calls.read(names[0].encode()) == (src / names[0]).read_bytes()  # loads the block
+        block = fs.view.block_slot(fs.view.lookup(names[0].encode()))[0]
+        same_block = [n for n in names[1:] if fs.view.block_slot(fs.view.lookup(n.encode()))[0] == block]
+        assert same_block and fs.view.cache.holds(block)
+        while not fs._pushes.empty():  # the block's load queued its push (the pusher thread is not running here)
+            fs._pushes.get()
+        for name in same_block:
+            assert calls.lookup_path(name.encode())[0] == 0
+        assert fs._pushes.empty()
+
+
+def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path):
+    # Epoch 2 on the kernel route: a file whose pages the kernel holds is opened and read with no request but
+    # the TCGETS ioctl that CPython < 3.14's open() sends for isatty().  That one cannot be stopped by the
+    # server: the kernel forwards every ioctl of a FUSE file and turns ENOSYS into ENOTTY without remembering
+    # it (fs/fuse/ioctl.c, fuse_send_ioctl), so the session answers it before any dispatch.
+    import sys
+
+    src, dest = packed
+    name = walk(src)[5]
+    n = 200
+    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+        path = m.path / name
+        assert path.read_bytes() == (src / name).read_bytes()  # looked up, and read (or pushed) once
+        before = requests(m.path)
+        for _ in range(n):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                while os.read(fd, 1 << 20):
+                    pass
+            finally:
+                os.close(fd)
+        middle = requests(m.path)
+        for _ in range(n):
+            with open(path, "rb") as f:
+                f.read()
+        after = requests(m.path)
+
+    def sent(a: dict, b: dict) -> dict:
+        return {k: b[k] - a.get(k, 0) for k in b if k != "getxattr" and b[k] != a.get(k, 0)}  # getxattr: the stats
+
+    assert sum(sent(before, middle).values()) <= n // 10, sent(before, middle)
+    by_open = sent(middle, after)
+    assert sum(v for k, v in by_open.items() if k != "ioctl") <= n // 10, by_open
+    if sys.version_info < (3, 14):
+        assert by_open.get("ioctl", 0) >= n, by_open  # isatty(): one per open, answered in the request loop
+
+
+def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_path):
+    # Its pages are in the kernel's cache from the READ's answer: a push when its block loads (or is listed)
+    # would copy the same bytes again.  A file only looked up is still pushed (the recording session refuses).
+    from blockfs.serve.options import MountOptions
+    from blockfs.serve.server import assembled
+    from kernelcalls import KernelCalls
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)  # every block in memory: reads are answered by the reader
+        read, looked_up = names[0], names[1]
+        assert calls.read(read.encode()) == (src / read).read_bytes()
+        assert calls.lookup_path(looked_up.encode())[0] == 0
+        entry = {n: fs.view.lookup(n.encode()) for n in (read, looked_up)}
+        assert fs._push([entry[read], entry[looked_up]]) == [entry[looked_up]]  # only the unread one was tried

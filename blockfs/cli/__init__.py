@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
     p.add_argument("--handoff-fd", type=int, help=argparse.SUPPRESS)  # a background mount's: its secrets' pipe
+    p.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # a background mount's: where its plan goes
     add_storage_arguments(p, disk_tier=True)
     add_flags(p.add_argument_group("tuning (defaults chosen by tools/bench/bench_mount.py)"), "tuning")
     add_expect_argument(p)

@@ -12,7 +12,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 
 from ..serve.options import MountOptions
 from ..storage.location import absolute, is_remote, redact
@@ -50,21 +49,14 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
     return _cache_size(args.cache_size)
 
 
-def _memory_plan(args: argparse.Namespace, size: int, ds) -> tuple[Any, bool, dict | None]:
-    """The plan ``blockfs plan`` prints and the mount uses (the same function: blockfs.serve.retain.plan_dataset),
-    and for a remote dataset the disk tier's part (None for a local one)."""
-    from ..serve.plan import disk_tier_plan
-    from ..serve.retain import plan_dataset
+def _mount_plan(args: argparse.Namespace, size: int, ds) -> Any:
+    """The plan ``blockfs plan`` prints, made as a mount's server makes it (blockfs.serve.mountplan)."""
+    from ..serve.mountplan import make_mount_plan
 
-    plan, _files = plan_dataset(
-        ds.index.arrays, size, strategy=args.retain_strategy, threshold=flag_value(args, "retain_threshold"),
-        retain=args.retain and getattr(args, "policy", "cache-once") != "none",
+    return make_mount_plan(
+        ds, size, strategy=args.retain_strategy, threshold=flag_value(args, "retain_threshold"), retain=args.retain,
+        policy=getattr(args, "policy", "cache-once"), nodes=args.nodes, partition_seed=args.partition_seed,
     )  # fmt: skip
-    tier, disk = ds.disk_tier, None
-    if tier is not None:
-        disk = disk_tier_plan(plan, int(ds.metadata["block_bytes"]), tier.budget, tier.stats()["used"], tier.root,
-                              one_block=plan.block_bytes)  # fmt: skip
-    return plan, ds.is_remote, disk
 
 
 def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list[str]:
@@ -101,10 +93,18 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
     return said
 
 
-def _describe(plan, remote: bool, disk: dict | None, nodes: str = "") -> str:
-    from ..serve.plan import describe_disk_tier
+def _plan_of(report: dict[str, Any]) -> Any:
+    from ..serve.plan import MemoryPlan
 
-    return plan.describe() + ("\n" + describe_disk_tier(disk) if remote else "") + nodes
+    return MemoryPlan.from_dict(report["plan"])
+
+
+def _describe(report: dict[str, Any], nodes: str = "") -> str:
+    """A plan report (:meth:`blockfs.serve.mountplan.MountPlan.report`) for people."""
+    from ..serve.plan import MemoryPlan, describe_disk_tier
+
+    text = MemoryPlan.from_dict(report["plan"]).describe()
+    return text + ("\n" + describe_disk_tier(report["disk_tier"]) if report["remote"] else "") + nodes
 
 
 def _check_nodes(args: argparse.Namespace) -> None:
@@ -112,22 +112,15 @@ def _check_nodes(args: argparse.Namespace) -> None:
         raise ValueError(f"--node-rank {args.node_rank} is not one of --nodes {args.nodes} (0 to {args.nodes - 1})")
 
 
-def _node_lines(args: argparse.Namespace, size: int, ds) -> str:
+def _node_lines(args: argparse.Namespace, size: int, report: dict[str, Any]) -> str:
     """With --nodes N: each node's part, and the hit rate a node's budget gives on its own part."""
-    _check_nodes(args)
-    if args.nodes <= 1:
+    nodes = report.get("nodes")
+    if not nodes:
         return ""
-    from ..serve.server import node_part
-
-    from ..core.index import KIND_FILE
-
-    a = ds.index.arrays
-    files = a["kind"] == KIND_FILE
-    file_bytes = np.bincount(a["block"][files].astype(np.int64), weights=a["size"][files], minlength=ds.n_blocks)
-    parts = [file_bytes[node_part(ds, args.nodes, k, args.partition_seed)].sum() for k in range(args.nodes)]
+    parts = nodes["part_bytes"]
     rates = [min(1.0, size / p) if p else 1.0 for p in parts]
     return (
-        f"\nnodes:            {args.nodes} (partition='node', seed {args.partition_seed}): each node's part "
+        f"\nnodes:            {nodes['nodes']} (partition='node', seed {nodes['partition_seed']}): each node's part "
         f"{human(min(parts))} to {human(max(parts))}; this budget keeps {min(rates):.1%} to {max(rates):.1%} of a part"
         f"\nexpected hits per epoch on a node (from the 2nd): {rates[args.node_rank]:.1%} of node "
         f"{args.node_rank}'s bytes (partition='global': {min(1.0, size / max(1, sum(parts))):.1%})"
@@ -135,19 +128,33 @@ def _node_lines(args: argparse.Namespace, size: int, ds) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    _check_nodes(args)
     size, why = _budget(args)
     with open_from_args(args) as ds:
-        plan, remote, disk = _memory_plan(args, size, ds)
-        nodes = _node_lines(args, size, ds)
-    warnings = _warnings(size, why, plan, disk, getattr(args, "policy", "cache-once"))
+        report = _mount_plan(args, size, ds).report()
+    plan = _plan_of(report)
+    warnings = _warnings(size, why, plan, report["disk_tier"], getattr(args, "policy", "cache-once"))
     if args.json:
-        print(json.dumps(plan.to_dict() | {"budget_from": why, "disk_tier": disk, "warnings": warnings}, indent=2))
+        print(json.dumps(report["plan"] | {"budget_from": why, "disk_tier": report["disk_tier"], "warnings": warnings},
+                         indent=2))  # fmt: skip
     else:
         print(f"budget from:      {why}")
-        print(_describe(plan, remote, disk, nodes))
+        print(_describe(report, _node_lines(args, size, report)))
         for line in warnings:
             print(f"warning: {line}")
     return 0
+
+
+def _print_plan(args: argparse.Namespace, size: int, why: str, report: dict[str, Any]) -> None:
+    """What ``blockfs mount`` says of the plan its server made and reported: the plan (unless -q), and a
+    warning line for each budget that will not do what it seems to (even with -q)."""
+    plan = _plan_of(report)
+    if not args.quiet:
+        print(_plan_line(report["dataset"], size, why, args.policy, plan.n_files), flush=True)
+        if args.policy != "none":
+            print(_describe(report, _node_lines(args, size, report)), flush=True)
+    for line in _warnings(size, why, plan, report["disk_tier"], args.policy):
+        log.warning("%s", line)
 
 
 def _plan_line(meta: dict, size: int, why: str, policy: str, distinct: int | None = None) -> str:
@@ -209,7 +216,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     size, why = _budget(args)
     # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory
     # named after the mount point and handed to the serving process (which removes it; 'blockfs umount'
-    # does when that process was killed).
+    # does when that process was killed).  A local dataset is opened by the server alone, which makes the
+    # plan once and reports it here to be printed.
     fetched = None
     if is_remote(args.dest) and not args.disk_cache and not args.fetched_dir:
         mnt.remove_fetched(args.mountpoint)  # left by a killed server of an earlier mount here
@@ -217,17 +225,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         if args.foreground:
             args.fetched_dir = fetched  # this process serves: it removes it when it ends
     try:
-        with open_from_args(args, keep_fetched_in=args.fetched_dir or fetched) as ds:  # serving removes it
-            if args.budget_bytes is None:  # a background mount's server: its parent printed it
-                planned = _memory_plan(args, size, ds)
-                if not args.quiet:
-                    print(_plan_line(ds.metadata, size, why, args.policy, planned[0].n_files), flush=True)
-                    if args.policy != "none":
-                        print(_describe(*planned, _node_lines(args, size, ds)), flush=True)
-                for line in _warnings(size, why, planned[0], planned[2], args.policy):
-                    log.warning("%s", line)
+        if is_remote(args.dest) and not args.foreground:
+            with open_from_args(args, keep_fetched_in=fetched):
+                pass
         if args.foreground:
-            return _serve_here(args, size)
+            return _serve_here(args, size, why)
         log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
         # The serving process gets the user's own command line: every option is declared once, in the parser.
         # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
@@ -239,7 +241,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", "blockfs", *argv[:end], *added, *argv[end:]]
         # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
         timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
-        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args))
+        on_report = lambda raw: _print_plan(args, size, why, json.loads(raw))  # noqa: E731
+        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args),
+                                   on_report=on_report)  # fmt: skip
     except BaseException:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
@@ -257,9 +261,10 @@ def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
     return mount_options(args, cache_bytes=size, storage=storage_options(args))
 
 
-def _serve_here(args: argparse.Namespace, size: int) -> int:
-    """Serve in this process until unmounted (``--foreground``)."""
-    from ..serve.process import open_log
+def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
+    """Serve in this process until unmounted (``--foreground``).  The plan the server makes goes to the
+    command that started it (``--report-fd``), or is printed here when a person started it."""
+    from ..serve.process import open_log, send_report
     from ..serve.server import serve
 
     if args.log:
@@ -276,7 +281,12 @@ def _serve_here(args: argparse.Namespace, size: int) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
-    serve(args.dest, args.mountpoint, options, progress if bar else None)
+    on_plan = None
+    if args.report_fd is not None:
+        on_plan = lambda report: send_report(args.report_fd, json.dumps(report).encode())  # noqa: E731
+    elif args.budget_bytes is None:  # a background mount's server: its parent prints it
+        on_plan = lambda report: _print_plan(args, size, why, report)  # noqa: E731
+    serve(args.dest, args.mountpoint, options, progress if bar else None, on_plan=on_plan)
     if bar:
         bar.close()
     _drop_clean_default_log(args)

@@ -212,19 +212,17 @@ class PackedDataset:
         return self.read_entry(self.lookup(path), offset, size)
 
     def read_entry(self, e: int, offset: int = 0, size: int = -1) -> bytes:
-        a = self._a
-        kind = self.index.kind(e)
+        kind, block, slot, length, crc = self.index.read_fields(e)  # Python ints from memoryviews: no NumPy scalars
         if kind == KIND_DIR:
             raise IsADirectoryEntryError(f"is a directory: {os.fsdecode(self.path_of(e))!r}")
         if kind != KIND_FILE:
             raise EntryNotFoundError(f"not a regular file: {os.fsdecode(self.path_of(e))!r}")
-        block, slot, length = int(a["block"][e]), int(a["slot"][e]), int(a["size"][e])
         try:
             data = b""
             if offset < length and size != 0:
                 if size < 0 or offset + size > length:
                     size = length - offset
-                data = self.reader.read_file(block, slot, int(a["crc"][e]), offset, size)
+                data = self.reader.read_file(block, slot, crc, offset, size)
             # The index's size decides where the file ends: it must be the block's, or the file comes out
             # cut.  Checked after the read, whose reader (a cache) sees the header's faults first and has
             # left the header with the store.

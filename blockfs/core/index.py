@@ -273,6 +273,11 @@ class PackedIndex:
             ("label", "i"), ("block", "i"),
         )  # fmt: skip
         self._stat_views = tuple(view(name, fmt) for name, fmt in stat_columns)
+        # What a read needs: (kind, block, slot, size, crc).
+        read_columns: tuple[tuple[str, _IntFormat], ...] = (
+            ("kind", "B"), ("block", "i"), ("slot", "I"), ("size", "Q"), ("crc", "I"),
+        )  # fmt: skip
+        self._read_views = tuple(view(name, fmt) for name, fmt in read_columns)
         self._mask = int(self.arrays["hash_start"].size) - 2
         self._paths_start = placed["paths"][0]
 
@@ -303,7 +308,13 @@ class PackedIndex:
 
     def stat_fields(self, entry: int) -> tuple[int, ...]:
         """(kind, mode, size, mtime_ns, ino, nlink, label, block) of an entry, as Python ints."""
-        return tuple(v[entry] for v in self._stat_views)
+        kind, mode, size, mtime_ns, ino, nlink, label, block = self._stat_views  # no generator: one per request
+        return kind[entry], mode[entry], size[entry], mtime_ns[entry], ino[entry], nlink[entry], label[entry], block[entry]
+
+    def read_fields(self, entry: int) -> tuple[int, int, int, int, int]:
+        """(kind, block, slot, size, crc) of an entry, as Python ints: what a read needs, one call per read."""
+        kind, block, slot, size, crc = self._read_views
+        return kind[entry], block[entry], slot[entry], size[entry], crc[entry]
 
     def children(self, entry: int) -> range:
         if self._kind[entry] != KIND_DIR:
@@ -341,7 +352,7 @@ class PackedIndex:
 
     def close(self) -> None:
         self.arrays.clear()
-        for view in self.__dict__.pop("_stat_views", ()):
+        for view in (*self.__dict__.pop("_stat_views", ()), *self.__dict__.pop("_read_views", ())):
             view.release()
         for name in ("_path_off", "_hash_start", "_hash_order", "_kind", "_child_start", "_child_count", "raw"):
             view = self.__dict__.pop(name, None)

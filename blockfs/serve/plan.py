@@ -109,6 +109,12 @@ class MemoryPlan:
         return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch,
                          "page_cache_bytes": self.page_cache_bytes}  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "MemoryPlan":
+        """The plan :meth:`to_dict` gave (a server's report), without the per-file mask: enough to describe it."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "retained"]
+        return cls(**{name: values[name] for name in names}, retained=np.zeros(0, dtype=bool))
+
     @property
     def page_cache_bytes(self) -> int:
         """What the kernel route adds in the kernel's page cache, at most: a copy of every file of every

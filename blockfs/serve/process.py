@@ -12,13 +12,14 @@ import errno
 import hashlib
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
 import tempfile
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
@@ -132,26 +133,39 @@ def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:
 def start_background(
     command: Sequence[str], mountpoint: str | os.PathLike, log_path: str, timeout: float = 30.0,
     handoff: bytes | None = None, handoff_option: str = "--handoff-fd",
+    on_report: Callable[[bytes], None] | None = None, report_option: str = "--report-fd",
 ) -> int:
     """Run ``command`` (a foreground serving process) detached, logging to ``log_path``; return its pid once
     ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail.
 
     ``handoff``: bytes (secrets) the process reads from an inherited pipe named by ``handoff_option FD``, so
-    they appear in no command line or environment another user can read (``/proc/PID/cmdline``)."""
+    they appear in no command line or environment another user can read (``/proc/PID/cmdline``).
+    ``on_report(bytes)``: called with what the process writes to the pipe named by ``report_option FD``
+    (its plan, :func:`send_report`) once it closes it, before waiting for the mount; not called when the
+    process exits or the timeout passes without writing anything."""
     command = list(command)
-    read_end = None
+    read_end = report_read = report_write = None
+    passed: list[int] = []
     if handoff is not None:
         read_end, write_end = os.pipe()
         end = command.index("--") if "--" in command else len(command)  # options go before the positionals
         command[end:end] = [handoff_option, str(read_end)]
+        passed.append(read_end)
+    if on_report is not None:
+        report_read, report_write = os.pipe()
+        end = command.index("--") if "--" in command else len(command)
+        command[end:end] = [report_option, str(report_write)]
+        passed.append(report_write)
     log_fd = open_log(log_path)
     try:
         offset = os.lseek(log_fd, 0, os.SEEK_END)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                                start_new_session=True, pass_fds=() if read_end is None else (read_end,))  # fmt: skip
+                                start_new_session=True, pass_fds=tuple(passed))  # fmt: skip
     except BaseException:
+        for fd in (read_end, report_read, report_write):
+            if fd is not None:
+                os.close(fd)
         if read_end is not None:
-            os.close(read_end)
             os.close(write_end)
         raise
     finally:
@@ -160,8 +174,14 @@ def start_background(
         os.close(read_end)
         # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child reads.
         threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
+    deadline = time.monotonic() + timeout
     try:
-        wait_until_mounted(mountpoint, proc, timeout, log_path, offset)
+        if report_read is not None and report_write is not None:
+            os.close(report_write)
+            report = _read_until_closed(report_read, deadline)
+            if report and on_report is not None:
+                on_report(report)
+        wait_until_mounted(mountpoint, proc, max(0.0, deadline - time.monotonic()), log_path, offset)
     except MountError:
         if proc.poll() is None:
             proc.terminate()
@@ -171,6 +191,32 @@ def start_background(
                 proc.kill()
         raise
     return proc.pid
+
+
+def _read_until_closed(fd: int, deadline: float) -> bytes:
+    """Everything written to the pipe ``fd`` until its writer closes it (or exits), or until ``deadline``
+    (then b""); ``fd`` is closed."""
+    chunks: list[bytes] = []
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+        return b""
+    finally:
+        os.close(fd)
+
+
+def send_report(fd: int, data: bytes) -> None:
+    """In a serving process: write ``data`` to the pipe :func:`start_background` named, and close it; quiet
+    when the command that started it is gone."""
+    try:
+        _write_all(fd, data)
+    except OSError:
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -186,7 +232,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def read_handoff(fd: int) -> bytes:
     """What :func:`start_background` handed this process through the pipe ``fd`` (closed afterwards)."""
-    chunks = []
+    chunks: list[bytes] = []
     try:
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)

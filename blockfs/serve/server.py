@@ -24,7 +24,6 @@ import numpy as np
 
 from ..core.dataset import PackedDataset
 from ..errors import MountError
-from ..core.partition import partition_blocks
 from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
@@ -32,9 +31,10 @@ from .cache import BlockCache
 from .libfuse_messages import StderrCapture, distill
 from .notify import notify
 from .options import FUSE_ROUTES, MountOptions
+from .mountplan import make_mount_plan, node_part
 from .plan import MemoryPlan
 from .process import is_mounted
-from .retain import RetainingReader, plan_dataset
+from .retain import RetainingReader
 from .share import ShareServer
 from .view import MountView
 
@@ -147,13 +147,6 @@ def preload(
     log.info("preloaded %d bytes in %.1f s", done[0], time.monotonic() - started)
 
 
-def node_part(ds: PackedDataset, nodes: int, node_rank: int, seed: int) -> list[int]:
-    """The blocks of node ``node_rank`` under ``partition="node"`` (the loaders' split: same inputs)."""
-    a = ds.index.arrays
-    node_of = partition_blocks(np.diff(a["block_offsets"]), nodes, seed=seed, block_bytes=a["block_sizes"])
-    return np.flatnonzero(node_of == node_rank).tolist()
-
-
 @contextlib.contextmanager
 def assembled(
     dest: str | os.PathLike,
@@ -161,10 +154,11 @@ def assembled(
     options: MountOptions,
     on_progress: Callable[[int, int], None] | None = None,
     route: str | None = None,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator["Adapter"]:
     """Every layer of a mount of ``dest`` at ``mountpoint`` (not mounted): the adapter of ``route`` (by
     default :func:`choose_route`'s), with its control directory's sockets listening; everything is closed
-    on the way out."""
+    on the way out.  ``on_plan(report)``: the plan (:meth:`MountPlan.report`), as soon as it is made."""
     route = route or choose_route(options)
     if route == "kernel":
         from .kernelfs import KernelFS as make_adapter
@@ -177,12 +171,14 @@ def assembled(
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
-        retain = options.retain and options.policy != "none"
-        plan, (blocks, slots, sizes) = plan_dataset(
-            ds.index.arrays, options.cache_bytes, strategy=options.retain_strategy,
-            threshold=options.retain_threshold, retain=retain,
+        planned = make_mount_plan(
+            ds, options.cache_bytes, strategy=options.retain_strategy, threshold=options.retain_threshold,
+            retain=options.retain, policy=options.policy, nodes=options.nodes, partition_seed=options.partition_seed,
         )  # fmt: skip
-        log.debug("memory plan:\n%s", plan.describe())  # the command printed it
+        if on_plan is not None:
+            on_plan(planned.report())  # the command that started this server prints it
+        plan, (blocks, slots, sizes), retain = planned.memory, planned.files, planned.retains
+        log.debug("memory plan:\n%s", plan.describe())
         cache = BlockCache(
             ds.store, plan.block_cache_bytes if retain else options.cache_bytes, options.policy,
             readahead=options.readahead, lock_memory=options.lock_memory, n_files=len(sizes), share=options.share,
@@ -193,7 +189,8 @@ def assembled(
         retainer = None
         if retain and plan.retained_files:
             mask = plan.retained
-            retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask], lock_memory=options.lock_memory)
+            retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask],
+                                       lock_memory=options.lock_memory)  # fmt: skip
             stack.callback(retainer.close)
         ds.reader = retainer if retainer is not None else cache
         view = MountView(ds, cache, options, mountpoint, plan, retainer)
@@ -216,13 +213,15 @@ def serve(
     mountpoint: str | os.PathLike,
     options: MountOptions,
     on_progress: Callable[[int, int], None] | None = None,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Mount ``dest`` at ``mountpoint`` and serve it until unmounted (or SIGINT/SIGTERM); blocks.
 
-    ``on_progress(done, total)``: bytes read so far by ``options.preload``, before mounting."""
+    ``on_progress(done, total)``: bytes read so far by ``options.preload``, before mounting.
+    ``on_plan(report)``: the mount's plan, made once, before anything is read or mounted."""
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
-    with assembled(dest, mountpoint, options, on_progress) as fs:
+    with assembled(dest, mountpoint, options, on_progress, on_plan=on_plan) as fs:
         watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint), daemon=True)
         if fs.route == "kernel":
             watcher.start()

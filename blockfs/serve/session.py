@@ -192,10 +192,11 @@ class Session:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         fd, handlers, unpack, requests = self.fd, self._handlers, wire.IN_HEADER.unpack_from, self.requests
-        ioctl, not_a_tty = wire.IOCTL, wire.OUT_HEADER.pack
+        ioctl, not_a_tty, enotty = wire.IOCTL, wire.OUT_HEADER.pack, -errno.ENOTTY
+        head, init, reply, into = wire.IN_HEADER.size, wire.INIT, self.reply, [buf]  # locals: looked up per request
         while True:
             try:
-                n = os.readv(fd, [buf])
+                n = os.readv(fd, into)
             except InterruptedError:
                 continue
             except OSError as e:
@@ -208,12 +209,12 @@ class Session:
             requests[opcode] += 1
             if opcode == ioctl:  # isatty() of every Python < 3.14 open(): answered as cheaply as can be
                 try:
-                    os.write(fd, not_a_tty(16, -errno.ENOTTY, unique))
+                    os.write(fd, not_a_tty(16, enotty, unique))
                 except OSError:
                     pass  # interrupted or unmounted: nobody waits for this answer
                 continue
-            if opcode == wire.INIT:
-                self._init(unique, view[wire.IN_HEADER.size : n])
+            if opcode == init:
+                self._init(unique, view[head:n])
                 continue
             handler = handlers.get(opcode)
             if handler is None:
@@ -221,7 +222,7 @@ class Session:
                     self.fail(unique, errno.ENOSYS)
                 continue
             try:
-                out = handler(nodeid, view[wire.IN_HEADER.size : n], unique)
+                out = handler(nodeid, view[head:n], unique)
             except OSError as e:
                 self.fail(unique, e.errno or errno.EIO)
                 continue
@@ -231,7 +232,7 @@ class Session:
                 continue
             if out is DEFERRED or out is NO_REPLY:
                 continue
-            self.reply(unique, out)
+            reply(unique, out)
         self.stopped.set()
 
     def _init(self, unique: int, body: memoryview) -> None:
@@ -254,9 +255,11 @@ class Session:
     # --- answering --------------------------------------------------------------------------------
     def reply(self, unique: int, body: Any) -> None:
         """Answer request ``unique`` with ``body`` (bytes-like, or a list/tuple of them)."""
-        parts = list(body) if isinstance(body, (list, tuple)) else [body]
-        size = sum(len(p) for p in parts)
-        self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + size, 0, unique), *parts])
+        if isinstance(body, (list, tuple)):
+            size = sum(len(p) for p in body)
+            self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + size, 0, unique), *body])
+        else:  # the common case, one part: no list built, no sum
+            self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size + len(body), 0, unique), body])
 
     def fail(self, unique: int, err: int) -> None:
         self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -err, unique)])

@@ -168,11 +168,12 @@ class MountView:
         return self._block[entries]
 
     def block_slot(self, e: int) -> tuple[int, int]:
-        return int(self._block[e]), int(self._slot[e])
+        _kind, block, slot, _size, _crc = self.index.read_fields(e)
+        return block, slot
 
     def in_memory(self, e: int) -> bool:
         """Whether a read of file ``e`` is answered from memory now, without waiting on storage."""
-        block, slot = int(self._block[e]), int(self._slot[e])
+        _kind, block, slot, _size, _crc = self.index.read_fields(e)  # Python ints: no NumPy scalar per read
         if self.retainer is not None and self.retainer.holds(block, slot):
             return True
         return self.cache.holds(block)

@@ -1,0 +1,68 @@
+"""blockfs.serve.mountplan: a mount's plan is made once, by its server, and reported to the command that prints
+it; ``blockfs plan`` makes the same one the same way.  Mechanisms, not speed: counted calls and live objects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import blockfs
+from blockfs import cli
+from blockfs.client import read_stats
+from blockfs.core.dataset import PackedDataset
+from blockfs.serve import plan as plan_module
+from blockfs.serve.mountplan import make_mount_plan, retains
+from conftest import has_fuse, make_class_tree, require
+from mountutil import release
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mountplan")
+    make_class_tree(root / "src", files=240, seed=5, sizes=(1, 30_000))
+    blockfs.pack(root / "src", root / "packed", block_size=128 << 10, fsync=False)
+    return root / "packed"
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("binding", ["kernel", "mfusepy"])
+def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(packed, tmp_path, monkeypatch, capsys,
+                                                                            binding):  # fmt: skip
+    require(has_fuse(), "/dev/fuse")
+    monkeypatch.setenv("BLOCKFS_FUSE", binding)  # the serving process's route
+
+    def no_plan_here(*args, **kwargs):
+        raise AssertionError("blockfs mount made a memory plan itself: only its server may")
+
+    monkeypatch.setattr(plan_module, "make_memory_plan", no_plan_here)  # this process only, not the server
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    budget = json.loads((packed / "blockfs.json").read_text())["file_bytes"] // 3  # does not fit: files retained
+    try:
+        assert cli.main(["mount", str(packed), str(mnt), "--cache-size", str(budget), "--log", str(tmp_path / "log")]) == 0
+        out = capsys.readouterr().out
+        served = read_stats(mnt)["plan"]
+    finally:
+        release(mnt)
+    assert out.count("memory plan:") == 1 and out.count("memory budget:") == 1, out
+    assert f"retained files:   {served['retained_files']:,} files" in out, out
+    assert out.index("memory budget:") < out.index("mounted ")
+
+
+def test_blockfs_plan_is_the_plan_a_server_makes(packed, capsys):
+    budget = json.loads((packed / "blockfs.json").read_text())["file_bytes"] // 3
+    assert cli.main(["plan", str(packed), "--cache-size", str(budget), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    with PackedDataset(packed) as ds:
+        made = make_mount_plan(ds, budget).report()["plan"]
+    assert {k: printed[k] for k in made} == made
+
+
+def test_a_policy_that_caches_nothing_retains_nothing(packed):
+    assert retains(True, "cache-once") and not retains(False, "cache-once") and not retains(True, "none")
+    with PackedDataset(packed) as ds:
+        budget = int(ds.metadata["file_bytes"]) // 3
+        kept, none = make_mount_plan(ds, budget), make_mount_plan(ds, budget, policy="none")
+    assert kept.retains and kept.memory.retained_files > 0
+    assert not none.retains and none.memory.retain_share == 0 and none.memory.block_cache_bytes == budget

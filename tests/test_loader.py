@@ -187,6 +187,23 @@ def test_a_block_file_from_another_dataset_is_refused_by_name(bl, tiny, tmp_path
             loader.mount.read(victim)
 
 
+def test_block_headers_are_read_through_the_formats_one_reader(bl, tiny, monkeypatch):
+    from blockfs.core import format as fmt
+
+    seen = []
+    real = fmt.read_header
+
+    def spy(pread, where, *args, **kwargs):
+        seen.append(where)
+        return real(pread, where, *args, **kwargs)
+
+    monkeypatch.setattr(fmt, "read_header", spy)
+    with bl.BlockLoader(tiny / "mnt", B, seed=0) as loader:
+        entry = int(loader.mount.file_ids[0])
+        assert loader.mount.read(entry) == Path(loader.path(entry)).read_bytes()
+        assert seen == [f"block {int(loader.mount.block_of[entry])} through the mount at {loader.mount.root}"]
+
+
 def test_epochs_differ_and_the_seed_fixes_the_order(bl, tiny):
     def order(seed, epoch):
         loader = bl.BlockLoader(tiny / "mnt", B, seed=seed)

@@ -818,7 +818,7 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
 
 @pytest.mark.fuse
 def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny, tmp_path, fuse_ok):
-    from blockfs.loader.mountview import BlockfsMount
+    from blockfs.loader.mount_client import BlockfsMount
 
     dest = tmp_path / "packed"
     shutil.copytree(tiny / "packed", dest)

@@ -1,4 +1,4 @@
-"""The loader's view of a blockfs mount: the index, labels, paths, reads, stats and prefetch hints -- no torch.
+"""The loader's client of a live blockfs mount: the index, labels, paths, reads, stats and prefetch hints -- no torch.
 
 **Finding the data.** The mount root carries the extended attribute ``user.blockfs.control``, the name of a
 hidden control directory at the root; in it ``index.bfi`` is the dataset's index (block layout, labels,

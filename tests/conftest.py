@@ -158,35 +158,6 @@ def make_class_tree(src, files: int, seed: int, sizes: tuple[int, int]) -> None:
         path.write_bytes(rng.randbytes(rng.randint(*sizes)))
 
 
-def tree_snapshot(root: str | os.PathLike) -> dict:
-    """Everything pack must keep, per relative path: type, mode, mtime, content or link target, and
-    which paths share an inode."""
-    import stat
-
-    root = os.fsencode(root)
-    snap: dict = {}
-    inodes: dict = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as f:
-                    what = ("file", f.read())
-                inodes.setdefault(st.st_ino, []).append(rel)
-            elif stat.S_ISLNK(st.st_mode):
-                what = ("link", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                what = ("dir", None)
-            else:
-                continue
-            mode = st.st_mode if not stat.S_ISLNK(st.st_mode) else None
-            snap[rel] = (what, mode, st.st_mtime_ns)
-    snap["hardlink groups"] = sorted(sorted(v) for v in inodes.values() if len(v) > 1)
-    return snap
-
-
 @pytest.fixture
 def edge_tree(tmp_path) -> bytes:
     return make_edge_tree(tmp_path / "src")

@@ -20,7 +20,7 @@ from blockfs import cli
 from blockfs.core.index import KIND_FILE, PackedIndex
 from blockfs.core.verify import verify
 from blockfs.errors import CorruptBlockError, FormatError, IndexFormatError, UnsupportedVersionError
-from indexutil import edit_metadata, patch_array, resign, rewrite_toc
+from fuzz.indexutil import edit_metadata, patch_array, resign, rewrite_toc
 
 # A hung read loop must fail the test, not hang the suite.
 CLI_TIMEOUT_S = 120

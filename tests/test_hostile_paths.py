@@ -23,7 +23,7 @@ from blockfs.errors import BlockfsError, IndexFormatError, SourceError
 from blockfs.packing.packer import pack
 from blockfs.packing.sources import DirectorySource
 from conftest import make_edge_tree
-from indexutil import entry_of, index_arrays, rename_entry, rewrite_index
+from fuzz.indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 
 
 @pytest.fixture

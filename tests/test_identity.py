@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import has_fuse, require
-from forgery import forge
-from indexutil import strip_digests
+from fuzz.forgery import forge
+from fuzz.indexutil import strip_digests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

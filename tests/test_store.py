@@ -15,7 +15,7 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.core.verify import verify
 from blockfs.errors import BlockReadError, CorruptBlockError, IndexFormatError
 from conftest import require
-from indexutil import patch_array, resign
+from fuzz.indexutil import patch_array, resign
 
 FILES = 400
 

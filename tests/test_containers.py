@@ -25,7 +25,7 @@ from blockfs.errors import FormatError, NotADatasetError, SourceError
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import verify
 
-from conftest import make_edge_tree
+from treeutil import make_edge_tree
 
 from fuzz.treesnap import tree_snapshot
 

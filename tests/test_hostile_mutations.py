@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from fuzz.indexutil import entry_of, rewrite_index

@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from fuzz.forgery import forge
 from fuzz.indexutil import strip_digests
 from hypothesis import HealthCheck, given, settings

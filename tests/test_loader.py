@@ -30,7 +30,7 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.errors import FormatError
 from blockfs.loader.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
 from blockfs.core.unpack import unpack
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import mounted
 from polling import wait_until
 

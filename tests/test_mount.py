@@ -33,7 +33,8 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
 from blockfs.client import control_dir, read_stats
 from blockfs.serve.process import is_mounted
-from conftest import has_fuse, has_torch, make_edge_tree, require
+from capability import has_fuse, has_torch, require
+from treeutil import make_edge_tree
 from mountutil import BINDINGS, mounted, release
 from polling import wait_until
 

@@ -14,7 +14,7 @@ from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.verify import verify
 from blockfs.errors import BlockReadError, CorruptBlockError, IndexFormatError
-from conftest import require
+from capability import require
 from fuzz.indexutil import patch_array, resign
 
 FILES = 400

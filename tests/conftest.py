@@ -1,4 +1,4 @@
-"""Shared test fixtures and capability checks.
+"""Shared test fixtures and the suite's hooks; the helpers tests import are plain modules (capability, treeutil).
 
 A test that needs a machine capability (``/dev/fuse``, PyTorch, root) is skipped where that capability is
 missing, *unless* ``BLOCKFS_REQUIRE_ALL=1`` is set: then every skip, however it was asked for
@@ -9,12 +9,11 @@ them) can never go green by skipping.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
+from capability import REQUIRE_ALL, has_torch, require
 from hypothesis import settings
-
-REQUIRE_ALL = os.environ.get("BLOCKFS_REQUIRE_ALL") == "1"
+from treeutil import make_edge_tree
 
 # No deadline anywhere: how long an example takes on a shared machine is a wall-clock assertion, and
 # speed is measured in tools/bench/.  CI runs the property tests on a fixed set of examples, so its verdict is
@@ -41,23 +40,6 @@ def pytest_collectreport(report):
     """Under BLOCKFS_REQUIRE_ALL=1, a module skipped whole at collection fails too."""
     if REQUIRE_ALL and report.skipped:
         report.outcome = "failed"
-
-
-def require(condition: bool, what: str) -> None:
-    """Skip (or fail under BLOCKFS_REQUIRE_ALL=1) when a machine capability is missing."""
-    if condition:
-        return
-    if REQUIRE_ALL:
-        pytest.fail(f"{what} is missing, and BLOCKFS_REQUIRE_ALL=1 says this machine must have it")
-    pytest.skip(f"{what} is missing on this machine")
-
-
-def has_torch() -> bool:
-    return importlib.util.find_spec("torch") is not None
-
-
-def has_fuse() -> bool:
-    return os.path.exists("/dev/fuse") and os.access("/dev/fuse", os.R_OK | os.W_OK)
 
 
 @pytest.fixture
@@ -91,100 +73,6 @@ def s3(s3_server, monkeypatch):
         monkeypatch.setenv(key, value)
     s3_server.start() if s3_server._server is None else None  # a test that stopped it and failed
     return s3_server
-
-
-# --- trees to pack -----------------------------------------------------------------------------------
-EDGE_MTIME_NS = 1_600_000_000_123_456_789
-
-
-def make_edge_tree(root: str | os.PathLike, *, special: bool = False) -> bytes:
-    """A tree with every kind of thing the packer must keep: returns its path as bytes.
-
-    Empty files and directories, nested directories, relative/absolute/dangling symlinks, hard links,
-    names that are not UTF-8 or hold spaces, newlines and leading dashes, odd modes, nanosecond mtimes.
-    With ``special``, also a FIFO and a socket (which the packer skips).
-    """
-    import socket
-
-    root = os.fsencode(root)
-    os.makedirs(root, exist_ok=True)
-
-    def put(rel: bytes, data: bytes, mode: int = 0o644) -> None:
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        os.chmod(path, mode)
-
-    put(b"class_a/one.txt", b"hello\n")
-    put(b"class_a/empty.bin", b"")
-    put(b"class_a/big.bin", bytes(range(256)) * 700)
-    put(b"class_b/\xff\xfe not utf8.bin", b"bytes\x00\xff")
-    put(b"class_b/with space.txt", b"space")
-    put(b"class_b/new\nline.txt", b"newline")
-    put(b"class_b/-leading-dash", b"dash", 0o600)
-    put("class_b/日本語.txt".encode(), "unicode".encode())
-    put(b"class_b/deep/er/est/file.dat", os.urandom(3000), 0o755)
-    put(b"top_level_file", b"no class", 0o444)
-    os.makedirs(os.path.join(root, b"empty_dir"))
-    os.makedirs(os.path.join(root, b"class_c/empty_sub"))
-    os.chmod(os.path.join(root, b"class_c/empty_sub"), 0o700)
-    os.symlink(b"one.txt", os.path.join(root, b"class_a/link_rel"))
-    os.symlink(b"/nonexistent/target", os.path.join(root, b"dangling_abs"))
-    os.symlink(b"class_b/deep", os.path.join(root, b"link_to_dir"))
-    os.link(os.path.join(root, b"class_a/one.txt"), os.path.join(root, b"class_c/hardlink_to_one"))
-    if special:
-        os.mkfifo(os.path.join(root, b"a_fifo"))
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(os.path.join(root, b"a_socket"))
-        sock.close()
-    # mtimes last (deepest first), so creating children does not move a directory's mtime.
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames + dirnames:
-            os.utime(os.path.join(dirpath, name), ns=(EDGE_MTIME_NS, EDGE_MTIME_NS), follow_symlinks=False)
-    os.utime(root, ns=(EDGE_MTIME_NS, EDGE_MTIME_NS))
-    return root
-
-
-def make_class_tree(src, files: int, seed: int, sizes: tuple[int, int]) -> None:
-    """``files`` files of random bytes (sizes in the closed range ``sizes``) in three class directories."""
-    import random
-    from pathlib import Path
-
-    rng = random.Random(seed)
-    for i in range(files):
-        path = Path(src) / f"c{i % 3}" / f"f{i:03d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(rng.randbytes(rng.randint(*sizes)))
-
-
-def tree_snapshot(root: str | os.PathLike) -> dict:
-    """Everything pack must keep, per relative path: type, mode, mtime, content or link target, and
-    which paths share an inode."""
-    import stat
-
-    root = os.fsencode(root)
-    snap: dict = {}
-    inodes: dict = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as f:
-                    what = ("file", f.read())
-                inodes.setdefault(st.st_ino, []).append(rel)
-            elif stat.S_ISLNK(st.st_mode):
-                what = ("link", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                what = ("dir", None)
-            else:
-                continue
-            mode = st.st_mode if not stat.S_ISLNK(st.st_mode) else None
-            snap[rel] = (what, mode, st.st_mtime_ns)
-    snap["hardlink groups"] = sorted(sorted(v) for v in inodes.values() if len(v) > 1)
-    return snap
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_fuse, require
+from capability import has_fuse, require
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench" / "bench_remote.py"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from polling import wait_until
 
 BENCH = Path(__file__).resolve().parent.parent / "tools" / "bench"

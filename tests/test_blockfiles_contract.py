@@ -27,7 +27,7 @@ import blockfs
 from blockfs.core import format as fmt
 from blockfs.storage.blockfiles import BlockFiles, LocalBlockFiles
 from blockfs.storage.remote_blocks import HEAD_BYTES as HEAD  # reads below it come from a block's kept head
-from conftest import require
+from capability import require
 from s3server import ACCESS_KEY, REGION, SECRET
 
 MiB = 1 << 20

@@ -25,7 +25,9 @@ from blockfs.errors import FormatError, NotADatasetError, SourceError
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import verify
 
-from conftest import make_edge_tree, tree_snapshot
+from treeutil import make_edge_tree
+
+from fuzz.treesnap import tree_snapshot
 
 # --- a RecordIO writer, from the format's description (mxnet is not installable here) -------------------
 MAGIC = 0xCED7230A

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import blockfs
-from conftest import make_class_tree
+from treeutil import make_class_tree
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
@@ -265,7 +265,7 @@ def _as_nobody(root: Path, rels: list[str]) -> dict:
 def test_under_allow_other_another_user_cannot_read_a_private_files_bytes_through_the_control_files(tmp_path):
     import os
 
-    from conftest import has_fuse, require
+    from capability import has_fuse, require
     from mountutil import mounted
 
     require(has_fuse(), "/dev/fuse")

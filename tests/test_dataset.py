@@ -21,7 +21,7 @@ from blockfs.errors import (
     NotASymlinkError,
     UnsupportedVersionError,
 )
-from indexutil import edit_metadata
+from fuzz.indexutil import edit_metadata
 
 
 @pytest.fixture

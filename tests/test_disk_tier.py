@@ -13,7 +13,7 @@ import pytest
 
 from blockfs.storage.disk_tier import DiskTier
 from blockfs.storage.owned import UnsafeDirectoryError
-from conftest import require
+from capability import require
 
 KEY = "0123456789abcdef0123"
 OTHER_KEY = "fedcba9876543210fedc"

@@ -17,7 +17,7 @@ import pytest
 import blockfs
 from blockfs.cli import main
 from blockfs.serve.libfuse_messages import distill
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import mounted, release
 from polling import wait_until
 

@@ -105,3 +105,42 @@ def test_wide_blocks_carry_chunk_checksums(monkeypatch):
     assert head.flags & fmt.FLAG_WIDE and back == files
     assert len(head.chunk_crcs) == fmt.n_chunks(260)
     assert head.data_start == fmt.header_size(2, True, 260)
+
+
+def _reads_of(block: bytes, log: list[tuple[int, int]]):
+    def pread(size: int, offset: int) -> bytes:
+        log.append((size, offset))
+        return block[offset : offset + size]
+
+    return pread
+
+
+def test_read_header_reads_the_preamble_then_exactly_the_header():
+    block = fmt.encode_block(7, [b"abc", b"defg"], [0, 1])
+    log: list[tuple[int, int]] = []
+    head, raw = fmt.read_header(_reads_of(block, log), "b", file_size=len(block))
+    assert head.block_id == 7 and raw == block[: head.data_start]
+    assert log == [(fmt.PREAMBLE_SIZE + 4, 0), (head.data_start, 0)]
+
+
+def test_read_header_refuses_a_count_before_reading_the_header():
+    block = fmt.encode_block(7, [b"abc", b"defg"], [0, 1])
+    log: list[tuple[int, int]] = []
+
+    def check_count(count: int) -> None:
+        raise CorruptBlockError(f"{count} files, the index says 3")
+
+    with pytest.raises(CorruptBlockError, match="2 files, the index says 3"):
+        fmt.read_header(_reads_of(block, log), "b", file_size=len(block), check_count=check_count)
+    assert log == [(fmt.PREAMBLE_SIZE + 4, 0)]
+
+
+def test_read_header_refuses_a_header_longer_than_the_file_before_reading_it():
+    block = bytearray(fmt.encode_block(7, [b"abc"], [0]))
+    block[32:36] = (1 << 20).to_bytes(4, "little")  # a damaged count: a 12 MiB header
+    log: list[tuple[int, int]] = []
+    with pytest.raises(CorruptBlockError, match="truncated or damaged header"):
+        fmt.read_header(_reads_of(bytes(block), log), "b", file_size=len(block))
+    assert log == [(fmt.PREAMBLE_SIZE + 4, 0)]
+    with pytest.raises(CorruptBlockError, match="truncated: 10 bytes"):
+        fmt.read_header(_reads_of(bytes(block), log), "b", file_size=10)

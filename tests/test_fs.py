@@ -18,7 +18,7 @@ import pytest
 import blockfs
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
-from conftest import EDGE_MTIME_NS, make_edge_tree
+from treeutil import EDGE_MTIME_NS, make_edge_tree
 
 fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)  # a missing binding is a MountError
 from blockfs.serve.options import MountOptions  # noqa: E402

@@ -20,7 +20,7 @@ from blockfs import cli
 from blockfs.core.index import KIND_FILE, PackedIndex
 from blockfs.core.verify import verify
 from blockfs.errors import CorruptBlockError, FormatError, IndexFormatError, UnsupportedVersionError
-from indexutil import edit_metadata, patch_array, resign, rewrite_toc
+from fuzz.indexutil import edit_metadata, patch_array, resign, rewrite_toc
 
 # A hung read loop must fail the test, not hang the suite.
 CLI_TIMEOUT_S = 120
@@ -86,7 +86,7 @@ def test_truncating_or_replacing_the_index_file_does_not_reach_an_open_dataset(p
 
 @pytest.mark.fuse
 def test_a_live_mount_survives_its_index_file_being_truncated(packed, edge_tree, tmp_path):
-    from conftest import has_fuse, require
+    from capability import has_fuse, require
     from mountutil import mounted
 
     require(has_fuse(), "/dev/fuse")

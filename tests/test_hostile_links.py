@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from indexutil import strip_digests
-from invariant import run_cli
+from fuzz.indexutil import strip_digests
+from fuzz.invariant import run_cli
 
 import blockfs
 from blockfs.core import format as fmt

@@ -17,13 +17,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from indexutil import entry_of, rewrite_index
-from invariant import TIER_CASES, check_readers
+from fuzz.indexutil import entry_of, rewrite_index
+from fuzz.invariant import TIER_CASES, check_readers
 from mountutil import mounted
-from mutations import (
+from fuzz.mutations import (
     FAMILIES,
     Pristine,
     fresh_copy,

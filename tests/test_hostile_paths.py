@@ -22,8 +22,8 @@ from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError, SourceError
 from blockfs.packing.packer import pack
 from blockfs.packing.sources import DirectorySource
-from conftest import make_edge_tree
-from indexutil import entry_of, index_arrays, rename_entry, rewrite_index
+from treeutil import make_edge_tree
+from fuzz.indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import has_fuse, require
-from forgery import forge
-from indexutil import strip_digests
+from capability import has_fuse, require
+from fuzz.forgery import forge
+from fuzz.indexutil import strip_digests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -306,7 +306,7 @@ def test_the_loader_pins_the_mounted_dataset_and_its_state_names_it(dest, packed
     require(has_fuse(), "FUSE")
     from mountutil import mounted
 
-    from blockfs.loader.mountview import BlockfsMount
+    from blockfs.loader.mount_client import BlockfsMount
 
     _, _, name = packed
     with mounted(dest, tmp_path / "mnt") as m:

@@ -15,7 +15,7 @@ import blockfs
 from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
 from blockfs.core.index_checks import find_forbidden_component
-from indexutil import patch_array as _patch, rewrite_toc
+from fuzz.indexutil import patch_array as _patch, rewrite_toc
 
 
 @pytest.fixture

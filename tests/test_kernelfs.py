@@ -17,7 +17,8 @@ import pytest
 import blockfs
 from blockfs import cli, protocol
 from blockfs.client import control_dir
-from conftest import has_fuse, make_class_tree, require
+from capability import has_fuse, require
+from treeutil import make_class_tree
 from mountutil import mounted
 from polling import wait_until
 

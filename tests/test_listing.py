@@ -23,7 +23,7 @@ from blockfs.packing.sources import Source, SourceEntry
 from blockfs.serve import wire
 from blockfs.serve.options import MountOptions
 from blockfs.serve.server import assembled
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from kernelcalls import KernelCalls
 from mountutil import mounted
 

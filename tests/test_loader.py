@@ -30,7 +30,7 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.errors import FormatError
 from blockfs.loader.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
 from blockfs.core.unpack import unpack
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import mounted
 from polling import wait_until
 
@@ -185,6 +185,23 @@ def test_a_block_file_from_another_dataset_is_refused_by_name(bl, tiny, tmp_path
         victim = int(loader.mount.layout.block_files[loader.mount.layout.block_offsets[4]])
         with pytest.raises(FormatError, match="header says block 3"):
             loader.mount.read(victim)
+
+
+def test_block_headers_are_read_through_the_formats_one_reader(bl, tiny, monkeypatch):
+    from blockfs.core import format as fmt
+
+    seen = []
+    real = fmt.read_header
+
+    def spy(pread, where, *args, **kwargs):
+        seen.append(where)
+        return real(pread, where, *args, **kwargs)
+
+    monkeypatch.setattr(fmt, "read_header", spy)
+    with bl.BlockLoader(tiny / "mnt", B, seed=0) as loader:
+        entry = int(loader.mount.file_ids[0])
+        assert loader.mount.read(entry) == Path(loader.path(entry)).read_bytes()
+        assert seen == [f"block {int(loader.mount.block_of[entry])} through the mount at {loader.mount.root}"]
 
 
 def test_epochs_differ_and_the_seed_fixes_the_order(bl, tiny):
@@ -801,7 +818,7 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
 
 @pytest.mark.fuse
 def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny, tmp_path, fuse_ok):
-    from blockfs.loader.mountview import BlockfsMount
+    from blockfs.loader.mount_client import BlockfsMount
 
     dest = tmp_path / "packed"
     shutil.copytree(tiny / "packed", dest)

@@ -33,7 +33,8 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
 from blockfs.client import control_dir, read_stats
 from blockfs.serve.process import is_mounted
-from conftest import has_fuse, has_torch, make_edge_tree, require
+from capability import has_fuse, has_torch, require
+from treeutil import make_edge_tree
 from mountutil import BINDINGS, mounted, release
 from polling import wait_until
 
@@ -616,7 +617,7 @@ def test_block_files_read_through_the_control_directory(tmp_path):
 def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
     # The prefetch socket named by user.blockfs.prefetch: announced blocks are loaded in the background,
     # in order, into free room only; a malformed announcement is dropped and the mount stays up.
-    from blockfs.loader.mountview import BlockfsMount
+    from blockfs.loader.mount_client import BlockfsMount
 
     md.make_dataset(tmp_path / "src", "tiny", files=300, classes=3, seed=7)
     blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)

@@ -13,7 +13,8 @@ from blockfs.client import read_stats
 from blockfs.core.dataset import PackedDataset
 from blockfs.serve import plan as plan_module
 from blockfs.serve.mountplan import make_mount_plan, retains
-from conftest import has_fuse, make_class_tree, require
+from capability import has_fuse, require
+from treeutil import make_class_tree
 from mountutil import release
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import blockfs
-from conftest import has_fuse, make_class_tree, require
+from capability import has_fuse, require
+from treeutil import make_class_tree
 from mountutil import mounted
 
 HERE = Path(__file__).resolve().parent

@@ -30,7 +30,9 @@ from blockfs.core.verify import summary, verify
 
 pack_module = sys.modules["blockfs.packing.packer"]
 
-from conftest import make_edge_tree, tree_snapshot
+from treeutil import make_edge_tree
+
+from fuzz.treesnap import tree_snapshot
 from polling import wait_until
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import release
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from blockfs.errors import MountError
 from blockfs.serve import process
 from blockfs.storage.owned import UnsafeDirectoryError
 from polling import wait_until
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import release
 
 

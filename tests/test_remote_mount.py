@@ -14,7 +14,8 @@ import pytest
 
 import blockfs
 from blockfs.client import control_dir, read_stats
-from conftest import has_fuse, make_edge_tree, require
+from capability import has_fuse, require
+from treeutil import make_edge_tree
 from mountutil import mounted
 from polling import wait_until
 from s3server import SECRET, upload_tree

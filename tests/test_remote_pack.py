@@ -14,7 +14,8 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import make_class_tree, tree_snapshot
+from treeutil import make_class_tree
+from fuzz.treesnap import tree_snapshot
 from polling import wait_until
 from s3server import SECRET
 from test_containers import record_payload, recordio_sample, write_recordio

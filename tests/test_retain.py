@@ -19,7 +19,7 @@ from blockfs.core.dataset import PackedDataset
 from blockfs.core.format import BLOCKS_DIR
 from blockfs.client import read_stats
 from blockfs.serve.retain import plan_dataset, unique_files
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from mountutil import mounted, release
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import pytest
 
 from blockfs.serve import wire
 from blockfs.serve.session import DEFERRED, MountFailed, Session
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from polling import wait_until
 
 pytestmark = pytest.mark.fuse

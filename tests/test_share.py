@@ -12,7 +12,7 @@ import pytest
 
 import blockfs
 from polling import wait_until
-from conftest import make_class_tree
+from treeutil import make_class_tree
 from blockfs.core import format as fmt
 from blockfs.serve.cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset

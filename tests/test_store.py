@@ -14,8 +14,8 @@ from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.verify import verify
 from blockfs.errors import BlockReadError, CorruptBlockError, IndexFormatError
-from conftest import require
-from indexutil import patch_array, resign
+from capability import require
+from fuzz.indexutil import patch_array, resign
 
 FILES = 400
 

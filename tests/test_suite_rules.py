@@ -36,7 +36,8 @@ def test_profile(x):
 
 
 def run_probe(tmp_path: Path, require_all: bool, ci: bool = False) -> subprocess.CompletedProcess:
-    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    for name in ("conftest.py", "capability.py", "treeutil.py"):  # the hooks and the plain modules they import
+        shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_probe.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k not in ("BLOCKFS_REQUIRE_ALL", "CI")}
     if require_all:
@@ -107,3 +108,19 @@ def test_every_test_that_mounts_is_marked_fuse():
                 if mounts and "fuse" not in module_marks | _marks(node.decorator_list):
                     unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == [], "\n".join(unmarked)
+
+
+def test_no_module_imports_conftest():
+    """conftest.py holds fixtures and hooks, which pytest loads itself; a helper a test imports lives in a
+    plain module (capability, treeutil, mountutil, tools/fuzz/...), so nothing imports conftest by name."""
+    import ast
+
+    offenders = []
+    for path in sorted([*HERE.glob("*.py"), *(HERE.parent / "tools").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            if "conftest" in names:
+                offenders.append(f"{path.relative_to(HERE.parent)}:{node.lineno}")
+    assert offenders == [], "imports conftest: " + ", ".join(offenders)

@@ -12,7 +12,7 @@ import pytest
 
 from blockfs.packing.containers.base import WindowReader
 from blockfs.packing.containers.tarheaders import fast_members
-from conftest import make_edge_tree
+from treeutil import make_edge_tree
 
 ENCODING = ("utf-8", "surrogateescape")
 FIELDS = ("name", "type", "mode", "size", "mtime", "linkname", "offset", "offset_data")

@@ -48,3 +48,31 @@ def test_no_benchmark_or_helper_is_left_at_the_top_of_tools():
     assert helpers, f"no helpers found in {HELPERS}"
     stray = sorted(p.name for p in TOOLS.iterdir() if p.name.startswith("bench") or p.name in helpers)
     assert stray == ["bench"], f"benchmarks or their helpers at the top of tools/: {stray}"
+
+
+def test_tools_import_nothing_from_tests():
+    """The fuzzer's families live in tools/fuzz/ (the tests import them, never the reverse): no module under
+    tools/ imports a module of tests/ or puts tests/ on its path."""
+    import ast
+
+    test_modules = {p.stem for p in (TOOLS.parent / "tests").glob("*.py")}
+    offenders = []
+    for path in sorted(TOOLS.rglob("*.py")):
+        text = path.read_text()
+        if '"tests"' in text or "'tests'" in text:
+            offenders.append(f"{path.relative_to(TOOLS.parent)}: names the tests directory")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            offenders += [f"{path.relative_to(TOOLS.parent)}:{node.lineno} imports {n}" for n in names if n in test_modules]
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_fuzzer_answers_help_from_another_directory(tmp_path):
+    command = [sys.executable, str(TOOLS / "fuzz_dataset.py"), "--help"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stdout + done.stderr

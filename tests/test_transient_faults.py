@@ -14,7 +14,7 @@ import pytest
 import blockfs
 from blockfs.client import read_stats
 from blockfs.errors import CorruptBlockError
-from conftest import has_fuse, require
+from capability import has_fuse, require
 from httpserver import serving
 from mountutil import mounted
 from polling import wait_until

@@ -11,8 +11,9 @@ from blockfs import open_dataset
 from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError
 from blockfs.packing.packer import pack
-from conftest import make_edge_tree, tree_snapshot
-from indexutil import entry_of, rewrite_index
+from treeutil import make_edge_tree
+from fuzz.treesnap import tree_snapshot
+from fuzz.indexutil import entry_of, rewrite_index
 
 N_FILES = 16
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz every reader of a packed dataset with thousands of mutations (issue 17).
 
-The mutation families and the invariant are ``tests/mutations.py`` and ``tests/invariant.py``, the same
+The mutation families and the invariant are ``tools/fuzz/mutations.py`` and ``tools/fuzz/invariant.py``, the same
 the property tests run a derandomized handful of: this runs many more. Mutation ``i`` of a family is
 drawn from ``random.Random(f"{seed}:{family}:{i}")`` and applied to a fresh copy of one pristine pack, so a violation is
 reproduced by its family and number alone::
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from invariant import TIER_CASES, check_readers  # noqa: E402
-from mutations import (
+from fuzz.invariant import TIER_CASES, check_readers  # noqa: E402
+from fuzz.mutations import (  # noqa: E402
     FAMILIES,
     Pristine,
     fresh_copy,

@@ -51,6 +51,7 @@ chunks that cover it, each checked by its digest (never from bytes checked on an
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,6 +221,36 @@ def preamble_fields(buf: bytes | memoryview, where: str) -> tuple[int, int, int]
         raise CorruptBlockError(f"{where}: unknown flags 0x{flags:04x}")
     count = int(np.frombuffer(buf, dtype="<u4", count=1, offset=PREAMBLE_SIZE)[0])
     return flags, count, int(pre["data_size"])
+
+
+def read_header(
+    pread: Callable[[int, int], bytes],
+    where: str,
+    file_size: int | None = None,
+    check_count: Callable[[int], None] | None = None,
+) -> tuple[BlockHeader, bytes]:
+    """The one reader of a block's header: its preamble, then exactly the header that announces, parsed and
+    checked by :func:`decode_header`.  Returns the header and its bytes (a digest is taken over them).
+
+    ``pread(size, offset)`` reads the block (a short read is reported as truncation).  ``file_size``, when
+    known, refuses a header that claims more than the file holds before it is read (a damaged count must
+    not cost a huge read); ``check_count(count)`` runs before the header is read, too (a store compares the
+    count with its index's).
+    """
+    first = PREAMBLE_SIZE + 4
+    if file_size is not None and file_size < first:
+        raise CorruptBlockError(f"{where}: truncated: {file_size} bytes, shorter than a block header")
+    flags, count, data_size = preamble_fields(pread(first, 0), where)
+    length = header_size(count, bool(flags & FLAG_WIDE), data_size)
+    if file_size is not None and length + data_size > file_size:
+        raise CorruptBlockError(
+            f"{where}: truncated or damaged header: it claims {count} files, {length} header and {data_size} "
+            f"data bytes; the file has {file_size} bytes; run 'blockfs verify'"
+        )
+    if check_count is not None:
+        check_count(count)
+    raw = pread(length, 0)
+    return decode_header(raw, where, file_size=file_size), raw
 
 
 def decode_header(buf: bytes | memoryview, where: str, file_size: int | None = None) -> BlockHeader:

@@ -218,23 +218,18 @@ class BlockStore:
         return None if sizes is None else sizes[slot]
 
     def _read_header(self, block: int) -> fmt.BlockHeader:
-        where = self.where(block)
-        disk_size = self._file_size(block)
-        first = fmt.PREAMBLE_SIZE + 4
-        if disk_size < first:
-            raise CorruptBlockError(f"{where}: truncated: {disk_size} bytes, shorter than a block header")
-        flags, count, data_size = fmt.preamble_fields(self._pread(block, first, 0), where)
-        length = fmt.header_size(count, bool(flags & fmt.FLAG_WIDE), data_size)
-        if length + data_size > disk_size:  # checked before reading: a damaged count must not cost a huge read
-            raise CorruptBlockError(
-                f"{where}: truncated or damaged header: it claims {count} files, {length} header and {data_size} "
-                f"data bytes; the file has {disk_size} bytes; run 'blockfs verify'"
-            )
         expected = int(self._index["block_counts"][block])
-        if count != expected:
-            raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
-        raw = self._pread(block, length, 0)
-        head = fmt.decode_header(raw, where, file_size=disk_size)
+
+        def check_count(count: int) -> None:
+            if count != expected:
+                raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
+
+        head, raw = fmt.read_header(
+            lambda size, offset: self._pread(block, size, offset),
+            self.where(block),
+            file_size=self._file_size(block),
+            check_count=check_count,
+        )
         return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
 
     def _check_belongs(self, block: int, head: fmt.BlockHeader) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from ..errors import DecodeError
-from .mountview import BlockfsMount
+from .mount_client import BlockfsMount
 
 __all__ = ["ByteBatch", "collate_samples"]
 

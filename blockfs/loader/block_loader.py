@@ -5,7 +5,7 @@
         loader.set_epoch(epoch)
         for samples, labels, ids in loader: ...
 
-The mount is found and read by :class:`~blockfs.loader.mountview.BlockfsMount` (which also announces each epoch's
+The mount is found and read by :class:`~blockfs.loader.mount_client.BlockfsMount` (which also announces each epoch's
 blocks to the mount); batches, reuse's sample cache and the copy to the device are in :mod:`blockfs.loader.batches`.
 
 **The epoch's sequence** is a pure function of (seed, epoch, rank, world size, number of workers, batch
@@ -44,7 +44,7 @@ from .batches import (
 from ..errors import IdentityError
 from .epochplan import EpochPlan, merge_worker_orders, plan_epoch
 from .importance import ImportanceConfig, LossTracker, select_important, subset_layout
-from .mountview import BlockfsMount
+from .mount_client import BlockfsMount
 from .order import BlockLayout, block_shuffled_order, partition_blocks
 
 __all__ = [

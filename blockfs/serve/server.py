@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import shutil
 import threading
 import time
@@ -24,6 +23,7 @@ import numpy as np
 
 from ..core.dataset import PackedDataset
 from ..errors import MountError
+from ..openfiles import raise_open_files_limit
 from ..storage.location import absolute, is_remote, redact
 from ..core.index import KIND_FILE
 from .announce import PrefetchListener
@@ -109,16 +109,6 @@ def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
             key, eq, value = item.partition("=")
             kwargs[key] = value if eq else True
     return kwargs
-
-
-def raise_open_files_limit() -> None:
-    """Lift this process's soft limit on open descriptors to the hard limit (often 1024 -> 1M)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as e:
-            log.debug("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, hard, e)
 
 
 def preload(

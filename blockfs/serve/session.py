@@ -286,10 +286,6 @@ class Session:
                 return False
             raise
 
-    def invalidate(self, nodeid: int) -> None:
-        """Drop ``nodeid``'s pages and attributes from the kernel's caches (quiet if it holds none)."""
-        self._notify(wire.notify_inval_inode(nodeid))
-
     def forget_name(self, parent: int, name: bytes) -> None:
         """Drop the name ``name`` in directory ``parent`` from the kernel's caches (quiet if it holds none)."""
         self._notify(wire.notify_inval_entry(parent, name))

@@ -57,7 +57,6 @@ INIT_EXT = 1 << 30
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
 
-NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
 NOTIFY_STORE = 4
 # The most one FUSE_NOTIFY_STORE carries.  The kernel takes any size whose message arrives whole, but the
@@ -83,7 +82,6 @@ OPEN_OUT = struct.Struct("=QII")  # fh, open_flags, padding
 KSTATFS = struct.Struct("=QQQQQIIII24x")
 DIRENT_HEAD = struct.Struct("=QQII")  # ino, off, namelen, type
 NOTIFY_STORE_OUT = struct.Struct("=QQII")  # nodeid, offset, size, padding
-NOTIFY_INVAL_INODE_OUT = struct.Struct("=Qqq")  # nodeid, offset, length
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("=QII")  # parent, namelen, flags (the name and a NUL follow)
 
 ENTRY_OUT_SIZE = ENTRY_OUT_HEAD.size + ATTR.size  # 128
@@ -210,10 +208,6 @@ def forgets(body: memoryview) -> np.ndarray:
     return np.frombuffer(body, dtype=FORGET_ROW, count=count, offset=BATCH_FORGET_IN.size)
 
 
-def reply_header(unique: int, payload_len: int, error: int = 0) -> bytes:
-    return OUT_HEADER.pack(OUT_HEADER.size + payload_len, -error, unique)
-
-
 def notify_store_header(nodeid: int, offset: int, size: int) -> bytes:
     """The bytes before the data of a ``FUSE_NOTIFY_STORE``: put ``size`` bytes at ``offset`` of
     ``nodeid``'s page cache (the kernel answers ENOENT for a node it does not hold).  ``size`` is at most
@@ -222,12 +216,6 @@ def notify_store_header(nodeid: int, offset: int, size: int) -> bytes:
         raise ValueError(f"a FUSE_NOTIFY_STORE of {size} bytes: store at most {STORE_PIECE} bytes a message")
     body = NOTIFY_STORE_OUT.pack(nodeid, offset, size, 0)
     return OUT_HEADER.pack(OUT_HEADER.size + len(body) + size, NOTIFY_STORE, 0) + body
-
-
-def notify_inval_inode(nodeid: int) -> bytes:
-    """Drop ``nodeid``'s cached pages and attributes (offset 0, length -1: all of them)."""
-    body = NOTIFY_INVAL_INODE_OUT.pack(nodeid, 0, -1)
-    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
 
 
 def notify_inval_entry(parent: int, name: bytes) -> bytes:

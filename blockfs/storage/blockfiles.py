@@ -14,21 +14,12 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import stat
 import threading
 from collections.abc import Hashable
 from typing import Callable
 
-
-def raise_open_file_limit() -> None:
-    """Lift the soft limit on open files to the hard one: a store keeps one descriptor per block."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass  # keep the soft limit; EMFILE is handled by closing idle descriptors
+from ..openfiles import raise_open_files_limit
 
 
 class BlockFiles:
@@ -219,7 +210,7 @@ class LocalBlockFiles(BlockFiles):
     def __init__(self, paths: list[str], opener: Callable[[int], int] | None = None) -> None:
         self.names = paths
         self._fds = _Descriptors(paths, opener)
-        raise_open_file_limit()
+        raise_open_files_limit()  # one descriptor per block file
 
     def _acquire(self, block: int):
         try:

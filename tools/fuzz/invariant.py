@@ -4,7 +4,7 @@ For ``info``, ``plan``, ``ls`` (every directory), ``cat`` (every file), ``verify
 in-process through ``blockfs.cli.main``: the command succeeds and what it gives is the source's (exact
 bytes), or it fails with exit status 1 or 2 and one line on stderr, no traceback; ``unpack`` writes
 nothing outside OUT; no reader runs longer than :data:`READER_LIMIT_S`. When the index is authentic (see
-:mod:`mutations`), a success must give back the source exactly, modes, times and links included, and
+:mod:`fuzz.mutations`), a success must give back the source exactly, modes, times and links included, and
 ``verify`` saying ok means every file reads back.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mutations import Pristine
+from .mutations import Pristine
 
 from blockfs import cli
 
@@ -175,7 +175,7 @@ def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool,
 def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _Judge, pin: tuple = ()) -> bool:
     """Unpack into ``work/out`` next to a sentinel directory: nothing may change outside OUT, and no file
     under a source path may hold other bytes (a failed unpack may leave one it had just created empty)."""
-    from conftest import tree_snapshot
+    from .treesnap import tree_snapshot
 
     out, sentinel = work / "out", work / "sentinel"
     sentinel.mkdir()
@@ -244,7 +244,7 @@ def check_flaky_fetches(p: Pristine, work: Path, rnd) -> list[str]:
     """Fetches flip bits at random (rate drawn from ``rnd``), through a disk tier, read alone or through a
     cache: every read is exact or an error, the tier keeps only exact copies, and once the store is
     healthy every file reads back exactly through the same store (transient is not damaged)."""
-    from mutations import tiered_store
+    from .mutations import tiered_store
 
     rate, cached = rnd.choice((0.05, 0.2, 0.5, 0.8)), rnd.random() < 0.5
     case = f"rate {rate}, {'cached' if cached else 'alone'}"
@@ -266,7 +266,7 @@ def check_flaky_fetches(p: Pristine, work: Path, rnd) -> list[str]:
 def check_damaged_copies(p: Pristine, work: Path, rnd) -> list[str]:
     """The tier's copies damaged after a healthy fill (``mutations.mutate_tier_copies``): with the dataset's
     own blocks healthy every file still reads exactly, and the file a planted link points to is untouched."""
-    from mutations import mutate_tier_copies, tiered_store
+    from .mutations import mutate_tier_copies, tiered_store
 
     outside = work / "outside"
     outside.write_bytes(b"not the tier's")

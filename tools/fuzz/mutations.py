@@ -2,13 +2,13 @@
 
 ``tests/test_hostile_mutations.py`` runs a few derandomized examples per family, ``tools/fuzz_dataset.py``
 thousands: both draw a mutation from a ``random.Random``, apply it to a fresh copy of a pristine pack, and
-check every reader with :mod:`invariant`. Hypothesis hands the tests a ``Random`` it controls
+check every reader with :mod:`fuzz.invariant`. Hypothesis hands the tests a ``Random`` it controls
 (``st.randoms``), so both find the same kinds of damage from one code path.
 
 Two kinds of family: in an *authentic* one the index is the packer's or is refused by its CRC (index
 bytes not re-signed, metadata, blocks), so a success must give back the source exactly. In a *forged*
 one the index was edited and re-signed by someone who knows the format: names, modes and times are then
-whatever the forger wrote, and only what no forger may cause is checked (see :mod:`invariant`).
+whatever the forger wrote, and only what no forger may cause is checked (see :mod:`fuzz.invariant`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from indexutil import read_toc, resign
+from .indexutil import read_toc, resign
 
 import blockfs
 from blockfs.core import format as fmt
@@ -56,7 +56,7 @@ class Pristine:
     pack: Path
     other: Path
     files: dict[bytes, bytes] = field(default_factory=dict)  # relative path -> bytes, regular files
-    snapshot: dict = field(default_factory=dict)  # conftest.tree_snapshot of src
+    snapshot: dict = field(default_factory=dict)  # treesnap.tree_snapshot of src
     dirs: list[bytes] = field(default_factory=list)  # b"" (the root) and every directory under it
 
     @property
@@ -66,7 +66,7 @@ class Pristine:
 
 
 def make_pristine(root: Path) -> Pristine:
-    from conftest import tree_snapshot
+    from .treesnap import tree_snapshot
 
     src = make_small_tree(root / "src")
     blockfs.pack(src, root / "pack", block_size=BLOCK_SIZE, seed=0, fsync=False)
@@ -358,7 +358,7 @@ def mutate_block_data(dest: Path, rnd: random.Random) -> list[str]:
 def mutate_block_data_crc_kept(dest: Path, rnd: random.Random) -> list[str]:
     """Change a file inside a block and fix 4 of its bytes so that its CRC-32 stays (see forgery.py): every
     CRC of the block still holds, so only the digests can refuse it (issue 23)."""
-    from forgery import forge
+    from .forgery import forge
 
     steps = []
     for _ in range(rnd.randint(1, 2)):

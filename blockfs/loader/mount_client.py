@@ -1,4 +1,4 @@
-"""The loader's view of a blockfs mount: the index, labels, paths, reads, stats and prefetch hints -- no torch.
+"""The loader's client of a live blockfs mount: the index, labels, paths, reads, stats and prefetch hints -- no torch.
 
 **Finding the data.** The mount root carries the extended attribute ``user.blockfs.control``, the name of a
 hidden control directory at the root; in it ``index.bfi`` is the dataset's index (block layout, labels,
@@ -176,9 +176,7 @@ class BlockfsMount:
         head = self._heads.get(block)
         if head is None:
             where = f"block {block} through the mount at {self.root}"
-            flags, count, data_size = fmt.preamble_fields(os.pread(fd, fmt.PREAMBLE_SIZE + 4, 0), where)
-            length = fmt.header_size(count, bool(flags & fmt.FLAG_WIDE), data_size)
-            head = self._heads[block] = fmt.decode_header(os.pread(fd, length, 0), where)
+            head = self._heads[block] = fmt.read_header(lambda size, offset: os.pread(fd, size, offset), where)[0]
             if head.block_id != block or head.count != int(self._block_counts[block]):
                 raise FormatError(
                     f"{where}: its header says block {head.block_id} with {head.count} files, the index block "

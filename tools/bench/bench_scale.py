@@ -16,6 +16,8 @@ work: the floor of the route, on the mount's route).  Measured in one run:
 * mount: the time ``blockfs mount`` takes to return, and the server's own memory (RssAnon) then;
 * the listing: ``os.walk`` of the whole tree (what ImageFolder's constructor does), its time, the server's
   RssAnon and the kernel's slab (``/proc/meminfo`` Slab) after it;
+* ``blockfs info``, ``verify``, ``ls`` of one directory and the loader's epoch order (``--unpack``: unpack
+  too): time and peak memory of each;
 * reads of a random ``--sample`` of the files by 4 threads from a list of paths: after the listing (page
   cache dropped, dentries kept), again (the kernel-served pass: page cache warm), and on a fresh mount with
   no listing first (every cache dropped), as a CSV-driven dataset does.
@@ -199,6 +201,35 @@ def pack(args: argparse.Namespace, dest: Path) -> dict:
     return result
 
 
+def dataset_tools(args: argparse.Namespace, dest: Path) -> dict:
+    """``blockfs info``, ``verify``, ``ls`` of one directory and the loader's epoch order (and ``unpack``
+    with ``--unpack``) on the packed dataset: time and peak memory of each, run as a user runs them."""
+    env = dict(os.environ, PYTHONPATH=str(Path(args.code).resolve()) if args.code else str(ROOT))
+    cli = [sys.executable, "-m", "blockfs"]
+    order = (
+        "import blockfs; from blockfs.loader.order import BlockLayout, block_shuffled_order; "
+        f"ds = blockfs.open_dataset({str(dest)!r}); a = ds.index.arrays; "
+        "o = block_shuffled_order(BlockLayout(a['block_offsets'], a['block_files']), seed=0, epoch=0, num_workers=4, worker=1); "
+        "print(len(o))"
+    )
+    runs = {
+        "info": cli + ["info", str(dest)],
+        "verify": cli + ["verify", "-q", str(dest)],
+        "ls": cli + ["ls", str(dest), "n00000000"],
+        "loader order": [sys.executable, "-c", order],
+    }
+    if args.unpack:
+        shutil.rmtree(dest.parent / "unpacked", ignore_errors=True)
+        runs["unpack"] = cli + ["unpack", "-q", str(dest), str(dest.parent / "unpacked")]
+    out = {}
+    for name, command in runs.items():
+        result = timed_child(command, env)
+        result.pop("stdout")
+        out[name] = result
+    shutil.rmtree(dest.parent / "unpacked", ignore_errors=True)
+    return out
+
+
 def sample_names(source: SyntheticSource, n: int, seed: int) -> list[str]:
     """``n`` distinct files picked at random, by their place in the source (no list of every file)."""
     picks = random.Random(seed).sample(range(source.files), min(n, source.files))
@@ -213,6 +244,8 @@ def table(r: dict) -> str:
              f" ({r['machine']})", ""]  # fmt: skip
     p = r["pack"]
     lines.append(f"pack (synthetic source): {p['seconds']:.1f} s, peak RSS {fmt_bytes(p['peak_rss'])}, {p['n_blocks']} blocks")
+    for name, t in r.get("tools", {}).items():
+        lines.append(f"{name}: {t['seconds']:.1f} s, peak RSS {fmt_bytes(t['peak_rss'])}")
     systems = [s for s in (r.get("blockfs"), r.get("plain"), r.get("null_fs")) if s]
     if not systems:
         return "\n".join(lines)
@@ -243,11 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plain", action="store_true", help="no plain tree (the default above 2,000,000 files)")
     parser.add_argument("--plain", action="store_true", help="a plain tree even above 2,000,000 files")
     parser.add_argument("--no-null", action="store_true", help="skip null_fs (it holds the whole tree in Python)")
-    parser.add_argument("--pack-only", action="store_true", help="measure the pack and stop")
+    parser.add_argument("--pack-only", action="store_true", help="measure the pack (and the tools) and stop")
+    parser.add_argument("--no-tools", action="store_true", help="skip info, verify, ls and the loader's order")
+    parser.add_argument("--unpack", action="store_true", help="also time unpack (writes every file again)")
     parser.add_argument("--fuse", choices=("kernel", "mfusepy"), default=os.environ.get("BLOCKFS_FUSE") or "kernel")
     parser.add_argument("--code", help="a checkout whose blockfs packs (default: this one), for a before and after")
-    parser.add_argument("--work", help="where the datasets go (default: a temporary directory, removed)")
-    parser.add_argument("--keep", action="store_true", help="keep --work's datasets for the next run")
+    parser.add_argument("--work", help="where the datasets go, kept (default: a temporary directory, removed)")
+    parser.add_argument("--reuse", action="store_true", help="use the dataset packed in --work by an earlier run")
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args(argv)
     plain = (args.files <= PLAIN_UP_TO or args.plain) and not args.no_plain and not args.pack_only
@@ -265,9 +300,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dest = work / "ds"
-        say(f"pack {args.files:,} synthetic files")
-        results["pack"] = pack(args, dest)
-        say(f"packed in {results['pack']['seconds']:.1f} s, peak RSS {results['pack']['peak_rss'] / 1e6:,.0f} MB")
+        if args.reuse and (dest / "blockfs.json").exists():
+            say(f"reusing {dest} (not timed)")
+            results["pack"] = {"seconds": float("nan"), "peak_rss": None, "n_blocks": json.loads((dest / "blockfs.json").read_text())["n_blocks"]}
+        else:
+            say(f"pack {args.files:,} synthetic files")
+            results["pack"] = pack(args, dest)
+            say(f"packed in {results['pack']['seconds']:.1f} s, peak RSS {results['pack']['peak_rss'] / 1e6:,.0f} MB")
+        if not args.no_tools:
+            say("info, verify, ls, the loader's order" + (", unpack" if args.unpack else ""))
+            results["tools"] = dataset_tools(args, dest)
         if not args.pack_only:
             sample = sample_names(source, args.sample, args.seed + 1)
             env = dict(os.environ, PYTHONPATH=str(Path(args.code).resolve()) if args.code else str(ROOT))
@@ -288,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                     null = Mount("null_fs", tree, work / "nullmnt", args.fuse, env)
                     results["null_fs"] = measure_tree(f"null_fs ({args.fuse})", work / "nullmnt", sample, null)
     finally:
-        if not args.keep and not args.work:
+        if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     results["cache_drops"] = drop_caches(1)
     print(table(results))

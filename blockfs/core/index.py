@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryError
 from . import digest as dg
+from .heap import give_back
 from .index_checks import validate_arrays
 from .pathtable import CHUNK, PathTable
 from .index_format import REPACK
@@ -254,7 +255,7 @@ def tree_order(paths: PathTable, kind: np.ndarray) -> tuple[np.ndarray, np.ndarr
     source that lists sorted directories, which is checked (and mended per directory where not).
     """
     n = len(paths)
-    roots = np.flatnonzero(paths.lengths() == 0)
+    roots = np.flatnonzero(np.diff(paths.offsets) == 1)  # an empty path: just its NUL
     if n == 0 or roots.size != 1:
         raise ValueError("the entries must include the root (path b'') exactly once")
     root = int(roots[0])
@@ -285,6 +286,8 @@ def tree_order(paths: PathTable, kind: np.ndarray) -> tuple[np.ndarray, np.ndarr
     new_id = np.empty(n, dtype=np.uint32)
     new_id[order] = np.arange(n, dtype=np.uint32)
     parent = new_id[parent_pos[order]]
+    del new_id, parent_pos
+    give_back()
     return order, parent
 
 

@@ -78,7 +78,9 @@ def timed_child(command: list[str], env: dict | None = None) -> dict:
     ``wait4`` reports it: /usr/bin/time -v's "Maximum resident set size")."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        # Started outside the checkout: `python -c`/`-m` put the working directory first on sys.path,
+        # which would shadow PYTHONPATH's blockfs (--code).
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd="/")
         _, status, usage = os.wait4(proc.pid, 0)  # reaped here, not by Popen: wait4 gives its rusage
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -136,7 +138,7 @@ class Mount:
         if self.kind == "blockfs":
             command = [sys.executable, "-m", "blockfs", "mount", str(self.what), str(self.mnt), "--fuse", self.route,
                        "--log", log]  # fmt: skip
-            subprocess.run(command, env=self.env, check=True, stdout=subprocess.DEVNULL)  # returns once it serves
+            subprocess.run(command, env=self.env, check=True, stdout=subprocess.DEVNULL, cwd="/")  # returns once it serves
             seconds = time.perf_counter() - start
             self.pid = serving_pid(self.mnt, timeout=30)
         else:  # null_fs: a foreground server, mounted once it has walked SRC
@@ -192,7 +194,8 @@ def pack(args: argparse.Namespace, dest: Path) -> dict:
     program = (
         "import sys, json, blockfs; from synthetic_source import SyntheticSource; "
         f"r = blockfs.pack(SyntheticSource({args.files}, {args.dirs}, {args.seed}), {str(dest)!r}, force=True); "
-        "print(json.dumps({'n_files': r.n_files, 'n_blocks': r.n_blocks, 'seconds_inside': r.seconds}))"
+        "print(json.dumps({'n_files': r.n_files, 'n_blocks': r.n_blocks, 'seconds_inside': r.seconds, "
+        "'blockfs_from': blockfs.__file__}))"
     )
     shutil.rmtree(dest, ignore_errors=True)
     result = timed_child([sys.executable, "-c", program], env)

@@ -168,15 +168,31 @@ class PreparedIndex:
                     child_start, child_count = _child_tables(self.parent, n)
                     ino, nlink = _inodes(kind, self.parent, hardlinks)
                     memo["tree"] = (self.parent, child_start, child_count, ino, nlink)
+                    if release:
+                        cols.kind = None  # type: ignore[assignment]  # read last here
                 tables = memo.pop("tree") if k == 2 else memo["tree"]  # child_count is written last
                 assert isinstance(tables, tuple)
                 return tables[k]
 
             return make
 
-        def block_offsets() -> np.ndarray:
+        def block_column() -> np.ndarray:
             block = np.asarray(cols.block)[order].astype(np.int32)
-            offsets, memo["block_files"] = _block_layout(block, slot(), len(self.block_counts))
+            # The block layout now, while block and slot are at hand: then neither is held to the end.
+            memo["block_offsets"], memo["block_files"] = _block_layout(block, slot(), len(self.block_counts))
+            if release:
+                cols.block = None  # type: ignore[assignment]
+            return block
+
+        def slot_column() -> np.ndarray:
+            values = slot()
+            if release:
+                cols.slot = None  # type: ignore[assignment]
+            return values
+
+        def block_offsets() -> np.ndarray:
+            offsets = memo.pop("block_offsets")
+            assert isinstance(offsets, np.ndarray)
             return offsets
 
         def block_files() -> np.ndarray:
@@ -200,8 +216,8 @@ class PreparedIndex:
             "block_sizes": np.asarray(block_sizes),
             "block_offsets": Deferred(len(self.block_counts) + 1, block_offsets),
             "block_files": Deferred(n_block_files, block_files),
-            "slot": Deferred(n, slot),
-            "block": column("block", "i4", drop=False),  # the block layout reads it
+            "slot": Deferred(n, slot_column),
+            "block": Deferred(n, block_column),
             "mode": column("mode", "u4"),
             "mtime_ns": column("mtime_ns", "i8"),
             "size": column("size", "u8"),
@@ -279,7 +295,7 @@ def tree_order(paths: PathTable, kind: np.ndarray) -> tuple[np.ndarray, np.ndarr
     for start in range(0, n, CHUNK):
         key[start : start + CHUNK] = rank[np.searchsorted(dirs, parent_pos[start : start + CHUNK])]
     key[root] = -1
-    order = np.argsort(key, kind="stable")
+    order = np.argsort(key, kind="stable").astype(np.uint32)  # half the memory, held to the end
     key = key[order]
     _mend_names(order, key, paths)
     del key

@@ -55,7 +55,7 @@ class PathTable:
 
     def take(self, order: np.ndarray) -> "PathTable":
         """The paths at positions ``order``, in that order (built chunk by chunk into one new array)."""
-        order = np.asarray(order, dtype=np.int64)
+        order = np.asarray(order)  # any integer dtype: no copy
         offsets = np.empty(order.size + 1, dtype=np.uint64)
         offsets[0] = 1
         for start in range(0, order.size, CHUNK):  # each path's length with its NUL, a chunk at a time

@@ -136,6 +136,7 @@ def write_index(dest: str, index: PreparedIndex, plan_pos: np.ndarray, sums: Sum
         is_file = plan_pos >= 0
         crcs = np.zeros(len(plan_pos), dtype=np.uint32)
         crcs[is_file] = sums.crcs[plan_pos[is_file]]
+        sums.crcs = np.zeros(0, dtype=np.uint32)  # read once: not held while the paths are sorted
         return crcs
 
     def file_digests() -> Iterator[np.ndarray]:  # in index order, a piece at a time, once the columns are gone

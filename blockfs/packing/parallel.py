@@ -79,6 +79,7 @@ class Sums:
     not into memory: at ten million files they are 320 MB, needed only once the index is written."""
 
     crcs: np.ndarray  # u4, per stored file
+    n_stored: int
     head_digests: list[bytes]
     chunk_digests: list[bytes]  # per block: its chunks' digests, back to back
     _digests: BinaryIO | None
@@ -93,7 +94,7 @@ class Sums:
             assert self._digest_rows is not None
             yield self._digest_rows.__getitem__
             return
-        size = int(self.crcs.size) * dg.DIGEST_SIZE
+        size = self.n_stored * dg.DIGEST_SIZE
         if size == 0:
             yield lambda at: np.zeros((len(at), dg.DIGEST_SIZE), dtype=np.uint8)
             return
@@ -134,6 +135,7 @@ class _Tally(Sums):
                  on_written: Callable[[int], None] | None = None, spill_dir: str | None = None) -> None:  # fmt: skip
         n = len(plan.stored_at)
         self.crcs = np.zeros(n, dtype=np.uint32)
+        self.n_stored = n
         self._digests = tempfile.TemporaryFile(dir=spill_dir, buffering=0) if spill_dir is not None else None
         self._digest_rows = np.zeros((n, dg.DIGEST_SIZE), dtype=np.uint8) if spill_dir is None else None
         self.head_digests = [b""] * plan.n_blocks
@@ -161,7 +163,7 @@ class _Tally(Sums):
         self._files += hi - lo
         self._bytes += self._block_bytes[block]
         if self._progress is not None:
-            self._progress(self._files, self._bytes, int(self.crcs.size), self._total_bytes)
+            self._progress(self._files, self._bytes, self.n_stored, self._total_bytes)
         if self._on_written is not None:
             self._on_written(block)
 

@@ -113,6 +113,8 @@ def make_plan(entries: EntryTable, options: PackOptions) -> BlockPlan:
     primary = primaries(entries)
     stored_at = np.flatnonzero(primary == np.arange(len(entries)))  # the entries whose bytes are stored
     del primary
+    if len(entries) < 2**31:
+        stored_at = stored_at.astype(np.int32)  # held while the blocks are written: half the memory
     if options.order == "shuffled":
         stored_at = stored_at[np.random.default_rng(options.seed).permutation(len(stored_at))]
     bounds = plan_blocks(entries.size[stored_at].astype(np.int64), options.block_bytes, options.files_per_block)

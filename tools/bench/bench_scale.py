@@ -254,7 +254,7 @@ def table(r: dict) -> str:
         return "\n".join(lines)
     rows = [
         ("start (mount returns / null_fs ready)", lambda s: f"{s['mount_s']:.2f} s" if "mount_s" in s else "—"),
-        ("listing (os.walk)", lambda s: f"{s['listing']['seconds']:.1f} s"),
+        ("listing (os.walk)", lambda s: f"{s['listing']['seconds']:.2f} s"),
         ("kernel slab grew by the listing", lambda s: fmt_bytes(s["listing"]["slab_grew"])),
         ("server RssAnon at mount", lambda s: fmt_bytes(s.get("rss_anon_at_mount"))),
         ("server RssAnon after the listing", lambda s: fmt_bytes(s.get("rss_anon_after_listing"))),

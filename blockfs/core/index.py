@@ -18,12 +18,15 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Callable, Iterator, Literal
 
 import numpy as np
 
 from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryError
+from . import digest as dg
+from .heap import give_back
 from .index_checks import validate_arrays
+from .pathtable import CHUNK, PathTable
 from .index_format import REPACK
 from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are imported from here by others)
     ENTRY_COLUMNS,
@@ -34,6 +37,7 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     KIND_NAMES,
     KIND_SYMLINK,
     DIGEST_ARRAYS,
+    Deferred,
     array_views,
     check_crc,
     check_chunk_table,
@@ -51,7 +55,7 @@ _IntFormat = Literal["B", "I", "Q", "i", "q"]  # memoryview.cast formats of the 
 class IndexColumns:
     """What the packer knows about each entry, in any order; :func:`write_index` sorts it."""
 
-    paths: list[bytes]  # relative, "/"-separated, no leading "/"; b"" is the root
+    paths: list[bytes] | PathTable  # relative, "/"-separated, no leading "/"; b"" is the root
     kind: np.ndarray
     mode: np.ndarray
     mtime_ns: np.ndarray
@@ -78,94 +82,264 @@ def write_index(
     prepare_index(cols, block_counts).write(f, cols.crc, block_sizes)
 
 
-@dataclass
+# The digests of an index: file digests (rows of 32 bytes in the order of the prepared columns; or a
+# function called when their turn comes that yields them in the index's order, piece by piece), block
+# header digests, chunk digests, and where each block's chunks start (n_blocks + 1).
+Digests = tuple["np.ndarray | Callable[[], Iterator[np.ndarray]]", np.ndarray, np.ndarray, np.ndarray]
+
+
 class PreparedIndex:
-    """An index with everything but the file CRCs and block sizes, which the packer knows last."""
+    """An index sorted into tree order, waiting for the file CRCs and block sizes, which the packer knows
+    last.  Only the order and the parent table are held; every other array is made from the columns when
+    :meth:`write` reaches it and dropped once written, so a pack of ten million files never holds the
+    whole index in memory."""
 
-    arrays: dict[str, np.ndarray | None]
-    order: np.ndarray  # index position -> position in the IndexColumns it was prepared from
+    def __init__(self, cols: IndexColumns, block_counts: np.ndarray, order: np.ndarray, parent: np.ndarray) -> None:
+        self.cols = cols
+        self.block_counts = np.asarray(block_counts)
+        self.order = order  # index position -> position in the IndexColumns it was prepared from
+        self.parent = parent  # index position -> index position of its parent directory
 
-    def write(self, f: BinaryIO, crc: np.ndarray, block_sizes: np.ndarray,
-              digests: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
-        """Write the index file into ``f`` (a new binary file); ``crc`` is in the order of the prepared columns.  ``digests``:
-        (file digests in the order of the prepared columns, block header digests, chunk digests: rows of
-        32 bytes; and where each block's chunks start, n_blocks + 1); without them the index is version 1
-        (tests of the old format)."""
-        arrays = dict(self.arrays, crc=np.asarray(crc)[self.order], block_sizes=np.asarray(block_sizes))
+    def write(self, f: BinaryIO, crc: np.ndarray | Callable[[], np.ndarray], block_sizes: np.ndarray,
+              digests: Digests | None = None, *, release: bool = False) -> None:  # fmt: skip
+        """Write the index file into ``f`` (a new binary file); ``crc`` is in the order of the prepared columns (or what makes
+        it, called at its turn).  Without
+        ``digests`` the index is version 1 (tests of the old format).  ``release``: each column of the
+        IndexColumns is dropped from it once its array is written (the packer's, used once)."""
+        write_arrays(f, self.arrays(crc, block_sizes, digests, release=release))
+
+    def arrays(self, crc: np.ndarray | Callable[[], np.ndarray], block_sizes: np.ndarray, digests: Digests | None = None, *,
+               release: bool = False) -> dict[str, np.ndarray | Deferred]:  # fmt: skip
+        """Every array of the index file, most made only when written (:class:`Deferred`, in the schema's
+        order), each column of ``cols`` dropped once used when ``release``."""
+        cols, order, n = self.cols, self.order, int(self.order.size)
+        paths = cols.paths if isinstance(cols.paths, PathTable) else PathTable.from_list(cols.paths)
+        memo: dict[str, object] = {"listed": paths}  # popped once sorted, so that release frees them
+        n_path_bytes = int(paths.blob.size)
+        del paths
+
+        def column(name: str, dtype: str, drop: bool = True) -> Deferred:
+            def make() -> np.ndarray:
+                values = np.asarray(getattr(cols, name))[order].astype(dtype, copy=False)
+                if release and drop:
+                    setattr(cols, name, None)
+                return values
+
+            return Deferred(n, make)
+
+        # The schema's order (index_format.SCHEMA) is the file's: path_offsets, then paths, then the hash
+        # table made from the sorted paths before they go.
+        def path_offsets() -> np.ndarray:
+            listed = memo.pop("listed")
+            assert isinstance(listed, PathTable)
+            memo["paths"] = table = listed.take(order)
+            if release:
+                cols.paths = []
+            return table.offsets
+
+        def path_blob() -> np.ndarray:
+            table = memo.pop("paths")
+            assert isinstance(table, PathTable)
+            memo["hash"] = _hash_table(table)
+            return table.blob
+
+        def hash_part(k: int) -> Callable[[], np.ndarray]:
+            def make() -> np.ndarray:
+                parts = memo.pop("hash") if k == 1 else memo["hash"]  # hash_order is written last
+                assert isinstance(parts, tuple)
+                return parts[k]
+
+            return make
+
+        hardlinks, targets = self._renumbered()
+        links, link_offsets, link_slots = _link_table(targets)
+        n_buckets = 1 << max(0, (n - 1).bit_length())
+
+        def slot() -> np.ndarray:
+            values = np.asarray(cols.slot)[order].astype(np.uint32)
+            for entry, k in link_slots:  # a symlink's slot is its place in the link table
+                values[entry] = k
+            return values
+
+        def tree_tables(k: int) -> Callable[[], np.ndarray]:
+            def make() -> np.ndarray:
+                if "tree" not in memo:
+                    kind = np.asarray(cols.kind)[order].astype(np.uint8)
+                    child_start, child_count = _child_tables(self.parent, n)
+                    ino, nlink = _inodes(kind, self.parent, hardlinks)
+                    memo["tree"] = (self.parent, child_start, child_count, ino, nlink)
+                    if release:
+                        cols.kind = None  # type: ignore[assignment]  # read last here
+                tables = memo.pop("tree") if k == 2 else memo["tree"]  # child_count is written last
+                assert isinstance(tables, tuple)
+                return tables[k]
+
+            return make
+
+        def block_column() -> np.ndarray:
+            block = np.asarray(cols.block)[order].astype(np.int32)
+            # The block layout now, while block and slot are at hand: then neither is held to the end.
+            memo["block_offsets"], memo["block_files"] = _block_layout(block, slot(), len(self.block_counts))
+            if release:
+                cols.block = None  # type: ignore[assignment]
+            return block
+
+        def slot_column() -> np.ndarray:
+            values = slot()
+            if release:
+                cols.slot = None  # type: ignore[assignment]
+            return values
+
+        def block_offsets() -> np.ndarray:
+            offsets = memo.pop("block_offsets")
+            assert isinstance(offsets, np.ndarray)
+            return offsets
+
+        def block_files() -> np.ndarray:
+            files = memo.pop("block_files")
+            assert isinstance(files, np.ndarray)
+            return files
+
+        n_block_files = int(np.count_nonzero(np.asarray(cols.block) >= 0))
+        arrays: dict[str, np.ndarray | Deferred] = {
+            "path_offsets": Deferred(n + 1, path_offsets),
+            "paths": Deferred(n_path_bytes, path_blob),
+            "hash_order": Deferred(n, hash_part(1)),
+            "hash_start": Deferred(n_buckets + 1, hash_part(0)),
+            "kind": column("kind", "u1", drop=False),  # the tree tables read it
+            "parent": Deferred(n, tree_tables(0)),
+            "child_start": Deferred(n, tree_tables(1)),
+            "child_count": Deferred(n, tree_tables(2)),
+            "ino": Deferred(n, tree_tables(3)),
+            "nlink": Deferred(n, tree_tables(4)),
+            "block_counts": self.block_counts,
+            "block_sizes": np.asarray(block_sizes),
+            "block_offsets": Deferred(len(self.block_counts) + 1, block_offsets),
+            "block_files": Deferred(n_block_files, block_files),
+            "slot": Deferred(n, slot_column),
+            "block": Deferred(n, block_column),
+            "mode": column("mode", "u4"),
+            "mtime_ns": column("mtime_ns", "i8"),
+            "size": column("size", "u8"),
+            "label": column("label", "i4"),
+            "links": links,
+            "link_offsets": link_offsets,
+            "crc": Deferred(n, lambda: np.asarray(crc() if callable(crc) else crc)[order]),
+        }
         if digests is not None:
             files, heads, chunks, block_chunks = digests
-            arrays.update(file_digest=np.asarray(files)[self.order], block_head_digest=heads, chunk_digest=chunks,
-                          block_chunks=block_chunks)  # fmt: skip
-        write_arrays(f, arrays)
+
+            def file_digests() -> np.ndarray | Iterator[np.ndarray]:
+                memo.clear()
+                return files() if callable(files) else np.asarray(files)[order]
+
+            arrays.update(file_digest=Deferred(n * dg.DIGEST_SIZE, file_digests), block_head_digest=heads,
+                          chunk_digest=chunks, block_chunks=block_chunks)  # fmt: skip
+        return arrays
+
+    def _renumbered(self) -> tuple[dict[int, int], dict[int, bytes]]:
+        """The hard links and symlink targets, keyed by index position (few: a dict is fine)."""
+        cols = self.cols
+        if not cols.hardlink_of and not cols.link_targets:
+            return {}, {}
+        new_id = np.empty(self.order.size, dtype=np.int64)
+        new_id[self.order] = np.arange(self.order.size)
+        hardlinks = {int(new_id[a]): int(new_id[p]) for a, p in cols.hardlink_of.items()}
+        targets = {int(new_id[pos]): t for pos, t in cols.link_targets.items()}
+        return hardlinks, targets
 
 
 # --- building an index: one step per table ----------------------------------------------------------
-def prepare_index(cols: IndexColumns, block_counts: np.ndarray) -> PreparedIndex:
-    """Sort the entries into tree order and build the lookup tables (``cols.crc`` is not read)."""
-    order, paths = _tree_order(cols.paths)
-    new_id = np.empty(len(order), dtype=np.int64)
-    new_id[order] = np.arange(len(order))
-    kind = np.asarray(cols.kind)[order].astype(np.uint8)
-    parent, child_start, child_count = _directory_tables(paths, kind)
-    ino, nlink = _inodes(kind, parent, {int(new_id[a]): int(new_id[p]) for a, p in cols.hardlink_of.items()})
-    slot = np.asarray(cols.slot)[order].astype(np.uint32)
-    links, link_offsets = _link_table(slot, {int(new_id[pos]): t for pos, t in cols.link_targets.items()})
-    blob, path_offsets = _path_table(paths)
-    hash_start, hash_order = _hash_table(paths)
-    block = np.asarray(cols.block)[order].astype(np.int32)
-    block_offsets, block_files = _block_layout(block, slot, len(block_counts))
-    arrays: dict[str, np.ndarray | None] = {
-        "kind": kind,
-        "mode": np.asarray(cols.mode)[order],
-        "mtime_ns": np.asarray(cols.mtime_ns)[order],
-        "size": np.asarray(cols.size)[order],
-        "block": block,
-        "slot": slot,
-        "label": np.asarray(cols.label)[order],
-        "crc": None,  # filled in by PreparedIndex.write
-        "ino": ino,
-        "nlink": nlink,
-        "parent": parent,
-        "child_start": child_start,
-        "child_count": child_count,
-        "path_offsets": path_offsets,
-        "paths": blob,
-        "link_offsets": link_offsets,
-        "links": links,
-        "hash_start": hash_start,
-        "hash_order": hash_order,
-        "block_counts": np.asarray(block_counts),
-        "block_sizes": None,  # filled in by PreparedIndex.write
-        "block_offsets": block_offsets,
-        "block_files": block_files,
-    }
-    return PreparedIndex(arrays, order)
+def prepare_index(cols: IndexColumns, block_counts: np.ndarray,
+                  tree: tuple[np.ndarray, np.ndarray] | None = None) -> PreparedIndex:  # fmt: skip
+    """Sort the entries into tree order and find each one's parent (``cols.crc`` is not read), unless
+    ``tree`` is :func:`tree_order`'s answer for them already; the other tables are built as the file is
+    written."""
+    if not isinstance(cols.paths, PathTable):
+        cols.paths = PathTable.from_list(cols.paths)
+    order, parent = tree if tree is not None else tree_order(cols.paths, np.asarray(cols.kind))
+    return PreparedIndex(cols, block_counts, order, parent)
 
 
-def _tree_order(all_paths: list[bytes]) -> tuple[np.ndarray, list[bytes]]:
-    """(order, paths in that order): sorted by (parent, name), so every directory's children are one
-    contiguous, name-sorted run; the root's key (b"", b"") sorts before every other."""
-    n = len(all_paths)
-    if n == 0 or all_paths.count(b"") != 1:
-        raise ValueError("the entries must include the root (path b'') exactly once")
-    keys = [(p.rpartition(b"/")[0], p) for p in all_paths]
-    order = sorted(range(n), key=keys.__getitem__)
-    return np.asarray(order, dtype=np.int64), [all_paths[i] for i in order]
+def tree_order(paths: PathTable, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, parent): ``order`` sorts the entries by (parent path, name), so every directory's children
+    are one contiguous, name-sorted run, the root first; ``parent[i]`` is the position, in that order, of
+    the parent of entry ``order[i]`` (0 for the root).
 
-
-def _directory_tables(paths: list[bytes], kind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(parent, child_start, child_count) of entries in tree order."""
+    Array operations and one pass over the paths in chunks: the parents are found through a dict of the
+    directories only, sorted by the rank of their parent's path; children arrive in name order from every
+    source that lists sorted directories, which is checked (and mended per directory where not).
+    """
     n = len(paths)
-    id_of = {p: i for i, p in enumerate(paths)}
-    parent = np.array([0, *(id_of.get(p.rpartition(b"/")[0], -1) for p in paths[1:])], dtype=np.int64)
-    orphans = np.flatnonzero((parent[1:] < 0) | (kind[parent[1:]] != KIND_DIR))
-    if len(orphans):
-        raise ValueError(f"entry {os.fsdecode(paths[orphans[0] + 1])!r} has no parent directory in the index")
+    roots = np.flatnonzero(np.diff(paths.offsets) == 1)  # an empty path: just its NUL
+    if n == 0 or roots.size != 1:
+        raise ValueError("the entries must include the root (path b'') exactly once")
+    root = int(roots[0])
+    dirs = np.flatnonzero(kind == KIND_DIR)
+    dir_paths = [paths[i] for i in dirs.tolist()]
+    position = dict(zip(dir_paths, dirs.tolist()))
+    if len(position) != len(dir_paths):
+        raise ValueError("a directory path appears twice among the entries")
+    rank = np.empty(len(dir_paths), dtype=np.int32)  # int32 below: half the memory, and 2**31 entries is far
+    rank[sorted(range(len(dir_paths)), key=dir_paths.__getitem__)] = np.arange(len(dir_paths))
+    del dir_paths
+    parent_pos = np.empty(n, dtype=np.int32)
+    for start, chunk in paths.chunks():
+        parent_pos[start : start + len(chunk)] = [position.get(p.rpartition(b"/")[0], -1) for p in chunk]
+    del position
+    parent_pos[root] = root
+    orphans = np.flatnonzero(parent_pos < 0)
+    if orphans.size:
+        raise ValueError(f"entry {os.fsdecode(paths[int(orphans[0])])!r} has no parent directory in the index")
+    key = np.empty(n, dtype=np.int32)  # the rank of each entry's parent's path
+    for start in range(0, n, CHUNK):
+        key[start : start + CHUNK] = rank[np.searchsorted(dirs, parent_pos[start : start + CHUNK])]
+    key[root] = -1
+    order = np.argsort(key, kind="stable").astype(np.uint32)  # half the memory, held to the end
+    key = key[order]
+    _mend_names(order, key, paths)
+    del key
+    new_id = np.empty(n, dtype=np.uint32)
+    new_id[order] = np.arange(n, dtype=np.uint32)
+    parent = new_id[parent_pos[order]]
+    del new_id, parent_pos
+    give_back()
+    return order, parent
+
+
+def _mend_names(order: np.ndarray, key: np.ndarray, paths: PathTable) -> None:
+    """Within each run of ``order`` with one ``key`` (one directory's children), put the paths in byte
+    order where the source did not list them so; a path listed twice is refused."""
+    same = key[1:] == key[:-1]
+    for _ in range(2):  # the second pass only confirms (or finds a path listed twice)
+        unsorted: set[int] = set()
+        prev: bytes | None = None
+        for start in range(0, order.size, CHUNK):
+            chunk = [paths[i] for i in order[start : start + CHUNK].tolist()]
+            if prev is not None:
+                chunk.insert(0, prev)
+            base = start - (prev is not None)
+            for k, (a, b) in enumerate(zip(chunk, chunk[1:])):
+                if not a < b and same[base + k]:
+                    if a == b:
+                        raise ValueError(f"entry {os.fsdecode(a)!r} is listed twice")
+                    unsorted.add(int(key[base + k]))
+            prev = chunk[-1]
+        if not unsorted:
+            return
+        for group in unsorted:
+            lo, hi = np.searchsorted(key, [group, group + 1])
+            order[lo:hi] = sorted(order[lo:hi].tolist(), key=paths.__getitem__)
+    raise AssertionError("directory children still unsorted after mending")  # pragma: no cover
+
+
+def _child_tables(parent: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(child_start, child_count) of entries in tree order, from their parents."""
     child_count = np.bincount(parent[1:], minlength=n).astype(np.uint32)
     child_start = np.zeros(n, dtype=np.uint32)
     parents, first_child = np.unique(parent[1:], return_index=True)  # each run of children is contiguous
     child_start[parents] = first_child + 1
-    return parent.astype(np.uint32), child_start, child_count
+    return child_start, child_count
 
 
 def _inodes(kind: np.ndarray, parent: np.ndarray, hardlink_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -185,32 +359,23 @@ def _inodes(kind: np.ndarray, parent: np.ndarray, hardlink_of: dict[int, int]) -
     return ino, nlink
 
 
-def _link_table(slot: np.ndarray, targets: dict[int, bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(links, link_offsets); each symlink's slot becomes its place in the table (``slot`` is updated)."""
+def _link_table(targets: dict[int, bytes]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """(links, link_offsets, (entry, slot) of each symlink): a symlink's slot is its place in the table."""
     items = sorted(targets.items())
-    for k, (entry, _target) in enumerate(items):
-        slot[entry] = k
     link_offsets = np.zeros(len(items) + 1, dtype=np.uint64)
     np.cumsum([len(t) for _, t in items], out=link_offsets[1:])
-    return np.frombuffer(b"".join(t for _, t in items), dtype=np.uint8), link_offsets
+    links = np.frombuffer(b"".join(t for _, t in items), dtype=np.uint8)
+    return links, link_offsets, [(entry, k) for k, (entry, _t) in enumerate(items)]
 
 
-def _path_table(paths: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(blob, path_offsets): \\0 then every path NUL-terminated; path e is blob[off[e] : off[e + 1] - 1]."""
-    n = len(paths)
-    blob = b"\0" + b"".join(p + b"\0" for p in paths)
-    path_offsets = np.empty(n + 1, dtype=np.uint64)
-    path_offsets[0] = 1
-    np.cumsum(np.fromiter(map(len, paths), dtype=np.uint64, count=n) + 1, out=path_offsets[1:])
-    path_offsets[1:] += 1
-    return np.frombuffer(blob, dtype=np.uint8), path_offsets
-
-
-def _hash_table(paths: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def _hash_table(paths: PathTable) -> tuple[np.ndarray, np.ndarray]:
     """(hash_start, hash_order): bucket k holds entries hash_order[hash_start[k] : hash_start[k + 1]]."""
     n = len(paths)
     n_buckets = 1 << max(0, (n - 1).bit_length())
-    bucket = np.fromiter(map(zlib.crc32, paths), dtype=np.uint64, count=n) & (n_buckets - 1)
+    bucket = np.empty(n, dtype=np.uint32)
+    for start, chunk in paths.chunks():
+        bucket[start : start + len(chunk)] = np.fromiter(map(zlib.crc32, chunk), dtype=np.uint32, count=len(chunk))
+    bucket &= np.uint32(n_buckets - 1)
     hash_order = np.argsort(bucket, kind="stable").astype(np.uint32)
     hash_start = np.searchsorted(bucket[hash_order], np.arange(n_buckets + 1)).astype(np.uint32)
     return hash_start, hash_order

@@ -36,13 +36,15 @@ import json
 import mmap
 import os
 import stat
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
 from ..errors import IndexFormatError, UnsupportedVersionError
 from . import digest as dg
 from .format import crc32
+from .heap import give_back
 
 INDEX_MAGIC = b"BLKFSIDX"
 INDEX_VERSION = 2
@@ -108,32 +110,71 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def write_arrays(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
+@dataclass(frozen=True)
+class Deferred:
+    """An array made only when its turn to be written comes (and dropped once written), so that a large
+    index is never in memory whole: ``count`` elements of its schema dtype, from ``make()`` — the array,
+    or its pieces one after another (each dropped before the next is made)."""
+
+    count: int
+    make: Callable[[], np.ndarray | Iterator[np.ndarray]]
+
+
+def write_arrays(f: BinaryIO, arrays: Mapping[str, np.ndarray | Deferred | None]) -> None:
     """Write an index file holding ``arrays`` (converted to their schema dtypes) into ``f``, a new binary file
-    (``storage.owned.created_at``: it also flushes and fsyncs): version 2 when the digest arrays are given,
-    version 1 (no digests) otherwise."""
+    at its start (``storage.owned.created_at``: it also flushes and fsyncs): version 2 when the digest arrays
+    are given, version 1 (no digests) otherwise.  The arrays are written in the schema's order, one at a
+    time: the table of contents needs only each array's length, so a :class:`Deferred` one is made only
+    when its turn comes."""
     version = INDEX_VERSION if all(arrays.get(name) is not None for name in DIGEST_ARRAYS) else OLDEST_INDEX_VERSION
-    arrays = {name: np.ascontiguousarray(arrays[name], dtype=dt).reshape(-1) for name, dt in schema_of(version).items()}
+    schema = schema_of(version)
+    missing = sorted(set(schema) - {name for name, value in arrays.items() if value is not None})
+    if missing:
+        raise ValueError(f"no array given for {missing}")
+    names = list(schema)  # the file's order is the schema's, whatever the mapping's
+    counts = {name: _count(arrays[name]) for name in names}
     # Two passes: the table of contents holds offsets, which depend on its own length.
     toc_len = 0
     while True:
         pos = HEAD_SIZE + toc_len
         pos += _pad(pos)
         toc: dict[str, list] = {}
-        for name, arr in arrays.items():
-            toc[name] = [arr.dtype.str, pos, int(arr.size)]
-            pos += arr.nbytes + _pad(arr.nbytes)
-        raw = json.dumps({"arrays": toc, "n_entries": int(arrays["kind"].size)}).encode()
+        for name in names:
+            toc[name] = [schema[name].str, pos, counts[name]]
+            nbytes = counts[name] * schema[name].itemsize
+            pos += nbytes + _pad(nbytes)
+        raw = json.dumps({"arrays": toc, "n_entries": counts["kind"]}).encode()
         if len(raw) <= toc_len:
             break
         toc_len = len(raw) + 64
     raw = raw.ljust(toc_len)
     f.write(INDEX_MAGIC + version.to_bytes(2, "little") + b"\0\0" + toc_len.to_bytes(4, "little"))
     f.write(raw)
-    for name, arr in arrays.items():
-        f.write(b"\0" * (toc[name][1] - f.tell()))
-        f.write(arr.tobytes())
-    f.write(b"\0" * _pad(f.tell()))
+    written = HEAD_SIZE + toc_len
+    for name in names:
+        value = arrays[name]
+        made = value.make() if isinstance(value, Deferred) else value
+        f.write(b"\0" * (toc[name][1] - written))
+        written = toc[name][1]
+        size = 0
+        for piece in [made] if isinstance(made, np.ndarray) or not isinstance(made, Iterator) else made:
+            arr = np.ascontiguousarray(piece, dtype=schema[name]).reshape(-1)
+            del piece
+            f.write(arr.data.cast("B"))
+            size += arr.size
+            written += arr.nbytes
+            del arr  # before the next is made
+        del made
+        give_back()  # what making it freed, before the next is made
+        if size != counts[name]:
+            raise ValueError(f"array {name!r} has {size} elements, {counts[name]} were announced")
+    f.write(b"\0" * _pad(written))
+
+
+def _count(value: np.ndarray | Deferred | None) -> int:
+    if isinstance(value, Deferred):
+        return value.count
+    return int(np.asarray(value).size)
 
 
 def read_index_file(path: str, where: str) -> mmap.mmap:

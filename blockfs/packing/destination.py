@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from typing import Iterator
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from .options import PackOptions
 from .parallel import Sums
 
 FILE_MODE = 0o666  # as open() makes files: the umask decides
+DIGEST_PIECE = 1 << 14  # file digests gathered at a time: the pages of the spilled ones a piece touches
 
 
 def prepare_dest(src: str | None, dest: str, force: bool) -> int:
@@ -229,18 +231,30 @@ def write_index(dir_fd: int, index: PreparedIndex, plan_pos: np.ndarray, sums: S
     and the block sizes are known.
 
     ``plan_pos`` maps each entry of the index to its position in the plan (-1: not a file).  Called once
-    every block is on disk: an index never names a block that a crash could lose.
+    every block is on disk: an index never names a block that a crash could lose.  The index's columns
+    are dropped as they are written (the packer's last use of them).
     """
-    is_file = plan_pos >= 0
-    file_crcs = np.zeros(len(plan_pos), dtype=np.uint32)
-    file_crcs[is_file] = np.asarray(sums.crcs, dtype=np.uint32)[plan_pos[is_file]]
-    file_digests = np.zeros((len(plan_pos), dg.DIGEST_SIZE), dtype=np.uint8)
-    file_digests[is_file] = _rows(sums.file_digests)[plan_pos[is_file]]
+
+    def file_crcs() -> np.ndarray:  # made at its turn: one column fewer held meanwhile
+        is_file = plan_pos >= 0
+        crcs = np.zeros(len(plan_pos), dtype=np.uint32)
+        crcs[is_file] = sums.crcs[plan_pos[is_file]]
+        sums.crcs = np.zeros(0, dtype=np.uint32)  # read once: not held while the paths are sorted
+        return crcs
+
+    def file_digests() -> Iterator[np.ndarray]:  # in index order, a piece at a time, once the columns are gone
+        with sums.file_digest_rows() as stored:
+            for start in range(0, len(plan_pos), DIGEST_PIECE):
+                at = plan_pos[index.order[start : start + DIGEST_PIECE]]
+                rows = np.zeros((len(at), dg.DIGEST_SIZE), dtype=np.uint8)
+                rows[at >= 0] = stored(at[at >= 0])
+                yield rows
+
     block_chunks = np.zeros(len(sums.chunk_digests) + 1, dtype=np.uint64)
     np.cumsum([len(c) // dg.DIGEST_SIZE for c in sums.chunk_digests], out=block_chunks[1:])
     digests = (file_digests, _rows(sums.head_digests), _rows(sums.chunk_digests), block_chunks)
     with created_at(dir_fd, INDEX_NAME, mode=FILE_MODE, sync=fsync) as f:
-        index.write(f, file_crcs, block_sizes, digests)
+        index.write(f, file_crcs, block_sizes, digests, release=True)
 
 
 def _rows(digests: list[bytes]) -> np.ndarray:
@@ -248,23 +262,34 @@ def _rows(digests: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, dg.DIGEST_SIZE)
 
 
+def index_counts(cols: IndexColumns) -> dict:
+    """What ``blockfs.json`` counts of the entries, taken before the index is written (which drops them)."""
+    kinds = np.asarray(cols.kind)
+    return {
+        "n_entries": int(kinds.size),
+        "n_files": int(np.sum(kinds == KIND_FILE)),
+        "n_dirs": int(np.sum(kinds == KIND_DIR)),
+        "n_symlinks": int(np.sum(kinds == KIND_SYMLINK)),
+        "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
+    }
+
+
 def dataset_metadata(
-    dir_fd: int, cols: IndexColumns, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
+    dir_fd: int, counts: dict, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
     options: PackOptions,
 ) -> dict:
     """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and digest (the link
     to every digest in it) and how it was packed.  Nothing of when or where it was packed: the same files
     packed with the same options give the same ``blockfs.json``, so the same name."""
-    kinds = np.asarray(cols.kind)
     return {
         "format": "blockfs",
         "format_version": METADATA_VERSION,
-        "n_entries": len(cols.paths),
-        "n_files": int(np.sum(kinds == KIND_FILE)),
-        "n_dirs": int(np.sum(kinds == KIND_DIR)),
-        "n_symlinks": int(np.sum(kinds == KIND_SYMLINK)),
+        "n_entries": counts["n_entries"],
+        "n_files": counts["n_files"],
+        "n_dirs": counts["n_dirs"],
+        "n_symlinks": counts["n_symlinks"],
         "n_blocks": len(block_sizes),
-        "file_bytes": int(np.asarray(cols.size)[kinds == KIND_FILE].sum()),
+        "file_bytes": counts["file_bytes"],
         "block_bytes": int(block_sizes.sum()),
         "classes": classes,
         "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(read_at(dir_fd, INDEX_NAME)),

@@ -11,10 +11,13 @@ from __future__ import annotations
 import csv
 import logging
 import os
+from typing import Callable
 
-from ..core.index import KIND_DIR
+import numpy as np
+
+from ..core.index import KIND_DIR, KIND_FILE
 from ..errors import PackError
-from .sources import SourceEntry
+from .entry_table import EntryTable
 
 log = logging.getLogger(__name__)
 
@@ -22,24 +25,37 @@ NO_LABEL = -1
 MAX_LABEL = 2**31 - 1  # labels are stored as int32
 
 
-def assign_labels(files: list[SourceEntry], spec: str, root_entries: list[SourceEntry]) -> list[str] | None:
-    """Set ``label`` on each file from ``spec``; return the class names, if the labels have names.
+def assign_labels(table: EntryTable, spec: str) -> list[str] | None:
+    """Set the label of each file of ``table`` from ``spec``; return the class names, if the labels have
+    names.  One pass over the paths in chunks: no object per file.
 
     ``dirname`` follows torchvision's ImageFolder exactly: the classes are the directories directly
     under the root, indexed in sorted order; files outside them get -1.
     """
+    is_file = table.kind == KIND_FILE
     if spec == "none":
-        for f in files:
-            f.label = NO_LABEL
+        table.label[is_file] = NO_LABEL
         return None
     if spec == "dirname":
-        classes = sorted(os.fsdecode(e.path) for e in root_entries if e.kind == KIND_DIR and b"/" not in e.path and e.path)
+        tops = [table.paths[i] for i in np.flatnonzero(table.kind == KIND_DIR).tolist()]
+        classes = sorted(os.fsdecode(p) for p in tops if p and b"/" not in p)
         index = {os.fsencode(c): i for i, c in enumerate(classes)}
-        for f in files:
-            top, sep, _ = f.path.partition(b"/")
-            f.label = index.get(top, NO_LABEL) if sep else NO_LABEL
+
+        def label_of(path: bytes) -> int:
+            top, sep, _ = path.partition(b"/")
+            return index.get(top, NO_LABEL) if sep else NO_LABEL
+
+        _set_labels(table, is_file, label_of)
         return classes
-    return _labels_from_csv(files, spec)
+    return _labels_from_csv(table, is_file, spec)
+
+
+def _set_labels(table: EntryTable, is_file: np.ndarray, label_of: Callable[[bytes], int]) -> None:
+    """``label_of(path)`` for every file, chunk by chunk."""
+    for start, chunk in table.paths.chunks():
+        end = start + len(chunk)
+        values = np.fromiter(map(label_of, chunk), dtype=np.int64, count=len(chunk))
+        table.label[start:end] = np.where(is_file[start:end], values, table.label[start:end])
 
 
 def _read_rows(csv_path: str) -> list[tuple[int, str, str]]:
@@ -80,7 +96,7 @@ def _integer_labels(csv_path: str, rows: list[tuple[int, str, str]]) -> list[int
     return values
 
 
-def _labels_from_csv(files: list[SourceEntry], csv_path: str) -> list[str] | None:
+def _labels_from_csv(table: EntryTable, is_file: np.ndarray, csv_path: str) -> list[str] | None:
     rows = _read_rows(csv_path)
     values = _integer_labels(csv_path, rows)
     classes = None
@@ -89,17 +105,25 @@ def _labels_from_csv(files: list[SourceEntry], csv_path: str) -> list[str] | Non
         number = {name: i for i, name in enumerate(classes)}
         values = [number[label] for _, _, label in rows]
     by_path = {os.fsencode(path.strip("/")): value for (_, path, _), value in zip(rows, values)}
-    known = {f.path for f in files}
-    stray = [(line, path.strip("/")) for line, path, _ in rows if os.fsencode(path.strip("/")) not in known]
+    found: set[bytes] = set()
+    unlabelled = 0
+    for start, chunk in table.paths.chunks():
+        for k, path in enumerate(chunk):
+            if not is_file[start + k]:
+                continue
+            value = by_path.get(path)
+            if value is None:
+                unlabelled += 1
+                value = NO_LABEL
+            else:
+                found.add(path)
+            table.label[start + k] = value
+    stray = [(line, path.strip("/")) for line, path, _ in rows if os.fsencode(path.strip("/")) not in found]
     if stray:
         raise PackError(
             f"labels file {csv_path!r} names {len(stray)} paths that are not files in the source, "
             f"e.g. {stray[0][1]!r} on line {stray[0][0]}; paths must be relative to the source directory"
         )
-    unlabelled = 0
-    for f in files:
-        f.label = by_path.get(f.path, NO_LABEL)
-        unlabelled += f.path not in by_path
     if unlabelled:
         log.warning("labels file %s gives no label to %d files; they get label -1", csv_path, unlabelled)
     return classes

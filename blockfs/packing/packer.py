@@ -26,12 +26,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core.index import KIND_DIR, KIND_FILE, IndexColumns, PreparedIndex
+from ..core.heap import give_back
 from ..errors import PackError
 from ..sizes import format_size
 from ..storage.location import check_scheme, is_remote
 from .containers import open_source, spool_dir_for
-from .destination import Destination, LocalDestination, dataset_metadata, write_index
+from .destination import Destination, LocalDestination, dataset_metadata, index_counts, write_index
+from .entry_table import EntryTable, collect
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
 from .parallel import Sums, write_blocks
@@ -40,7 +41,7 @@ from ..core.metadata import metadata_bytes
 from .plan import BlockPlan, make_plan, plan_blocks
 from .remote_destination import RemoteDestination
 from .remote_source import RemotePrefixSource
-from .sources import DirectorySource, Source, SourceEntry
+from .sources import DirectorySource, Source
 from .writer import BlockWriter
 
 __all__ = ["PackOptions", "PackResult", "ProgressCallback", "pack", "plan_blocks"]
@@ -75,20 +76,34 @@ def pack(
     started = time.monotonic()
     options = dataclasses.replace(options or PackOptions(), **overrides)
     target = _destination(os.fspath(dest), options, storage_options)
-    claimed, free, plan = False, None, None
+    claimed, free, needed = False, None, None
     try:
         source = _open(src, target.directory, options, storage_options)
-        entries, too_long = _names_that_fit(_list_entries(source, listing), source, options.skip_unreadable)
+        entries, too_long = _names_that_fit(collect(source.entries(), listing, LISTING_STEP), source,
+                                            options.skip_unreadable)  # fmt: skip
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
         claimed = True  # from the first step of the claim on, a failure has something to remove
         target.claim(_source_location(source), options.force)
         free = target.free_bytes()
         plan = make_plan(entries, options)
-        sums, (cols, plan_pos, index), unreadable = _write_blocks(source, target, plan, options, progress)
+        needed = int(plan.sizes.sum())  # what a full disk's error says
+        del entries  # the plan holds them
+        give_back()
+        sums, tree, unreadable = _write_blocks(source, target, plan, options, progress)
+        cols, plan_pos, index = plan.index_without_crcs(unreadable, tree)
         unreadable |= too_long
         block_sizes = target.block_sizes(plan.n_blocks)
-        write_index(target.dir_fd, index, plan_pos, sums, block_sizes, target.fsync)
-        metadata = dataset_metadata(target.dir_fd, cols, block_sizes, classes, labels, options)
+        del plan, tree  # from here the index's columns are the only copy: written and dropped one by one
+        counts = index_counts(cols)
+        del cols
+        give_back()
+        try:
+            write_index(target.dir_fd, index, plan_pos, sums, block_sizes, target.fsync)
+        finally:
+            sums.close()
+        del index, plan_pos, sums
+        give_back()
+        metadata = dataset_metadata(target.dir_fd, counts, block_sizes, classes, labels, options)
         described = source.write_metadata(target.directory, target.fsync)  # containers: side files (labels.json)
         if described is not None:
             metadata["source"] = described
@@ -96,14 +111,14 @@ def pack(
     except BaseException as e:
         if not claimed:
             raise
-        raise _failed(e, target, plan, free)  # noqa: B904 - _failed chains e itself
+        raise _failed(e, target, needed, free)  # noqa: B904 - _failed chains e itself
     finally:
         target.close()
     result = _report(source, target.display, metadata, unreadable, time.monotonic() - started)
     return dataclasses.replace(result, digest=name_of(metadata_bytes(metadata)))
 
 
-def _failed(error: BaseException, target: Destination, plan: BlockPlan | None, free: int | None) -> BaseException:
+def _failed(error: BaseException, target: Destination, needed: int | None, free: int | None) -> BaseException:
     """The exception a failed pack raises once what it wrote is removed (:meth:`Destination.abandon`): a
     full disk in one line naming DEST, the bytes needed and free, and the fix; Ctrl-C saying what it
     left; anything else as it was, with what is left appended when something is."""
@@ -119,10 +134,10 @@ def _failed(error: BaseException, target: Destination, plan: BlockPlan | None, f
         return KeyboardInterrupt(done) if done else error
     if full is not None:
         if target.directory == target.display:
-            needed = (f"the pack needs about {format_size(int(plan.sizes.sum()))}" if plan is not None
-                      else "the pack could not even start")  # fmt: skip
+            need = (f"the pack needs about {format_size(needed)}" if needed is not None
+                    else "the pack could not even start")  # fmt: skip
             had = f", and {format_size(free)} was free there when it started" if free is not None else ""
-            message = (f"no space left on the device of {target.display!r}: {needed}{had}; "
+            message = (f"no space left on the device of {target.display!r}: {need}{had}; "
                        + (f"{done}; " if done else "") + "free some space there or pack to a disk with room")
         else:  # a URL: the staging directory filled up, which holds only a few blocks at a time
             message = (f"no space left in the staging directory {target.directory!r} of the pack to "
@@ -173,27 +188,13 @@ def _open(src: object, dest: str, options: PackOptions, storage_options: dict | 
     )
 
 
-def _list_entries(source: Source, listing: Callable[[int], None] | None) -> list[SourceEntry]:
-    """Every entry of ``source``, the root first (made up if the source does not list one)."""
-    entries: list[SourceEntry] = []
-    if listing is None:
-        entries = list(source.entries())
-    else:
-        for entry in source.entries():
-            entries.append(entry)
-            if len(entries) % LISTING_STEP == 0:
-                listing(len(entries))
-        listing(len(entries))
-    if not entries or entries[0].path != b"":
-        entries.insert(0, SourceEntry(b"", KIND_DIR, 0o40755, 0))
-    return entries
-
-
-def _names_that_fit(entries: list[SourceEntry], source: Source, skip: bool) -> tuple[list[SourceEntry], frozenset]:
+def _names_that_fit(entries: EntryTable, source: Source, skip: bool) -> tuple[EntryTable, frozenset]:
     """``entries`` without those whose path has a name over :data:`NAME_MAX` bytes (an object key or an
     archive member may; no filesystem can hold it, so unpack could not write it): an error naming the
     first, or with --skip-unreadable, left out (with everything beneath) and returned to be listed."""
-    long = [e.path for e in entries if any(len(part) > NAME_MAX for part in e.path.split(b"/"))]
+    paths = entries.paths
+    maybe = np.flatnonzero(paths.lengths() > NAME_MAX).tolist()  # only a path this long can hold such a name
+    long = [paths[i] for i in maybe if any(len(part) > NAME_MAX for part in paths[i].split(b"/"))]
     if not long:
         return entries, frozenset()
     if not skip:
@@ -205,18 +206,19 @@ def _names_that_fit(entries: list[SourceEntry], source: Source, skip: bool) -> t
         )
     cut = tuple(p + b"/" for p in long)
     left = frozenset(long)
-    return [e for e in entries if e.path not in left and not e.path.startswith(cut)], left
+    kept = [i for start, chunk in paths.chunks() for i, p in enumerate(chunk, start)
+            if p not in left and not p.startswith(cut)]  # fmt: skip
+    return entries.keep(np.asarray(kept, dtype=np.int64)), left
 
 
-def _choose_labels(source: Source, entries: list[SourceEntry], labels: str) -> tuple[str, list[str] | None]:
+def _choose_labels(source: Source, entries: EntryTable, labels: str) -> tuple[str, list[str] | None]:
     """Label every file (a bad labels file fails here, before DEST is touched); return the labelling
     used and the class names (None when the labels are the source's own, or none)."""
     if labels == "dirname" and source.provides_labels:
         labels = "source"  # RecordIO headers, WebDataset .cls: the container's own labels win by default
     if not labels or labels == "source":
         return labels, None
-    files = [e for e in entries if e.kind == KIND_FILE]
-    return labels, assign_labels(files, labels, entries)
+    return labels, assign_labels(entries, labels)
 
 
 def _source_location(source: Source) -> str | None:
@@ -230,23 +232,20 @@ def _source_location(source: Source) -> str | None:
 
 def _write_blocks(
     source: Source, target: Destination, plan: BlockPlan, options: PackOptions, progress: ProgressCallback | None
-) -> tuple[Sums, tuple[IndexColumns, np.ndarray, PreparedIndex], frozenset[bytes]]:
+) -> tuple[Sums, tuple[np.ndarray, np.ndarray], frozenset[bytes]]:
     """Write every block and wait until they are where they last (on disk, or uploaded); return the file
-    CRCs and digests in plan order with the blocks' digests, the index prepared for the entries kept, and the paths found unreadable (skipped
-    with --skip-unreadable)."""
+    CRCs and digests in plan order with the blocks' digests, the entries' order in the index (made
+    meanwhile), and the paths found unreadable (skipped with --skip-unreadable)."""
     with (
         source.reading(plan.stored),
         BlockWriter(source, target.blocks_fd, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
     ):
         workers = options.workers or os.cpu_count() or 1
-        sums, prepared = write_blocks(writer, plan, workers, progress, meanwhile=plan.index_without_crcs,
-                                      on_written=target.block_written)  # fmt: skip
+        sums, tree = write_blocks(writer, plan, workers, progress, meanwhile=plan.tree_order,
+                                  on_written=target.block_written, spill_dir=target.directory)  # fmt: skip
         writer.wait_durable()
     target.blocks_done()
-    unreadable = frozenset(writer.unreadable)
-    if unreadable:  # rare: the entries kept are not those the index was prepared with
-        prepared = plan.index_without_crcs(unreadable)
-    return sums, prepared, unreadable
+    return sums, tree, frozenset(writer.unreadable)
 
 
 def _report(source: Source, dest: str, metadata: dict, unreadable: frozenset[bytes], seconds: float) -> PackResult:

@@ -8,11 +8,16 @@ it is idle, so it prepares the index then; see :func:`write_blocks`).
 
 from __future__ import annotations
 
+import mmap
+import os
+import tempfile
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, ThreadPoolExecutor, wait
-from typing import Callable, TypeVar
+from typing import BinaryIO, Callable, Iterator, TypeVar
 
 import numpy as np
 
+from ..core import digest as dg
 from ..errors import PackError
 from .forking import forked_pool
 from .options import ProgressCallback
@@ -24,12 +29,13 @@ T = TypeVar("T")
 
 def write_blocks(
     writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T],
-    on_written: Callable[[int], None] | None = None,
+    on_written: Callable[[int], None] | None = None, spill_dir: str | None = None,
 ) -> tuple["Sums", T]:
     """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC and digest of
     each stored file, in plan order, with each block's digests (:class:`Sums`), and what ``meanwhile()``
     returned.  ``on_written(block)`` is called in this
-    thread as each block's file is complete (a remote destination uploads it).
+    thread as each block's file is complete (a remote destination uploads it).  ``spill_dir``: where
+    the file digests wait for the index, in an unnamed file (None: in memory).
 
     Forked processes where the source allows it (see :mod:`blockfs.packing.forking`), threads otherwise.
     With processes, ``meanwhile`` runs on a thread of this otherwise idle process while they write; with
@@ -39,7 +45,7 @@ def write_blocks(
     pool = None
     if workers > 1 and writer.source.forkable:
         pool = forked_pool(workers, _start_forked_writer, (writer, plan))
-    tally = _Tally(plan, progress, on_written)
+    tally = _Tally(plan, progress, on_written, spill_dir)
     if pool is None:
         threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blockfs-pack")
         _run(threads, workers, plan.n_blocks, lambda b: threads.submit(writer.write, b, plan.files_of(b)), tally.add)
@@ -67,42 +73,97 @@ def write_blocks(
 
 
 class Sums:
-    """The CRCs and digests of the blocks written so far: per stored file in plan order, per block."""
+    """The CRCs and digests of the blocks written so far: per stored file in plan order, per block.
 
-    crcs: list[int]
-    file_digests: list[bytes]
+    The file digests (32 bytes a file) go to an unnamed temporary file beside the blocks as they come,
+    not into memory: at ten million files they are 320 MB, needed only once the index is written."""
+
+    crcs: np.ndarray  # u4, per stored file
+    n_stored: int
     head_digests: list[bytes]
     chunk_digests: list[bytes]  # per block: its chunks' digests, back to back
+    _digests: BinaryIO | None
+    _digest_rows: np.ndarray | None
+
+    @contextmanager
+    def file_digest_rows(self) -> Iterator[Callable[[np.ndarray], np.ndarray]]:
+        """A function giving the digests of the stored files at plan positions ``at`` (rows of 32 bytes).
+        The spilled digests are read through a map whose pages are let go after each call, so that only
+        one call's pieces are ever resident, however the positions are scattered."""
+        if self._digests is None:
+            assert self._digest_rows is not None
+            yield self._digest_rows.__getitem__
+            return
+        size = self.n_stored * dg.DIGEST_SIZE
+        if size == 0:
+            yield lambda at: np.zeros((len(at), dg.DIGEST_SIZE), dtype=np.uint8)
+            return
+        with mmap.mmap(self._digests.fileno(), size, prot=mmap.PROT_READ) as mm:
+            reader = _MappedRows(mm)
+            try:
+                yield reader.take
+            finally:
+                reader.release()
+
+    def close(self) -> None:
+        """Let the spilled digests go (the unnamed file is freed with its descriptor)."""
+        if self._digests is not None:
+            self._digests.close()
+
+
+class _MappedRows:
+    """Rows of 32 bytes in a map, gathered by position; the map's pages dropped from memory after each."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self._mm = mm
+        self._rows: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8).reshape(-1, dg.DIGEST_SIZE)
+
+    def take(self, at: np.ndarray) -> np.ndarray:
+        assert self._rows is not None
+        out = self._rows[at]  # a copy
+        self._mm.madvise(mmap.MADV_DONTNEED)  # a shared file map: the pages stay cached, not resident here
+        return out
+
+    def release(self) -> None:
+        self._rows = None  # the map cannot close while an array views it
 
 
 class _Tally(Sums):
     """The sums of the blocks written so far, in plan order, and the progress reports as blocks finish."""
 
     def __init__(self, plan: BlockPlan, progress: ProgressCallback | None,
-                 on_written: Callable[[int], None] | None = None) -> None:  # fmt: skip
-        self.crcs = [0] * len(plan.stored)
-        self.file_digests = [b""] * len(plan.stored)
+                 on_written: Callable[[int], None] | None = None, spill_dir: str | None = None) -> None:  # fmt: skip
+        n = len(plan.stored_at)
+        self.crcs = np.zeros(n, dtype=np.uint32)
+        self.n_stored = n
+        self._digests = tempfile.TemporaryFile(dir=spill_dir, buffering=0) if spill_dir is not None else None
+        self._digest_rows = np.zeros((n, dg.DIGEST_SIZE), dtype=np.uint8) if spill_dir is None else None
         self.head_digests = [b""] * plan.n_blocks
         self.chunk_digests = [b""] * plan.n_blocks
         self._on_written = on_written
         self._bounds = plan.bounds
-        self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if len(plan.stored) else []
+        self._block_bytes = np.add.reduceat(plan.sizes, plan.bounds[:-1]).tolist() if n else []
         self._total_bytes = sum(self._block_bytes)
         self._progress = progress
         self._files = self._bytes = 0
         if progress is not None:
-            progress(0, 0, len(self.crcs), self._total_bytes)
+            progress(0, 0, n, self._total_bytes)
 
     def add(self, block: int, written: WrittenBlock) -> None:
         lo, hi = int(self._bounds[block]), int(self._bounds[block + 1])
         self.crcs[lo:hi] = written.crcs
-        self.file_digests[lo:hi] = written.file_digests
+        rows = b"".join(written.file_digests)
+        if self._digests is not None:
+            os.pwrite(self._digests.fileno(), rows, lo * dg.DIGEST_SIZE)
+        else:
+            assert self._digest_rows is not None
+            self._digest_rows[lo:hi] = np.frombuffer(rows, dtype=np.uint8).reshape(-1, dg.DIGEST_SIZE)
         self.head_digests[block] = written.head_digest
         self.chunk_digests[block] = written.chunk_digests
         self._files += hi - lo
         self._bytes += self._block_bytes[block]
         if self._progress is not None:
-            self._progress(self._files, self._bytes, len(self.crcs), self._total_bytes)
+            self._progress(self._files, self._bytes, self.n_stored, self._total_bytes)
         if self._on_written is not None:
             self._on_written(block)
 

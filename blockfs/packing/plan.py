@@ -9,10 +9,12 @@ carry it out, in any order, in any process).  Built with array operations where 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator, Sequence, overload
 
 import numpy as np
 
-from ..core.index import KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex, prepare_index
+from ..core.index import KIND_FILE, IndexColumns, PreparedIndex, prepare_index, tree_order
+from .entry_table import EntryTable
 from .options import PackOptions
 from .sources import SourceEntry
 
@@ -37,21 +39,49 @@ def plan_blocks(sizes: np.ndarray, block_size: int, files_per_block: int | None 
     return np.asarray(bounds, dtype=np.int64)
 
 
+class StoredFiles(Sequence[SourceEntry]):
+    """The stored files in plan order, each made from the entry table when asked for (no list of them)."""
+
+    def __init__(self, table: EntryTable, stored_at: np.ndarray) -> None:
+        self._table = table
+        self._stored_at = stored_at
+
+    def __len__(self) -> int:
+        return int(self._stored_at.size)
+
+    @overload
+    def __getitem__(self, k: int) -> SourceEntry: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[SourceEntry]: ...
+    def __getitem__(self, k: int | slice) -> SourceEntry | list[SourceEntry]:
+        if isinstance(k, slice):
+            return [self._table.entry(i) for i in self._stored_at[k].tolist()]
+        return self._table.entry(int(self._stored_at[k]))
+
+    def __iter__(self) -> Iterator[SourceEntry]:
+        for start in range(0, len(self), 1 << 12):
+            yield from self[start : start + (1 << 12)]
+
+
 @dataclass(frozen=True)
 class BlockPlan:
     """Where every stored file goes: ``stored[bounds[b]:bounds[b + 1]]`` are the files of block ``b``.
 
-    ``entries`` is every listed entry (the root first); ``primary[i]`` the entry that stores entry i's
-    bytes (-1: not a file); ``stored_at[k]`` the entry whose bytes are at position k of the plan, and
-    ``stored``/``sizes`` those entries and their sizes, in that order.
+    ``entries`` is every listed entry (the root first); ``stored_at[k]`` the entry whose bytes are at
+    position k of the plan, and ``stored``/``sizes`` those entries and their sizes, in that order.
     """
 
-    entries: list[SourceEntry]
-    primary: np.ndarray
+    entries: EntryTable
     stored_at: np.ndarray
-    stored: list[SourceEntry]
-    sizes: np.ndarray
     bounds: np.ndarray
+
+    @property
+    def stored(self) -> StoredFiles:
+        return StoredFiles(self.entries, self.stored_at)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.entries.size[self.stored_at].astype(np.int64)
 
     @property
     def n_blocks(self) -> int:
@@ -59,44 +89,53 @@ class BlockPlan:
 
     def files_of(self, block: int) -> list[SourceEntry]:
         """The files stored in ``block``, in slot order."""
-        return self.stored[self.bounds[block] : self.bounds[block + 1]]
+        return self.stored[int(self.bounds[block]) : int(self.bounds[block + 1])]
+
+    def tree_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """The entries' order in the index and each one's parent there (see :func:`tree_order`): the
+        costly part of the index, made while the blocks are written."""
+        return tree_order(self.entries.paths, self.entries.kind)
 
     def index_without_crcs(
-        self, unreadable: frozenset[bytes] = frozenset()
+        self, unreadable: frozenset[bytes] = frozenset(), tree: tuple[np.ndarray, np.ndarray] | None = None
     ) -> tuple[IndexColumns, np.ndarray, PreparedIndex]:
         """The index columns of the entries kept (see :func:`index_columns`), each kept entry's position
-        in the plan, and the index prepared from them, waiting for the file CRCs and block sizes."""
-        cols, plan_pos = index_columns(self.entries, self.primary, self.stored_at, self.bounds, unreadable)
-        return cols, plan_pos, prepare_index(cols, np.diff(self.bounds).astype(np.uint32))
+        in the plan, and the index prepared from them, waiting for the file CRCs and block sizes.
+        ``tree``: :meth:`tree_order`'s answer, made earlier (used unless entries were dropped)."""
+        cols, plan_pos = index_columns(self.entries, primaries(self.entries), self.stored_at, self.bounds, unreadable)
+        if len(plan_pos) != len(self.entries):
+            tree = None  # entries were dropped: their order is another
+        return cols, plan_pos, prepare_index(cols, np.diff(self.bounds).astype(np.uint32), tree)
 
 
-def make_plan(entries: list[SourceEntry], options: PackOptions) -> BlockPlan:
+def make_plan(entries: EntryTable, options: PackOptions) -> BlockPlan:
     """Store each inode's bytes once, in ``options.order`` (shuffled by ``options.seed``), cut into blocks."""
     primary = primaries(entries)
     stored_at = np.flatnonzero(primary == np.arange(len(entries)))  # the entries whose bytes are stored
+    del primary
+    if len(entries) < 2**31:
+        stored_at = stored_at.astype(np.int32)  # held while the blocks are written: half the memory
     if options.order == "shuffled":
         stored_at = stored_at[np.random.default_rng(options.seed).permutation(len(stored_at))]
-    stored = [entries[i] for i in stored_at]
-    sizes = np.fromiter((f.size for f in stored), dtype=np.int64, count=len(stored))
-    bounds = plan_blocks(sizes, options.block_bytes, options.files_per_block)
-    return BlockPlan(entries, primary, stored_at, stored, sizes, bounds)
+    bounds = plan_blocks(entries.size[stored_at].astype(np.int64), options.block_bytes, options.files_per_block)
+    return BlockPlan(entries, stored_at, bounds)
 
 
-def primaries(entries: list[SourceEntry]) -> np.ndarray:
+def primaries(entries: EntryTable) -> np.ndarray:
     """For each entry, the position of the entry that stores its bytes; -1 for what is not a file.
 
     Hard links: the first path of each inode holds the bytes, the others point at it.
     """
-    primary = [-1] * len(entries)
+    n = len(entries)
+    primary = np.where(entries.kind == KIND_FILE, np.arange(n), -1)
     first_of: dict[object, int] = {}
-    for i, e in enumerate(entries):
-        if e.kind == KIND_FILE:
-            primary[i] = i if e.hardlink_key is None else first_of.setdefault(e.hardlink_key, i)
-    return np.array(primary, dtype=np.int64)
+    for i, key in sorted(entries.hardlink_keys.items()):
+        primary[i] = first_of.setdefault(key, i)
+    return primary
 
 
 def index_columns(
-    entries: list[SourceEntry], primary: np.ndarray, stored_at: np.ndarray, bounds: np.ndarray,
+    entries: EntryTable, primary: np.ndarray, stored_at: np.ndarray, bounds: np.ndarray,
     unreadable: frozenset[bytes],
 ) -> tuple[IndexColumns, np.ndarray]:
     """Index columns for every entry kept (unreadable files and their hard links are dropped), and for
@@ -109,42 +148,41 @@ def index_columns(
     n = len(entries)
     kept = np.ones(n, dtype=bool)
     if unreadable:
-        kept = np.array([p < 0 or entries[p].path not in unreadable for p in primary.tolist()], dtype=bool)
+        for i in np.flatnonzero(primary >= 0).tolist():
+            kept[i] = entries.paths[int(primary[i])] not in unreadable
     where = np.flatnonzero(kept)
-    kept_entries = [entries[i] for i in where] if len(where) < n else entries
+    table = entries.keep(where) if len(where) < n else entries
     primary = primary[where]
     is_file = primary >= 0
 
     stored_pos = np.full(n, -1, dtype=np.int64)
     stored_pos[stored_at] = np.arange(len(stored_at))
     pos = stored_pos[primary[is_file]]  # each kept file's position in the plan
+    del stored_pos
     block = np.full(len(where), -1, dtype=np.int32)
     slot = np.zeros(len(where), dtype=np.uint32)
-    plan_pos = np.full(len(where), -1, dtype=np.int64)
+    plan_pos = np.full(len(where), -1, dtype=np.int32 if len(stored_at) < 2**31 else np.int64)
     plan_pos[is_file] = pos
     file_block = np.searchsorted(np.asarray(bounds), pos, side="right") - 1
     block[is_file] = file_block
     slot[is_file] = pos - np.asarray(bounds)[file_block]
 
-    new_pos = np.cumsum(kept) - 1  # entry position -> position among the kept entries
+    del pos, file_block
     aliases = np.flatnonzero(is_file & (primary != where))
-    hardlink_of = dict(zip(aliases.tolist(), new_pos[primary[aliases]].tolist()))
-    links = {i: e.link_target for i, e in enumerate(kept_entries) if e.kind == KIND_SYMLINK}
-    count = len(kept_entries)
+    new_pos = np.cumsum(kept)[primary[aliases]] - 1  # entry position -> position among the kept entries
+    hardlink_of = dict(zip(aliases.tolist(), new_pos.tolist()))
+    del primary, where, is_file, kept
     cols = IndexColumns(
-        paths=[e.path for e in kept_entries],
-        kind=np.fromiter((e.kind for e in kept_entries), dtype=np.uint8, count=count),
-        mode=np.fromiter((e.mode for e in kept_entries), dtype=np.uint32, count=count),
-        mtime_ns=np.fromiter((e.mtime_ns for e in kept_entries), dtype=np.int64, count=count),
-        size=np.fromiter(
-            (e.size if e.kind == KIND_FILE else len(e.link_target) for e in kept_entries), dtype=np.uint64,
-            count=count,
-        ),
+        paths=table.paths,
+        kind=table.kind,
+        mode=table.mode,
+        mtime_ns=table.mtime_ns,
+        size=table.size,
         block=block,
         slot=slot,
-        label=np.fromiter((e.label if e.kind == KIND_FILE else -1 for e in kept_entries), dtype=np.int32, count=count),
-        crc=np.zeros(count, dtype=np.uint32),
-        link_targets=links,
+        label=np.where(table.kind == KIND_FILE, table.label, -1).astype(np.int32),
+        crc=np.zeros(0, dtype=np.uint32),  # filled in by the packer (index order: PreparedIndex.write's crc)
+        link_targets=dict(table.link_targets),
         hardlink_of=hardlink_of,
     )
     return cols, plan_pos

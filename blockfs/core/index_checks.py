@@ -199,11 +199,14 @@ def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
     # As many members as files, all of them files and none twice: each file exactly once.
     if members.size != int(np.count_nonzero(is_file)) or int(np.count_nonzero(listed & is_file)) != members.size:
         raise _fail(where, "array 'block_files' does not list every file exactly once")
-    # Every slot holds a file (hard links share one): no more slots than files.  The mount numbers every
-    # (block, slot) densely (serve/retain.py), so a forged count must not size its arrays.
-    if int(a["block_counts"].sum(dtype=np.int64)) > members.size:
-        raise _fail(where, f"column 'block_counts' gives the blocks {int(a['block_counts'].sum(dtype=np.int64))} "
-                           f"slots, more than the {members.size} files")  # fmt: skip
+    # A slot costs its block at least a u32 offset, a u32 size and an i32 label in the header, so a block
+    # holds at most a twelfth of its size in slots (a slot may hold no file: one skipped as unreadable).  The
+    # mount sizes arrays by the slots (serve/retain.py), so a forged count must not be believed.
+    too_many = a["block_counts"].astype(np.uint64) * np.uint64(12) > a["block_sizes"].astype(np.uint64)
+    if np.any(too_many):
+        b = int(np.flatnonzero(too_many)[0])
+        raise _fail(where, f"column 'block_counts' gives block {b} {int(a['block_counts'][b])} slots, more than "
+                           f"its {int(a['block_sizes'][b])} bytes can hold")  # fmt: skip
     # Blocks that never decrease, with the counts 'block_offsets' gives each, are exactly its blocks.
     blocks = a["block"][members]
     per_block = np.bincount(blocks, minlength=a["block_counts"].size)

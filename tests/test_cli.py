@@ -130,3 +130,36 @@ def test_stats_lines_say_what_their_numbers_are():
     many = [{"files": 79, "hit_rate": 1.0}] * 10
     assert _epochs_line(many, 79).split(": ", 1)[1].startswith("#5 100.0%")  # the last six, numbered as read
     assert "skip FUSE and are not counted here" in _shared_note(3) and _shared_note(0) == ""
+
+
+# `blockfs mount` starts a server that imports NumPy anyway; importing it (and the packer) first in the
+# command's own process too cost the mount's return time a second import (issue 30).
+_MOUNT_UP_TO_THE_SERVER = """
+import sys
+from blockfs.cli import main
+from blockfs.serve import process
+
+def start_background(command, *args, **kwargs):
+    heavy = sorted(m for m in ("numpy", "blockfs.core.dataset", "blockfs.packing.packer") if m in sys.modules)
+    print("heavy:", ",".join(heavy) or "none")
+    return 1
+
+process.start_background = start_background
+sys.exit(main(["mount", sys.argv[1], sys.argv[2], "-q"]))
+"""
+
+
+def test_mount_command_starts_its_server_without_numpy(tmp_path):
+    """A local dataset is opened by the server alone, so the command that starts it need not import NumPy."""
+    (tmp_path / "mnt").mkdir()
+    out = subprocess.run([sys.executable, "-c", _MOUNT_UP_TO_THE_SERVER, str(tmp_path / "ds"), str(tmp_path / "mnt")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "heavy: none"
+
+
+def test_pack_options_block_limit_is_the_formats():
+    from blockfs.core import format as fmt
+    from blockfs.packing.options import MAX_BLOCK_SIZE
+
+    assert MAX_BLOCK_SIZE == fmt.NARROW_LIMIT

@@ -347,3 +347,41 @@ def test_a_label_beyond_the_classes_is_refused_at_open_not_an_index_error_in_inf
     with pytest.raises(IndexFormatError, match="beyond the 1 classes"):
         blockfs.open_dataset(packed)
     assert "column 'label'" in _one_line_error(capsys, "info", packed)
+
+
+# --- issue 30: the checks run a few pieces at once; the error is still the first entry's -------------------
+def test_pieces_checked_at_once_name_the_first_bad_entry(packed, monkeypatch):
+    """Two forged sizes in different pieces, checked by threads: the message names the first, as a loop would."""
+    from blockfs.core import index_checks, treecheck
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(index_checks, "VALIDATE_PIECE", 2)
+    monkeypatch.setattr(treecheck, "PIECE", 2)
+    with blockfs.open_dataset(packed) as ds:
+        a = ds.index.arrays
+        files = np.flatnonzero(a["kind"] == KIND_FILE)
+    first, last = int(files[0]), int(files[-1])
+    assert last // 2 > first // 2  # different pieces
+    patch_array(packed / "index.bfi", "size", lambda s: [s.__setitem__(e, s[e] | (1 << 62)) for e in (first, last)])
+    with pytest.raises(IndexFormatError, match=rf"entry {first} has size"):
+        PackedIndex(packed / "index.bfi")
+
+
+def test_in_pieces_raises_the_first_pieces_error_even_when_a_later_one_fails_first(monkeypatch):
+    import threading
+
+    from blockfs.core import treecheck
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    later_failed = threading.Event()
+
+    def check(lo: int) -> None:
+        if lo == 5:
+            later_failed.set()
+            raise IndexFormatError("piece 5")
+        if lo == 2:
+            later_failed.wait(timeout=30)  # piece 5 has failed by now (or a serial loop reached us first)
+            raise IndexFormatError("piece 2")
+
+    with pytest.raises(IndexFormatError, match="piece 2"):
+        treecheck.in_pieces(check, range(8))

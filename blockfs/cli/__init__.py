@@ -18,10 +18,22 @@ from .locations import add_expect_argument, add_storage_arguments
 from .mistakes import commands, unknown_command, unrecognized, usage_line
 from .mount_flags import add_flags
 from .output import log_level
-from .dataset_commands import cmd_cat, cmd_info, cmd_ls, cmd_pack, cmd_unpack, cmd_upgrade, cmd_verify
 from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 
 log = logging.getLogger("blockfs")
+
+
+def _dataset_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """A command of :mod:`.dataset_commands`, imported when run: they need NumPy and the packer, which
+    ``blockfs mount`` (whose time to return counts) and ``blockfs umount`` do not."""
+
+    def run(args: argparse.Namespace) -> int:
+        from . import dataset_commands
+
+        command: Callable[[argparse.Namespace], int] = getattr(dataset_commands, name)
+        return command(args)
+
+    return run
 
 def _memory_arguments(p: argparse.ArgumentParser) -> None:
     """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
@@ -95,45 +107,45 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_arguments(p)
     p.add_argument("--staging", metavar="DIR", help="a URL DEST: where finished blocks wait for their upload "
                    "(default: the temp directory; a few blocks at a time)")
-    p.set_defaults(func=cmd_pack)
+    p.set_defaults(func=_dataset_command("cmd_pack"))
 
     p = sub.add_parser("info", help="counts, bytes, blocks and labels of a packed dataset")
     p.add_argument("dest")
     p.add_argument("--json", action="store_true")
     add_storage_arguments(p)
     add_expect_argument(p)
-    p.set_defaults(func=cmd_info)
+    p.set_defaults(func=_dataset_command("cmd_info"))
 
     p = sub.add_parser("verify", help="check every checksum; exit 1 naming each bad block and its files")
     p.add_argument("dest")
     add_storage_arguments(p)
     add_expect_argument(p)
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func=_dataset_command("cmd_verify"))
 
     p = sub.add_parser("upgrade", help="add the digests that name a dataset packed before them (blocks are not rewritten)")
     p.add_argument("dest", help="a packed dataset directory")
-    p.set_defaults(func=cmd_upgrade)
+    p.set_defaults(func=_dataset_command("cmd_upgrade"))
 
     p = sub.add_parser("ls", help="list a directory of a packed dataset like ls -l")
     p.add_argument("dest")
     p.add_argument("path", nargs="?", default="")
     add_storage_arguments(p)
     add_expect_argument(p)
-    p.set_defaults(func=cmd_ls)
+    p.set_defaults(func=_dataset_command("cmd_ls"))
 
     p = sub.add_parser("cat", help="write one file's bytes to stdout")
     p.add_argument("dest")
     p.add_argument("path")
     add_storage_arguments(p)
     add_expect_argument(p)
-    p.set_defaults(func=cmd_cat)
+    p.set_defaults(func=_dataset_command("cmd_cat"))
 
     p = sub.add_parser("unpack", help="write the packed tree back out (exact inverse of pack)")
     p.add_argument("dest")
     p.add_argument("out")
     add_storage_arguments(p)
     add_expect_argument(p)
-    p.set_defaults(func=cmd_unpack)
+    p.set_defaults(func=_dataset_command("cmd_unpack"))
 
     p = sub.add_parser("plan", help="the memory plan of a mount: budget, retained files, block cache, hit rates")
     p.add_argument("dest", help="the packed dataset (a directory or a URL)")

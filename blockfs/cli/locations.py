@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from typing import TYPE_CHECKING
 
-from ..core.dataset import PackedDataset
-from ..core.location import StorageOptions
 from ..sizes import parse_size
-from ..storage.remote import parse_options
 from .mount_flags import add_flags
+
+if TYPE_CHECKING:  # imported where used: the parser and `blockfs mount`'s own process need no NumPy
+    from ..core.dataset import PackedDataset
+    from ..core.location import StorageOptions
 
 DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space under --disk-cache
 
@@ -44,6 +46,9 @@ def disk_cache_size(directory: str, text: str) -> int:
 
 
 def storage_options(args: argparse.Namespace) -> StorageOptions:
+    from ..core.location import StorageOptions
+    from ..storage.remote import parse_options
+
     disk = getattr(args, "disk_cache", None)
     size = disk_cache_size(disk, args.disk_cache_size) if disk else 0
     fetched = getattr(args, "fetched_dir", None)  # a background mount's: what the starting command fetched
@@ -54,6 +59,8 @@ def storage_options(args: argparse.Namespace) -> StorageOptions:
 def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None) -> PackedDataset:
     """The dataset the command names.  ``keep_fetched_in``: a remote dataset's metadata and index are
     fetched into this directory and left there (for the serving process ``mount`` starts)."""
+    from ..core.dataset import PackedDataset
+
     storage = storage_options(args)
     if keep_fetched_in is not None and storage.disk_cache is None:
         storage.fetched_dir, storage.remove_fetched = keep_fetched_in, False

@@ -30,7 +30,7 @@ AUTO_CACHE_FRACTION = 0.5  # --cache-size auto: this share of MemAvailable
 def _cache_size(text: str) -> tuple[int, str]:
     """(bytes, how they were chosen) for --cache-size."""
     if text == "auto":
-        from ..serve.plan import read_mem_available
+        from ..serve.budget import read_mem_available
 
         available = read_mem_available()
         return int(AUTO_CACHE_FRACTION * available), f"auto: {AUTO_CACHE_FRACTION:.0%} of {human(available)} available"
@@ -42,7 +42,7 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
     if getattr(args, "budget_bytes", None) is not None:
         return args.budget_bytes, "chosen by the command that started this server"
     if getattr(args, "memory_fraction", None) is not None:
-        from ..serve.plan import budget_from_memory_fraction, read_mem_available
+        from ..serve.budget import budget_from_memory_fraction, read_mem_available
 
         size = budget_from_memory_fraction(args.memory_fraction)
         return size, f"{args.memory_fraction:g} of {human(read_mem_available())} available"
@@ -63,7 +63,7 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
     """One line per budget that will not do what it seems to (``plan`` prints them, ``mount`` warns):
     more than the memory available, a block cache or a disk tier smaller than one block.  What happens,
     and the fix."""
-    from ..serve.plan import read_mem_available
+    from ..serve.budget import read_mem_available
 
     said = []
     if why == "given":  # auto and --memory-fraction are shares of what is available

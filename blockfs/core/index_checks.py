@@ -5,7 +5,7 @@ These checks make the arrays agree with each other: sizes that fit, offsets that
 slots in range, a block layout that lists every file once in slot order, and paths without ``..``, ``.``,
 empty components or a leading ``/``.  Each failure is an :class:`IndexFormatError` naming the array.
 Per-entry checks run over pieces of :data:`VALIDATE_PIECE` entries so their temporary arrays stay small
-at any index size; nothing loops over entries in Python.
+at any index size, a few pieces at once (:func:`.treecheck.in_pieces`); nothing loops over entries in Python.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import IndexFormatError
 from .index_format import ENTRY_COLUMNS, KIND_DIR, KIND_FILE, KIND_SYMLINK, REPACK
-from .treecheck import check_tree
+from .treecheck import check_tree, in_pieces
 
 VALIDATE_PIECE = 1 << 18  # entries checked at a time
 
@@ -24,10 +24,13 @@ def validate_arrays(a: dict[str, np.ndarray], where: str, n_blocks: int | None =
     check_lengths(a, where, n_blocks)
     check_offsets_grow(a, where)
     n = a["kind"].size
-    for lo in range(0, n, VALIDATE_PIECE):
+
+    def piece(lo: int) -> None:
         hi = min(n, lo + VALIDATE_PIECE)
         check_entries(a, where, lo, hi)
         check_paths(a, where, lo, hi)
+
+    in_pieces(piece, range(0, n, VALIDATE_PIECE))
     check_forbidden_components(a, where)
     check_block_layout(a, where)
     # Last: the tree's shape (each path = its parent's path + its name, the parent a directory, names

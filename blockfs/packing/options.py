@@ -10,11 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from ..core import format as fmt
 from ..sizes import to_bytes
 
 # Blocks of several files use 32-bit offsets (the seed layout); a larger file still gets a block of its own.
-MAX_BLOCK_SIZE = fmt.NARROW_LIMIT
+MAX_BLOCK_SIZE = 1 << 32  # core.format.NARROW_LIMIT, written out: the command line reads ORDERS without NumPy
 ORDERS = ("shuffled", "directory")
 
 # (files done, bytes done, files in all, bytes in all); called from the calling thread, first with zeros

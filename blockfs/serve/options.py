@@ -12,14 +12,16 @@ it without importing a FUSE binding (or each other); it never imports the comman
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from .. import protocol
-from ..core.location import StorageOptions
 from ..sizes import parse_size
 from .background import READAHEAD_BLOCKS
-from .plan import STRATEGIES
+from .budget import STRATEGIES
 from .policies import DEFAULT_POLICY, POLICIES
+
+if TYPE_CHECKING:  # not imported to run: the command line reads these declarations without NumPy
+    from ..core.location import StorageOptions
 
 OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
 # "auto": the kernel protocol where this machine allows it (Linux, /dev/fuse, FUSE 7.31+), else mfusepy

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import os
 from typing import Any, Literal
 
 import numpy as np
 
 from ..sizes import format_size, parse_size
+from .budget import STRATEGIES, budget_from_memory_fraction, read_mem_available
 
 __all__ = [
     "DEFAULT_RETAIN_SHARE",
@@ -29,7 +29,6 @@ __all__ = [
     "read_mem_available",
 ]
 
-STRATEGIES = ("most-files", "threshold")
 DEFAULT_STRATEGY = "most-files"
 
 # Retention takes the whole budget first; whatever it cannot use is the cache-once block cache.
@@ -45,22 +44,6 @@ DEFAULT_STRATEGY = "most-files"
 # r = 1/2 and 50 % at r = 0 (tests/test_plan.py simulates this).  So r = 1 is best on both counts; the
 # leftover that no further file fits in (smaller than the next file) goes to blocks and is not wasted.
 DEFAULT_RETAIN_SHARE = 1.0
-
-def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
-    """Bytes of memory the kernel says are available now (``MemAvailable``, Linux >= 3.14)."""
-    with open(meminfo, "rb") as lines:  # bytes: no codec to import (a mount may run as another user by then)
-        for line in lines:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the kernel writes "kB" and means KiB
-    raise OSError(f"{os.fspath(meminfo)} has no MemAvailable line; give the memory budget in bytes instead")
-
-
-def budget_from_memory_fraction(fraction: float, meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:
-    """``fraction`` of the memory available at this moment, in bytes."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"memory fraction must be in (0, 1], not {fraction!r}")
-    return int(fraction * read_mem_available(meminfo))
-
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers import HELPERS
-from helpers.benchutil import drop_caches
+from helpers.benchutil import drop_caches, read_files_threads
 
 import make_dataset as md
 
@@ -94,24 +94,10 @@ def read_pass(root: Path, names: list[str], seed: int, reader: str = "open") -> 
 
 def read_pass_threads(root: Path, names: list[str], seed: int, threads: int) -> dict:
     """The same pass split over ``threads`` reader threads (a DataLoader with workers, roughly)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     order = list(names)
     random.Random(seed).shuffle(order)
-    paths = [os.path.join(root, n) for n in order]
-
-    def work(part: list[str]) -> int:
-        total = 0
-        for path in part:
-            with open(path, "rb") as f:
-                total += len(f.read())
-        return total
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        nbytes = sum(pool.map(work, [paths[k::threads] for k in range(threads)]))
-    seconds = time.perf_counter() - start
-    return {"files_s": len(paths) / seconds, "mb_s": nbytes / seconds / 1e6, "seconds": seconds, "files": len(paths)}
+    seconds, nbytes = read_files_threads([os.path.join(root, n) for n in order], threads)
+    return {"files_s": len(order) / seconds, "mb_s": nbytes / seconds / 1e6, "seconds": seconds, "files": len(order)}
 
 
 def best(samples: list[dict]) -> dict:

@@ -38,11 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches
+from helpers.benchutil import drop_caches, read_files_threads
 from helpers.synthetic_source import SyntheticSource, write_tree
 
 from blockfs.serve.process import serving_pid, unmount, wait_until_mounted
@@ -107,18 +106,7 @@ def walk(root: Path) -> dict:
 def read_sample(root: Path, names: list[str], threads: int = 4) -> dict:
     """Read every file of ``names`` (in that order, dealt to ``threads`` threads); files/s."""
     paths = [os.path.join(root, n) for n in names]
-
-    def work(part: list[str]) -> int:
-        total = 0
-        for path in part:
-            with open(path, "rb") as f:
-                total += len(f.read())
-        return total
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        nbytes = sum(pool.map(work, [paths[k::threads] for k in range(threads)]))
-    seconds = time.perf_counter() - start
+    seconds, nbytes = read_files_threads(paths, threads)
     return {"files_s": len(paths) / seconds, "seconds": seconds, "files": len(paths), "bytes": nbytes}
 
 

@@ -75,7 +75,8 @@ def _options_from(argv: list[str]) -> MountOptions:
 def _check(field: dataclasses.Field, got: MountOptions, expected: object) -> None:
     value = getattr(got, field.name)
     assert value == expected and type(value) is type(expected), f"{field.name}: {value!r}, not {expected!r}"
-    hint = typing.get_type_hints(MountOptions)[field.name]
+    # StorageOptions is imported for type checking only (the mount command imports no NumPy): named here.
+    hint = typing.get_type_hints(MountOptions, localns={"StorageOptions": StorageOptions})[field.name]
     assert isinstance(value, _runtime_types(hint)), f"{field.name}: {value!r} is no {hint}"
 
 

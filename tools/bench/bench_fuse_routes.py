@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from helpers import HELPERS
+from helpers.benchutil import run_storage_reader
 
 ROUTES = ("kernel", "lowlevel", "mfusepy", "pyfuse3")
 
@@ -84,11 +85,7 @@ def listing(root: Path) -> float:
 
 
 def read_pass(root: Path, order_file: Path, threads: int) -> float:
-    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file),
-                           "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["errors"]:
-        raise SystemExit(f"reader errors under {root}: {result}")
+    result = run_storage_reader(root, order_file, threads)
     return result["files"] / result["seconds"]
 
 

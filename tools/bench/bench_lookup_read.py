@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches
+from helpers.benchutil import drop_caches, run_storage_reader
 
 import make_dataset as md
 
@@ -46,13 +46,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def read_list(root: Path, order_file: Path, threads: int) -> dict:
-    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file),
-                           "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["errors"]:
-        raise SystemExit(f"reader errors under {root}: {result}")
-    return result
 
 
 def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str) -> int:
@@ -120,7 +113,7 @@ def main() -> int:
                 before = read_stats(mnt)["requests"] if name != "null_fs (floor)" else {}
                 drop_caches(3)
                 cpu = cpu_seconds(pid)
-                got = read_list(mnt, order_file, args.threads)
+                got = run_storage_reader(mnt, order_file, args.threads)
                 sample = {"files_s": got["files"] / got["seconds"],
                           "cpu_ms_per_1k": (cpu_seconds(pid) - cpu) * 1e6 / got["files"]}  # fmt: skip
                 if name != "null_fs (floor)":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +146,16 @@ def read_files_threads(paths: list[str], threads: int) -> tuple[float, int]:
     with ThreadPoolExecutor(threads) as pool:
         nbytes = sum(pool.map(work, [paths[k::threads] for k in range(threads)]))
     return time.perf_counter() - start, nbytes
+
+
+def run_storage_reader(root: Path, order_file: Path, threads: int) -> dict:
+    """One pass of ``storage_reader.py`` (a separate process, so the reader's memory and caches are its
+    own) over the files listed in ``order_file`` under ``root``: its JSON result; an error read ends the run."""
+    from . import HELPERS
+
+    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file),
+                           "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["errors"]:
+        raise SystemExit(f"reader errors under {root}: {result}")
+    return result

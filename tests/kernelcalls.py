@@ -1,4 +1,4 @@
-"""Call the kernel-route adapter (blockfs.serve.kernelfs) in-process, as the kernel would: by node id, with
+"""Call the kernel-route adapter (blockfs.serve.fuse.kernel_adapter) in-process, as the kernel would: by node id, with
 request bodies in the wire format, answers collected from a stand-in for the session (no /dev/fuse)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import struct
 import threading
 
-from blockfs.serve import wire
-from blockfs.serve.session import DEFERRED
+from blockfs.serve.fuse import wire
+from blockfs.serve.fuse.session import DEFERRED
 
 
 class RecordingSession:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from blockfs.errors import MountError
-from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
+from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
 BINDINGS = ("kernel", "mfusepy", "fusepy")  # the FUSE routes (BLOCKFS_FUSE): the kernel protocol, libfuse 3, libfuse 2
 

@@ -1,4 +1,4 @@
-"""blockfs.serve.announce (and the listener under it): announcements in-process, and a hostile neighbour.
+"""blockfs.serve.control.announce (and the listener under it): announcements in-process, and a hostile neighbour.
 
 "Another user" is a forked child that drops to uid 65534 (needs root; skipped otherwise).
 """
@@ -15,7 +15,7 @@ import pytest
 
 from blockfs import protocol
 from polling import wait_until
-from blockfs.serve.announce import MAX_CONNECTIONS, PrefetchListener
+from blockfs.serve.control.announce import MAX_CONNECTIONS, PrefetchListener
 
 NOBODY = 65534
 

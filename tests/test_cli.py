@@ -137,7 +137,7 @@ def test_stats_lines_say_what_their_numbers_are():
 _MOUNT_UP_TO_THE_SERVER = """
 import sys
 from blockfs.cli import main
-from blockfs.serve import process
+from blockfs.serve import daemon as process
 
 def start_background(command, *args, **kwargs):
     heavy = sorted(m for m in ("numpy", "blockfs.core.dataset", "blockfs.packing.packer") if m in sys.modules)

@@ -16,7 +16,7 @@ import pytest
 
 import blockfs
 from blockfs.cli import main
-from blockfs.serve.libfuse_messages import distill
+from blockfs.serve.fuse.libfuse_messages import distill
 from capability import has_fuse, require
 from mountutil import mounted, release
 from polling import wait_until
@@ -88,9 +88,9 @@ def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
     import tempfile
 
     import blockfs.cli.mount_commands  # noqa: F401  (everything the child runs, imported before the fork)
-    import blockfs.serve.fs  # noqa: F401
+    import blockfs.serve.fuse.libfuse_adapter  # noqa: F401
     import blockfs.serve.server  # noqa: F401
-    from blockfs.serve.process import is_mounted
+    from blockfs.serve.daemon import is_mounted
     from polling import wait_until
 
     require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (to become nobody)")
@@ -441,7 +441,7 @@ def test_one_block_is_one_block(capsys, tmp_path):
 
 def test_the_mounts_one_line_plan_counts_files_as_its_table_does(awkward, tmp_path):
     from blockfs.cli.mount_commands import _plan_line
-    from blockfs.serve.retain import plan_dataset
+    from blockfs.serve.cache.retain import plan_dataset
 
     blockfs.pack(awkward, tmp_path / "p", fsync=False)
     with blockfs.open_dataset(tmp_path / "p") as ds:

@@ -216,7 +216,7 @@ CONTENT_MUTATIONS = {
     "label below -1": ("label", lambda a: a.__setitem__(1, -7), "column 'label'"),
     "size bit 62": ("size", lambda a: a.__setitem__(int(np.argmax(a)), a.max() | (1 << 62)), "column 'size'"),
     "unknown kind": ("kind", lambda a: a.__setitem__(1, 9), "column 'kind'"),
-    # The mount sizes per-(block, slot) arrays by these counts (serve/retain.py): a forged one is refused.
+    # The mount sizes per-(block, slot) arrays by these counts (serve/cache/retain.py): a forged one is refused.
     "block_counts past the files": ("block_counts", lambda a: a.__setitem__(0, 2**32 - 1), "'block_counts' gives"),
 }
 

@@ -184,7 +184,7 @@ def _eio_lines(log: str, damaged: set[int]) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(pristine, tmp_path, seed, route, caplog):
     """Both adapters, called as the kernel calls them: every file's exact bytes or EIO, one log line a block."""
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 
@@ -205,7 +205,7 @@ def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(prist
         if route == "kernel":
             calls = KernelCalls(fs)
         else:
-            fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
+            fs_module = pytest.importorskip("blockfs.serve.fuse.libfuse_adapter", exc_type=ImportError)
         counts = _read_all_in_threads(pristine, read)
         assert read(intact) == pristine.files[intact]  # still serving
     assert counts["eio"] > 0 and counts["exact"] > 0, (steps, counts)
@@ -223,9 +223,9 @@ INDEX_FAMILIES = sorted(f for f in FAMILIES if not f.startswith("block-"))
 def test_the_assembled_mount_refuses_or_serves_a_damaged_index_right(pristine, family, route, rnd):
     """A damaged or forged index or metadata: the mount refuses to start with a BlockfsError, or every
     operation on the tree answers the source's bytes or an errno, never another exception."""
-    fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)
+    fs_module = pytest.importorskip("blockfs.serve.fuse.libfuse_adapter", exc_type=ImportError)
     from blockfs.errors import BlockfsError
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
 
     work = _scratch(pristine)
@@ -301,7 +301,7 @@ def _walk_kernel(fs, p: Pristine, authentic: bool, steps: list[str]) -> None:
 @pytest.mark.fuse
 def test_a_real_mount_answers_exact_bytes_or_eio_under_block_damage_and_stays_up(pristine, tmp_path):
     require(has_fuse(), "/dev/fuse")
-    from blockfs.serve.process import is_mounted
+    from blockfs.serve.daemon import is_mounted
 
     dest = fresh_copy(pristine, tmp_path)
     damaged, steps = _damage_blocks(pristine, dest, seed=3)

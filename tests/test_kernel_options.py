@@ -1,10 +1,10 @@
-"""blockfs.serve.kernel_options: ``-o`` on the kernel route — applied, ignored with a log line, or refused."""
+"""blockfs.serve.fuse.kernel_options: ``-o`` on the kernel route — applied, ignored with a log line, or refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from blockfs.serve import kernel_options as ko
+from blockfs.serve.fuse import kernel_options as ko
 
 
 def test_what_the_kernel_takes_is_applied():

@@ -20,8 +20,8 @@ import pytest
 import blockfs
 from blockfs.core.index import KIND_DIR, KIND_FILE
 from blockfs.packing.sources import Source, SourceEntry
-from blockfs.serve import wire
-from blockfs.serve.options import MountOptions
+from blockfs.serve.fuse import wire
+from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.server import assembled
 from capability import has_fuse, require
 from kernelcalls import KernelCalls

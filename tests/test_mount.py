@@ -32,7 +32,7 @@ from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
 from blockfs.client import control_dir, read_stats
-from blockfs.serve.process import is_mounted
+from blockfs.serve.daemon import is_mounted
 from capability import has_fuse, has_torch, require
 from treeutil import make_edge_tree
 from mountutil import BINDINGS, mounted, release
@@ -731,9 +731,9 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
 
 
 def test_a_clean_background_mount_leaves_no_log_behind(tiny, tmp_path, monkeypatch, capsys):
-    from blockfs.serve.process import default_log_path
+    from blockfs.serve.daemon import default_log_path
 
-    runtime = tmp_path / "runtime"  # where the default log goes (serve/process.log_directory), this test's own
+    runtime = tmp_path / "runtime"  # where the default log goes (serve/daemon.log_directory), this test's own
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     mnt = tmp_path / "mnt"

@@ -1,4 +1,4 @@
-"""One place to add a mount option: every ``MountOptions`` field is declared in ``serve/options.py``, and
+"""One place to add a mount option: every ``MountOptions`` field is declared in ``serve/mount_options.py``, and
 ``blockfs mount`` and ``mount.fuse.blockfs -o`` reach each with the declared type and value (parametrized
 over the fields themselves, so a new field is covered, or fails, without editing this file)."""
 
@@ -15,8 +15,8 @@ from blockfs.cli import mount_flags
 from blockfs.cli.mount_commands import _budget, _mount_options
 from blockfs.cli.mount_helper import blockfs_argv
 from blockfs.core.location import StorageOptions
-from blockfs.serve import options
-from blockfs.serve.options import CLI, Flag, FromFlags, MountOptions, NoFlag, size_or_auto
+from blockfs.serve import mount_options as options
+from blockfs.serve.mount_options import CLI, Flag, FromFlags, MountOptions, NoFlag, size_or_auto
 
 FIELDS = dataclasses.fields(MountOptions)
 REACHABLE = [f for f in FIELDS if not isinstance(f.metadata.get(CLI), NoFlag)]

@@ -21,7 +21,7 @@ import pytest
 import blockfs
 from blockfs.cli import mount_helper
 from blockfs.cli.mount_helper import blockfs_argv
-from blockfs.serve.process import is_mounted
+from blockfs.serve.daemon import is_mounted
 from capability import has_fuse, require
 from mountutil import release, serve_command
 from polling import wait_until

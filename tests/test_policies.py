@@ -1,4 +1,4 @@
-"""Tests for blockfs.serve.policies: one conformance suite over every policy, then each policy's own rule."""
+"""Tests for blockfs.serve.cache.policies: one conformance suite over every policy, then each policy's own rule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockfs.serve.policies import (
+from blockfs.serve.cache.policies import (
     DEFAULT_POLICY,
     POLICIES,
     CacheOncePolicy,

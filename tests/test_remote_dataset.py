@@ -183,7 +183,7 @@ def test_a_repacked_url_never_meets_the_old_copies(s3, local_pack, tmp_path):
 
 
 def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(url, tmp_path):
-    from blockfs.serve.cache import BlockCache
+    from blockfs.serve.cache.block_cache import BlockCache
     from polling import wait_until
 
     with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=1 << 30) as ds:
@@ -200,7 +200,7 @@ def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(ur
 
 def _cache_blocks(ds, budget: int, blocks: list[int], policy: str = "cache-once"):
     """A memory cache of ``budget`` bytes over ``ds`` that has read one file of each of ``blocks``."""
-    from blockfs.serve.cache import BlockCache
+    from blockfs.serve.cache.block_cache import BlockCache
 
     cache = BlockCache(ds.store, budget, policy, readahead=0, lock_memory=False, n_files=FILES, share=False)
     a = ds.index.arrays

@@ -245,7 +245,7 @@ def test_umount_of_a_killed_remote_mount_removes_its_fetched_directory_and_nothi
     mount point's."""
     import signal
 
-    from blockfs.serve.process import FETCHED_PREFIX, is_mounted
+    from blockfs.serve.daemon import FETCHED_PREFIX, is_mounted
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

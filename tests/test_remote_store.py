@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from blockfs.storage.location import redact, scrub
+from blockfs.storage.urls import redact, scrub
 from blockfs.storage.remote import RemoteConfigError, RemoteError, RemoteStore, parse_options
 from s3server import SECRET
 

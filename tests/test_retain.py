@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import blockfs
-from blockfs.serve.uncached import FILE_BUFFER_BYTES
+from blockfs.serve.cache.uncached import FILE_BUFFER_BYTES
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.format import BLOCKS_DIR
 from blockfs.client import read_stats
-from blockfs.serve.retain import plan_dataset, unique_files
+from blockfs.serve.cache.retain import plan_dataset, unique_files
 from capability import has_fuse, require
 from mountutil import mounted, release
 
@@ -125,7 +125,7 @@ def test_foreground_mount_with_relative_paths_serves_after_chdir(packed, tmp_pat
         cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        from blockfs.serve.process import wait_until_mounted
+        from blockfs.serve.daemon import wait_until_mounted
 
         wait_until_mounted(tmp_path / "mnt", proc, 30, str(log))
         name = _names(packed / "src")[0]
@@ -183,7 +183,7 @@ def test_open_mode_targets_keeps_kernel_pages_of_retained_files_only(packed, tmp
 
 def test_plan_selection_for_a_million_files_keeps_the_smallest_within_the_budget():
     # How fast this is: tools/bench/bench_plan.py.
-    from blockfs.serve.plan import make_memory_plan
+    from blockfs.serve.cache.memory_plan import make_memory_plan
 
     sizes = np.random.default_rng(0).lognormal(11, 1, 1_000_000).astype(np.int64)
     plan = make_memory_plan(sizes, int(sizes.sum()) // 2)
@@ -199,8 +199,8 @@ def test_the_plan_holds_its_budget_and_a_later_epoch_reads_only_what_it_does_not
     and the cached blocks hold the budget but for less than one block and one file, and the next epoch (a
     new random order) reads from storage exactly the bytes they do not hold — counted by the mount's own
     counters.  (What the disk itself read beyond that was the kernel's readahead: test_store.)"""
-    from blockfs.serve.cache import BlockCache
-    from blockfs.serve.retain import RetainingReader
+    from blockfs.serve.cache.block_cache import BlockCache
+    from blockfs.serve.cache.retain import RetainingReader
 
     dest, src = packed / "p", packed / "src"
     names = _names(src)
@@ -251,7 +251,7 @@ def test_retained_targets_are_found_by_array_and_cost_no_object_per_file():
     dict entry's hundreds), and every target, and only a target, is served from the arena once read."""
     import tracemalloc
 
-    from blockfs.serve.retain import RetainingReader
+    from blockfs.serve.cache.retain import RetainingReader
 
     rng = np.random.default_rng(4)
     n_blocks, per_block = 400, 1000

@@ -1,4 +1,4 @@
-"""blockfs.serve.session: mounting (mount(2) and fusermount3), answering, deferring and unmounting, with a
+"""blockfs.serve.fuse.session: mounting (mount(2) and fusermount3), answering, deferring and unmounting, with a
 two-entry filesystem of handlers written here — no blockfs dataset involved."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from blockfs.serve import wire
-from blockfs.serve.session import DEFERRED, MountFailed, Session
+from blockfs.serve.fuse import wire
+from blockfs.serve.fuse.session import DEFERRED, MountFailed, Session
 from capability import has_fuse, require
 from polling import wait_until
 

@@ -1,4 +1,4 @@
-"""blockfs.serve.share and BlockCache.share: cached blocks handed to loaders as sealed memory (no FUSE needed)."""
+"""blockfs.serve.control.share and BlockCache.share: cached blocks handed to loaders as sealed memory (no FUSE needed)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import blockfs
 from polling import wait_until
 from treeutil import make_class_tree
 from blockfs.core import format as fmt
-from blockfs.serve.cache import BlockCache, NotShared
+from blockfs.serve.cache.block_cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import KIND_FILE
 from blockfs.loader.shared_blocks import SharedBlocks
-from blockfs.serve.share import ShareServer
+from blockfs.serve.control.share import ShareServer
 
 
 @pytest.fixture(scope="module")
@@ -208,10 +208,10 @@ def test_the_fast_crc_is_zlibs_crc():
 def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
     import resource
 
-    import blockfs.serve.memory
+    import blockfs.serve.cache.block_memory
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    monkeypatch.setattr(blockfs.serve.memory, "FDS_KEPT_FREE", soft - blockfs.serve.memory.FDS_PER_MEMFD)  # room for one
+    monkeypatch.setattr(blockfs.serve.cache.block_memory, "FDS_KEPT_FREE", soft - blockfs.serve.cache.block_memory.FDS_PER_MEMFD)  # room for one
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
         ds.reader = cache
@@ -235,7 +235,7 @@ def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
 def test_many_loaders_are_answered_by_a_fixed_number_of_threads(serving):
     import threading
 
-    from blockfs.serve.share import ANSWER_THREADS
+    from blockfs.serve.control.share import ANSWER_THREADS
 
     ds, _cache, server = serving
     before = threading.active_count()

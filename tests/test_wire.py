@@ -1,4 +1,4 @@
-"""blockfs.serve.wire: the FUSE kernel structures have the sizes and layout <linux/fuse.h> gives them."""
+"""blockfs.serve.fuse.wire: the FUSE kernel structures have the sizes and layout <linux/fuse.h> gives them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 import numpy as np
 import pytest
 
-from blockfs.serve import wire
+from blockfs.serve.fuse import wire
 
 
 def test_structure_sizes_are_the_kernels():

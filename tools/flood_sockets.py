@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blockfs.serve.announce import PrefetchListener  # noqa: E402
-from blockfs.serve.share import ShareServer  # noqa: E402
+from blockfs.serve.control.announce import PrefetchListener  # noqa: E402
+from blockfs.serve.control.share import ShareServer  # noqa: E402
 
 
 def flood(address: bytes, seconds: float) -> None:

@@ -14,7 +14,7 @@ from .. import __version__
 from ..errors import BlockfsError
 from ..packing.options import ORDERS
 
-from .locations import add_expect_argument, add_storage_arguments
+from .dataset_args import add_expect_argument, add_storage_arguments
 from .mistakes import commands, unknown_command, unrecognized, usage_line
 from .mount_flags import add_flags
 from .output import log_level

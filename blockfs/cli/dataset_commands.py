@@ -12,7 +12,7 @@ import sys
 import time
 
 from ..core.dataset import PackedDataset
-from .locations import open_from_args
+from .dataset_args import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..sizes import parse_size

@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 
-from ..serve.options import MountOptions
-from ..storage.location import absolute, is_remote, redact
-from .locations import open_from_args, storage_options
+from ..serve.mount_options import MountOptions
+from ..storage.urls import absolute, is_remote, redact
+from .dataset_args import open_from_args, storage_options
 from .mount_flags import flag_value, mount_options
 from ..sizes import parse_size
 from .output import human, log_level, plural, progress_bar
@@ -30,7 +30,7 @@ AUTO_CACHE_FRACTION = 0.5  # --cache-size auto: this share of MemAvailable
 def _cache_size(text: str) -> tuple[int, str]:
     """(bytes, how they were chosen) for --cache-size."""
     if text == "auto":
-        from ..serve.budget import read_mem_available
+        from ..serve.cache.budget import read_mem_available
 
         available = read_mem_available()
         return int(AUTO_CACHE_FRACTION * available), f"auto: {AUTO_CACHE_FRACTION:.0%} of {human(available)} available"
@@ -42,7 +42,7 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
     if getattr(args, "budget_bytes", None) is not None:
         return args.budget_bytes, "chosen by the command that started this server"
     if getattr(args, "memory_fraction", None) is not None:
-        from ..serve.budget import budget_from_memory_fraction, read_mem_available
+        from ..serve.cache.budget import budget_from_memory_fraction, read_mem_available
 
         size = budget_from_memory_fraction(args.memory_fraction)
         return size, f"{args.memory_fraction:g} of {human(read_mem_available())} available"
@@ -50,8 +50,8 @@ def _budget(args: argparse.Namespace) -> tuple[int, str]:
 
 
 def _mount_plan(args: argparse.Namespace, size: int, ds) -> Any:
-    """The plan ``blockfs plan`` prints, made as a mount's server makes it (blockfs.serve.mountplan)."""
-    from ..serve.mountplan import make_mount_plan
+    """The plan ``blockfs plan`` prints, made as a mount's server makes it (blockfs.serve.cache.mount_plan)."""
+    from ..serve.cache.mount_plan import make_mount_plan
 
     return make_mount_plan(
         ds, size, strategy=args.retain_strategy, threshold=flag_value(args, "retain_threshold"), retain=args.retain,
@@ -63,7 +63,7 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
     """One line per budget that will not do what it seems to (``plan`` prints them, ``mount`` warns):
     more than the memory available, a block cache or a disk tier smaller than one block.  What happens,
     and the fix."""
-    from ..serve.budget import read_mem_available
+    from ..serve.cache.budget import read_mem_available
 
     said = []
     if why == "given":  # auto and --memory-fraction are shares of what is available
@@ -94,14 +94,14 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
 
 
 def _plan_of(report: dict[str, Any]) -> Any:
-    from ..serve.plan import MemoryPlan
+    from ..serve.cache.memory_plan import MemoryPlan
 
     return MemoryPlan.from_dict(report["plan"])
 
 
 def _describe(report: dict[str, Any], nodes: str = "") -> str:
-    """A plan report (:meth:`blockfs.serve.mountplan.MountPlan.report`) for people."""
-    from ..serve.plan import MemoryPlan, describe_disk_tier
+    """A plan report (:meth:`blockfs.serve.cache.mount_plan.MountPlan.report`) for people."""
+    from ..serve.cache.memory_plan import MemoryPlan, describe_disk_tier
 
     text = MemoryPlan.from_dict(report["plan"]).describe()
     return text + ("\n" + describe_disk_tier(report["disk_tier"]) if report["remote"] else "") + nodes
@@ -198,14 +198,14 @@ def _handoff(args: argparse.Namespace) -> bytes:
 
 def _take_handoff(args: argparse.Namespace) -> None:
     """In a serving process: put back what :func:`_handoff` sent through ``--handoff-fd``."""
-    from ..serve.process import read_handoff
+    from ..serve.daemon import read_handoff
 
     given = json.loads(read_handoff(args.handoff_fd))
     args.storage_option, args.dest, args.handoff_fd = given["storage_option"], given["dest"], None
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from ..serve import process as mnt
+    from ..serve import daemon as mnt
 
     if args.handoff_fd is not None:
         _take_handoff(args)
@@ -256,7 +256,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
-    """The parsed ``mount`` command line as :class:`~blockfs.serve.options.MountOptions` (its flags made from
+    """The parsed ``mount`` command line as :class:`~blockfs.serve.mount_options.MountOptions` (its flags made from
     the fields' declarations; the budget and the storage options worked out here)."""
     return mount_options(args, cache_bytes=size, storage=storage_options(args))
 
@@ -264,7 +264,7 @@ def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
 def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
     """Serve in this process until unmounted (``--foreground``).  The plan the server makes goes to the
     command that started it (``--report-fd``), or is printed here when a person started it."""
-    from ..serve.process import open_log, send_report
+    from ..serve.daemon import open_log, send_report
     from ..serve.server import serve
 
     if args.log:
@@ -297,7 +297,7 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
     """After a clean unmount, remove a background mount's default log (in the temp directory) when it holds
     no warning, error or traceback: the logs of many mount points do not pile up there, and a log with
     something to read stays."""
-    from ..serve.process import default_log_path
+    from ..serve.daemon import default_log_path
 
     if not args.log or os.path.abspath(args.log) != default_log_path(args.mountpoint):
         return  # a log the user named is theirs
@@ -311,7 +311,7 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from ..serve.process import unmount
+    from ..serve.daemon import unmount
 
     if unmount(args.mountpoint):
         print(f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "

@@ -1,4 +1,4 @@
-"""``MountOptions``' flags, made from their declarations in :mod:`blockfs.serve.options`: the parser's
+"""``MountOptions``' flags, made from their declarations in :mod:`blockfs.serve.mount_options`: the parser's
 arguments (:func:`add_flags`) and the parsed command line as ``MountOptions`` (:func:`mount_options`).
 
 Each flag's value lands in ``args`` under its field's name (``--no-prefill`` sets ``args.prefill``), so
@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from ..serve.options import Flag, FromFlags, MountOptions, declarations
+from ..serve.mount_options import Flag, FromFlags, MountOptions, declarations
 
 __all__ = ["add_flags", "flag_value", "mount_options", "not_in_fstab"]
 
@@ -50,7 +50,7 @@ def flag_value(args: argparse.Namespace, name: str) -> Any:
 
 def mount_options(args: argparse.Namespace, **given: Any) -> MountOptions:
     """The parsed ``mount`` command line as ``MountOptions``.  ``given``: the fields the command works out
-    from options of its own (each :class:`~blockfs.serve.options.FromFlags` field: the budget, storage)."""
+    from options of its own (each :class:`~blockfs.serve.mount_options.FromFlags` field: the budget, storage)."""
     missing = [f.name for f, cli in declarations() if isinstance(cli, FromFlags) and f.name not in given]
     if missing:
         raise TypeError(f"mount_options() needs {', '.join(missing)}: the command works them out from its options")

@@ -10,7 +10,7 @@ own (``ro``, ``_netdev``, ``nofail``, ``x-systemd.*``: ignored here, mount and s
 ``blockfs mount``'s long options written with underscores (``cache_size=32GiB``, ``disk_cache=/var/cache/x``,
 ``allow_other``, ``no_prefill``), ``storage.KEY=VALUE`` for ``--storage-option KEY=VALUE``, and FUSE mount
 options (``fsname=``, ``max_read=``, ``noexec``...), which go to ``blockfs mount -o`` (what each route takes
-of them: :mod:`blockfs.serve.kernel_options`).  Any other key is refused in one line, so the helper never
+of them: :mod:`blockfs.serve.fuse.kernel_options`).  Any other key is refused in one line, so the helper never
 exits 0 without mounting (``-o help`` used to print ``blockfs mount``'s help and say it had mounted); the
 dataset and the mount point are given after ``--``, so neither can be taken for an option.  The mount then
 runs in the background, as mount(8) expects.
@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Sequence
 
-from ..serve.kernel_options import is_fuse_option
+from ..serve.fuse.kernel_options import is_fuse_option
 from ..storage.credentials import WHERE_FROM, is_credential
 from .mount_flags import not_in_fstab
 
@@ -56,7 +56,7 @@ def _mount_options() -> dict[str, bool]:
 
 def _refuse_credential(name: str, dataset: str) -> ValueError:
     """The refusal of ``storage.KEY`` carrying a credential, saying where the credential goes instead."""
-    from ..storage.location import is_remote, store_kind
+    from ..storage.urls import is_remote, store_kind
     from ..storage.remote import KIND_NAMES
 
     kinds = [store_kind(dataset)] if is_remote(dataset) and store_kind(dataset) in WHERE_FROM else list(WHERE_FROM)

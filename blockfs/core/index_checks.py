@@ -204,7 +204,7 @@ def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
         raise _fail(where, "array 'block_files' does not list every file exactly once")
     # A slot costs its block at least a u32 offset, a u32 size and an i32 label in the header, so a block
     # holds at most a twelfth of its size in slots (a slot may hold no file: one skipped as unreadable).  The
-    # mount sizes arrays by the slots (serve/retain.py), so a forged count must not be believed.
+    # mount sizes arrays by the slots (serve/cache/retain.py), so a forged count must not be believed.
     too_many = a["block_counts"].astype(np.uint64) * np.uint64(12) > a["block_sizes"].astype(np.uint64)
     if np.any(too_many):
         b = int(np.flatnonzero(too_many)[0])

@@ -25,7 +25,7 @@ from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
 from ..storage.disk_tier import DiskTier
 from ..storage.owned import DIR_FLAGS, read_regular_at, write_file_at
-from ..storage.location import check_scheme, is_remote, join
+from ..storage.urls import check_scheme, is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
 from ..storage.tiered import TieredBlockFiles

@@ -22,7 +22,7 @@ from .index_format import write_arrays
 from .metadata import METADATA_VERSION, has_digests, metadata_bytes, read_metadata_bytes
 from ..errors import FormatError
 from ..storage.owned import USER_DIR_FLAGS, created_at, write_file_at
-from ..storage.location import is_remote
+from ..storage.urls import is_remote
 
 BACKUP_NAME = fmt.INDEX_NAME + ".before-upgrade"
 

@@ -27,7 +27,7 @@ from ..core.metadata import METADATA_VERSION, metadata_bytes
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..errors import PackError
-from ..storage.location import is_remote
+from ..storage.urls import is_remote
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
 from .containers.recordio import LABELS_FILE
 from .options import PackOptions

@@ -29,7 +29,7 @@ import numpy as np
 from ..core.heap import give_back
 from ..errors import PackError
 from ..sizes import format_size
-from ..storage.location import check_scheme, is_remote
+from ..storage.urls import check_scheme, is_remote
 from .containers import open_source, spool_dir_for
 from .destination import Destination, LocalDestination, dataset_metadata, index_counts, write_index
 from .entry_table import EntryTable, collect

@@ -45,7 +45,7 @@ from ..core.format import (
     block_path,
 )
 from ..errors import PackError
-from ..storage.location import is_remote, redact, store_kind
+from ..storage.urls import is_remote, redact, store_kind
 from ..storage.owned import DIR_FLAGS
 from ..storage.remote import (
     BucketNotFoundError,

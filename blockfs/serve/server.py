@@ -1,7 +1,7 @@
 """A running mount, assembled: dataset, memory plan, caches, control sockets and the FUSE adapter.
 
-:class:`MountOptions` (:mod:`blockfs.serve.options`) imports without a FUSE binding; the adapters,
-:mod:`blockfs.serve.kernelfs` (the kernel protocol) and :mod:`blockfs.serve.fs` (mfusepy/fusepy), are
+:class:`MountOptions` (:mod:`blockfs.serve.mount_options`) imports without a FUSE binding; the adapters,
+:mod:`blockfs.serve.fuse.kernel_adapter` (the kernel protocol) and :mod:`blockfs.serve.fuse.libfuse_adapter` (mfusepy/fusepy), are
 imported only to build or run a mount, the one :func:`choose_route` picks.
 
 :func:`serve` is what ``blockfs mount --foreground`` runs.  The assembly is :func:`assembled`, a context
@@ -24,23 +24,23 @@ import numpy as np
 from ..core.dataset import PackedDataset
 from ..errors import MountError
 from ..openfiles import raise_open_files_limit
-from ..storage.location import absolute, is_remote, redact
+from ..storage.urls import absolute, is_remote, redact
 from ..core.index import KIND_FILE
-from .announce import PrefetchListener
-from .cache import BlockCache
-from .libfuse_messages import StderrCapture, distill
+from .control.announce import PrefetchListener
+from .cache.block_cache import BlockCache
+from .fuse.libfuse_messages import StderrCapture, distill
 from .notify import notify
-from .options import FUSE_ROUTES, MountOptions
-from .mountplan import make_mount_plan, node_part
-from .plan import MemoryPlan
-from .process import is_mounted
-from .retain import RetainingReader
-from .share import ShareServer
+from .mount_options import FUSE_ROUTES, MountOptions
+from .cache.mount_plan import make_mount_plan, node_part
+from .cache.memory_plan import MemoryPlan
+from .daemon import is_mounted
+from .cache.retain import RetainingReader
+from .control.share import ShareServer
 from .view import MountView
 
 if TYPE_CHECKING:
-    from .fs import BlockFS
-    from .kernelfs import KernelFS
+    from .fuse.libfuse_adapter import BlockFS
+    from .fuse.kernel_adapter import KernelFS
 
     Adapter = BlockFS | KernelFS
 
@@ -85,7 +85,7 @@ def mount_source(dest: str) -> str:
 
 def fuse_kwargs(options: MountOptions, dest: str) -> dict[str, Any]:
     """The binding's keyword options for this mount (``-o`` options plus foreground/nothreads)."""
-    from .fs import ENCODING
+    from .fuse.libfuse_adapter import ENCODING
     # The binding hands str options to libfuse as latin-1, one byte per character: give it the path's own
     # bytes (UTF-8 for 'ü') through that channel, so the mount table holds the name as the file system does.
     fsname = os.fsencode(mount_source(dest)).decode(ENCODING)
@@ -151,10 +151,10 @@ def assembled(
     on the way out.  ``on_plan(report)``: the plan (:meth:`MountPlan.report`), as soon as it is made."""
     route = route or choose_route(options)
     if route == "kernel":
-        from .kernelfs import KernelFS as make_adapter
+        from .fuse.kernel_adapter import KernelFS as make_adapter
     else:
-        os.environ[ROUTE_ENV] = route  # the binding blockfs.serve.fs loads on import
-        from .fs import BlockFS as make_adapter
+        os.environ[ROUTE_ENV] = route  # the binding blockfs.serve.fuse.libfuse_adapter loads on import
+        from .fuse.libfuse_adapter import BlockFS as make_adapter
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
         ds = PackedDataset(dest, storage=options.storage, expect=options.expect)
@@ -232,7 +232,7 @@ def serve(
 
 def _serve_libfuse(fs: "BlockFS", dest: str, mountpoint: str, options: MountOptions, watcher: threading.Thread) -> None:
     """The libfuse routes: what libfuse prints while mounting is captured and distilled into one line."""
-    from .fs import run
+    from .fuse.libfuse_adapter import run
 
     with StderrCapture() as libfuse_said:
         fs.libfuse_said = libfuse_said

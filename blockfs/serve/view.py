@@ -2,8 +2,8 @@
 
 It knows no FUSE binding and no node ids: attributes, listings, links, extended attributes, file bytes
 and the mount's statistics, each asked by entry id (or, for the path adapter, by path), with blockfs
-errors raised as they are.  :mod:`blockfs.serve.fs` (mfusepy/fusepy: paths) and
-:mod:`blockfs.serve.kernelfs` (the kernel protocol: node ids) map these answers and errors for the kernel,
+errors raised as they are.  :mod:`blockfs.serve.fuse.libfuse_adapter` (mfusepy/fusepy: paths) and
+:mod:`blockfs.serve.fuse.kernel_adapter` (the kernel protocol: node ids) map these answers and errors for the kernel,
 and add only what their route needs, so neither holds logic the other would need.
 """
 
@@ -20,12 +20,12 @@ from .. import protocol
 from ..core.dataset import PackedDataset
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from ..errors import BlockfsError, BlockReadError, CorruptBlockError
-from .cache import BlockCache
-from .control import ControlDirectory, control_name_for
+from .cache.block_cache import BlockCache
+from .control.control_dir import ControlDirectory, control_name_for
 from .errorlog import ErrorLog
-from .options import MountOptions
-from .plan import MemoryPlan
-from .retain import RetainingReader
+from .mount_options import MountOptions
+from .cache.memory_plan import MemoryPlan
+from .cache.retain import RetainingReader
 
 ROOT = 0  # the root directory's entry id
 # What :meth:`MountView.attrs` answers: one row per entry, the fields of :class:`Attr`

@@ -15,7 +15,7 @@ What this layer adds to the client:
   seconds have passed; then the request fails with an ``OSError`` (EIO) naming the object.  A missing
   object or a refused credential is not retried.
 * **No secrets in messages.** Every message names objects by their redacted URL and passes the client's
-  text through :func:`~blockfs.storage.location.scrub`, which also masks the values of secret options.
+  text through :func:`~blockfs.storage.urls.scrub`, which also masks the values of secret options.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import BlockfsError
 from .credentials import secret_values
-from .location import is_remote, join, redact, scrub, store_kind
+from .urls import is_remote, join, redact, scrub, store_kind
 
 log = logging.getLogger(__name__)  # the client's raw text of a failure, at debug level (blockfs -v)
 

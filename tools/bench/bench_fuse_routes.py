@@ -3,7 +3,7 @@
     python tools/bench/bench_fuse_routes.py [--files 20000] [--size 4096] [--routes kernel,mfusepy,pyfuse3]
                                             [--pyfuse3-python PATH] [--repeats 3] [--json OUT]
 
-Routes: ``kernel`` (blockfs.serve.session), ``lowlevel`` (libfuse 3's low-level API through ctypes),
+Routes: ``kernel`` (blockfs.serve.fuse.session), ``lowlevel`` (libfuse 3's low-level API through ctypes),
 ``mfusepy`` (libfuse 3's high-level API: today's adapter), ``pyfuse3``; ``ROUTE:N`` runs it with N server
 threads (``kernel:1``, ``lowlevel:1`` for libfuse's single-threaded loop).
 

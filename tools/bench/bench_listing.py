@@ -40,7 +40,7 @@ from helpers import HELPERS, ROOT
 from helpers.benchutil import drop_caches
 
 import blockfs
-from blockfs.serve.process import unmount, wait_until_mounted
+from blockfs.serve.daemon import unmount, wait_until_mounted
 
 
 def make_tree(src: Path, flat: int, dirs: int, per_dir: int) -> None:

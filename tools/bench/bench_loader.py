@@ -106,7 +106,7 @@ def write_shards(src: Path, shards: Path, per_shard: int, seed: int) -> None:
 @contextlib.contextmanager
 def mounted(packed: Path, mountpoint: Path, cache_size: str, *extra: str) -> Iterator[str]:
     """A fresh (cold) mount of ``packed``, served by a child process and always unmounted."""
-    from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
+    from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
     mountpoint.mkdir(parents=True, exist_ok=True)
     log = mountpoint.parent / f"{mountpoint.name}.log"

@@ -37,7 +37,7 @@ import make_dataset as md
 
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.process import start_background, unmount, wait_until_mounted
+from blockfs.serve.daemon import start_background, unmount, wait_until_mounted
 
 
 def cpu_seconds(pid: int) -> float:

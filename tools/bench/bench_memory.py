@@ -43,8 +43,8 @@ import make_dataset as md
 
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.process import unmount
-from blockfs.serve.plan import parse_size
+from blockfs.serve.daemon import unmount
+from blockfs.serve.cache.memory_plan import parse_size
 
 CONFIGS = {
     "none": ["--policy", "none"],

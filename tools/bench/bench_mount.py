@@ -49,10 +49,10 @@ import make_dataset as md
 
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.process import start_background, unmount
+from blockfs.serve.daemon import start_background, unmount
 from blockfs.packing.packer import plan_blocks
-from blockfs.serve.plan import parse_size
-from blockfs.serve.policies import make_policy
+from blockfs.serve.cache.memory_plan import parse_size
+from blockfs.serve.cache.policies import make_policy
 
 RATIOS = (0.25, 0.5, 0.75)
 POLICIES = ("cache-once", "lru", "fifo")
@@ -185,7 +185,7 @@ def bench_blockfs(tree: dict, work: Path, repeats: int) -> dict:
 
 def bench_null(tree: dict, work: Path, repeats: int) -> dict:
     """The same reads from tools/bench/helpers/null_fs.py, a FUSE server that does no work: what the round trips cost."""
-    from blockfs.serve.process import wait_until_mounted
+    from blockfs.serve.daemon import wait_until_mounted
 
     keys = ("memory", "memory_no_kernel_cache", "memory_4_threads")
     out: dict[str, list] = {k: [] for k in keys}

@@ -33,7 +33,7 @@ import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 import bench_remote as br  # the loopback server and mount helpers
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.plan import parse_size
+from blockfs.serve.cache.memory_plan import parse_size
 from blockfs.loader.order import BlockLayout, batch_class_entropy, block_shuffled_order, global_shuffled_order
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 
-from blockfs.serve.plan import STRATEGIES, make_memory_plan
+from blockfs.serve.cache.memory_plan import STRATEGIES, make_memory_plan
 
 
 def median_seconds(run, repeat: int) -> float:

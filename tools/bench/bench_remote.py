@@ -77,8 +77,8 @@ from helpers.benchutil import child_server, free_port, stop_process
 import blockfs
 from blockfs.client import read_stats
 from blockfs.errors import MountError
-from blockfs.serve.plan import parse_size
-from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
+from blockfs.serve.cache.memory_plan import parse_size
+from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
 MiB = 1 << 20
 BUCKET = "blockfs-bench"

@@ -44,7 +44,7 @@ from helpers import HELPERS, ROOT
 from helpers.benchutil import drop_caches, read_files_threads
 from helpers.synthetic_source import SyntheticSource, write_tree
 
-from blockfs.serve.process import serving_pid, unmount, wait_until_mounted
+from blockfs.serve.daemon import serving_pid, unmount, wait_until_mounted
 
 PLAIN_UP_TO = 2_000_000  # files: a plain tree is written beside the pack by default up to this many
 

@@ -48,7 +48,7 @@ from helpers import HELPERS, TOOLS
 from helpers.benchutil import started_server, stop_process
 from helpers.storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
 
-from blockfs.serve.process import is_mounted, unmount, wait_until_mounted
+from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
 MiB = 1 << 20
 DISKS = {  # name: (read IOPS, read bytes/s); None: not throttled

@@ -201,7 +201,7 @@ def read_through(p: Pristine, store, *, cached: bool) -> tuple[list[str], dict[s
     else.  Returns the violations and a count of outcomes."""
     from blockfs.core.dataset import PackedDataset
     from blockfs.errors import BlockReadError, CorruptBlockError
-    from blockfs.serve.cache import BlockCache
+    from blockfs.serve.cache.block_cache import BlockCache
 
     reader = store
     if cached:

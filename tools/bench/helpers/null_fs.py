@@ -7,10 +7,10 @@ one preallocated buffer: no index, no cache, no copy of file data in Python.  Wh
 per second is what the FUSE round trip and the route cost; ``tools/bench/bench_mount.py``
 and ``tools/bench/bench_fuse_routes.py`` read it side by side with the mount.  The routes:
 
-* ``kernel`` — :mod:`blockfs.serve.session`, the kernel protocol spoken on ``/dev/fuse`` directly, with what
+* ``kernel`` — :mod:`blockfs.serve.fuse.session`, the kernel protocol spoken on ``/dev/fuse`` directly, with what
   ``blockfs mount`` asks of it: READDIRPLUS listings with attributes, no OPEN/OPENDIR round trips;
 * ``mfusepy`` — libfuse 3's high-level API through mfusepy, with the same options and per-thread trick as the
-  mfusepy adapter (:mod:`blockfs.serve.fs`): open answered ENOSYS, a LOOKUP per file;
+  mfusepy adapter (:mod:`blockfs.serve.fuse.libfuse_adapter`): open answered ENOSYS, a LOOKUP per file;
 * ``lowlevel`` — libfuse 3's low-level API through a ctypes binding written here: node ids in every callback,
   READDIRPLUS and no open (what the kernel route does), but each request still a ctypes callback;
 * ``pyfuse3`` — libfuse 3's low-level API through pyfuse3 (when installed): readdir with attributes, but it
@@ -48,9 +48,9 @@ def walk(src: str) -> tuple[dict[bytes, os.stat_result], dict[bytes, list[bytes]
 
 
 def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
-    """The no-work server on the kernel protocol (blockfs.serve.session)."""
-    from blockfs.serve import wire
-    from blockfs.serve.session import NO_REPLY, Session
+    """The no-work server on the kernel protocol (blockfs.serve.fuse.session)."""
+    from blockfs.serve.fuse import wire
+    from blockfs.serve.fuse.session import NO_REPLY, Session
 
     stats, children = walk(src)
     paths = sorted(stats)  # node id = position + 1: the root (b"") first
@@ -116,7 +116,7 @@ def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
     import ctypes
     import ctypes.util
 
-    from blockfs.serve.fs import keep_thread_state
+    from blockfs.serve.fuse.libfuse_adapter import keep_thread_state
 
     lib = ctypes.CDLL(ctypes.util.find_library("fuse3"))
     stats, children = walk(src)
@@ -297,8 +297,8 @@ def serve_pyfuse3(src: str, mountpoint: str) -> None:
 
 
 def serve_mfusepy(src: str, mountpoint: str) -> None:
-    from blockfs.serve.fs import ENCODING, binding
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.fuse.libfuse_adapter import ENCODING, binding
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import fuse_kwargs
 
     fs = make_mfusepy_null(binding)(src)
@@ -307,7 +307,7 @@ def serve_mfusepy(src: str, mountpoint: str) -> None:
 
 def make_mfusepy_null(binding: "ModuleType") -> type:
     """The no-work server class on the mfusepy/fusepy binding ``binding``."""
-    from blockfs.serve.fs import keep_thread_state
+    from blockfs.serve.fuse.libfuse_adapter import keep_thread_state
 
     class NullFS(binding.Operations):
         use_ns = True

@@ -1,4 +1,4 @@
-"""``KernelFS``: the mount on the FUSE kernel protocol (:mod:`blockfs.serve.session`) — the default adapter.
+"""``KernelFS``: the mount on the FUSE kernel protocol (:mod:`blockfs.serve.fuse.session`) — the default adapter.
 
 A thin translation of :class:`blockfs.serve.view.MountView`'s answers into node ids and wire structures,
 plus the three things only this route can do:
@@ -40,10 +40,10 @@ from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
 
-from ..errors import BlockfsError
+from ...errors import BlockfsError
 from . import wire
 from .session import DEFERRED, NO_REPLY, Session
-from .view import ROOT, MountView
+from ..view import ROOT, MountView
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ PUSH_RETRY_S = 0.05
 FORGET_INTERVAL_S = 0.5  # how often dropped stats snapshots are dropped from the kernel's cache
 INIT_FLAGS = (wire.ASYNC_READ | wire.DO_READDIRPLUS | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT
               | wire.PARALLEL_DIROPS | wire.MAX_PAGES)  # fmt: skip
-# Not CACHE_SYMLINKS: stats.json is a link resolved anew at every open (serve/control.py).
+# Not CACHE_SYMLINKS: stats.json is a link resolved anew at every open (serve/control/control_dir.py).
 
 
 def answers(method: Callable) -> Callable:

@@ -6,7 +6,7 @@ reads.  With no swap, anonymous memory stays resident; ``mlock`` pins it where `
 (often it does not: the mount then says so once and goes on unpinned).
 
 A block held in a memfd can be handed to a loader on this machine as a descriptor
-(:meth:`blockfs.serve.cache.BlockCache.share`).  Seals forbid writing through any new descriptor or map and
+(:meth:`blockfs.serve.cache.block_cache.BlockCache.share`).  Seals forbid writing through any new descriptor or map and
 growing or shrinking the memory, so a loader can read the cache but never change it.  Each memfd costs
 descriptors, so memfds are made only while the process has descriptors to spare; beyond that a block gets
 a plain anonymous map and is not shared.

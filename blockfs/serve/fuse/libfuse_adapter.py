@@ -3,7 +3,7 @@
 The only module that imports a FUSE binding (so nothing else needs one to import): ``BLOCKFS_FUSE=mfusepy``
 (the default; the maintained fork, bound to libfuse 3 where it is installed) or ``BLOCKFS_FUSE=fusepy``
 (libfuse 2) picks it; mfusepy falls back to fusepy when it cannot be imported.  Each operation looks its
-path up in the layer below (the dataset, or the control directory, :mod:`blockfs.serve.control`) and
+path up in the layer below (the dataset, or the control directory, :mod:`blockfs.serve.control.control_dir`) and
 turns blockfs errors into errno values; the assembly of a running mount is :mod:`blockfs.serve.server`.
 
 Paths cross the binding as ``str`` decoded as latin-1, which maps every byte to one code point and back,
@@ -25,7 +25,7 @@ Open modes (the data never changes, so the kernel may keep what it read; the REA
 
 The thread pool serves a cached file while another waits on storage, and holds enough threads that
 lookups, attributes, listings and the control files never wait behind reads waiting on a slow store
-(:mod:`blockfs.serve.fusethreads`); each libfuse thread keeps its Python thread state
+(:mod:`blockfs.serve.fuse.libfuse_threads`); each libfuse thread keeps its Python thread state
 (:func:`keep_thread_state`), which otherwise costs more than most requests.
 """
 
@@ -43,9 +43,9 @@ from ctypes.util import find_library
 from types import ModuleType
 from typing import Any, Callable, ClassVar, Literal
 
-from ..errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
-from .fusethreads import MAX_THREADS, max_threads_applied
-from .view import MountView
+from ...errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
+from .libfuse_threads import MAX_THREADS, max_threads_applied
+from ..view import MountView
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def run(fs: BlockFS, mountpoint: str, fuse_options: dict[str, Any]) -> None:
     try:
         with max_threads_applied(binding) as applied:
             options = dict(fuse_options)
-            if applied and not options.get("nothreads"):  # metadata must not wait behind reads (fusethreads.py)
+            if applied and not options.get("nothreads"):  # metadata must not wait behind reads (libfuse_threads.py)
                 options.setdefault("max_threads", str(MAX_THREADS))
             binding.FUSE(
                 fs,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..core import format as fmt
-from ..core.store import BlockStore
-from .cachestats import CacheCounters
+from ...core import format as fmt
+from ...core.store import BlockStore
+from .cache_stats import CacheCounters
 
 FILE_BUFFER_BYTES = 16 << 20  # the current-file buffer (outside the budget: a small fixed overhead)
 FILE_BUFFER_FILES = 8  # files in it at once: one per reader mid-file, with room to spare

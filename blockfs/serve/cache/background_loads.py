@@ -1,13 +1,13 @@
 """``BackgroundLoads``: blocks loaded before a read asks for them, on background threads.
 
 Three reasons to load a block early, all through the cache's one admission guard
-(:meth:`blockfs.serve.cache.BlockCache.load_ahead`):
+(:meth:`blockfs.serve.cache.block_cache.BlockCache.load_ahead`):
 
 * **prefill** — at mount, the blocks a cache-once budget will hold, in order, read at disk speed while the
   first epoch runs instead of each on its first miss;
 * **read-ahead** — the next blocks, once reads move through blocks in order
-  (:class:`blockfs.serve.readahead.SequentialReads`);
-* **prefetch** — the blocks a loader announced it reads next (:mod:`blockfs.serve.announce`); a new
+  (:class:`blockfs.serve.cache.readahead.SequentialReads`);
+* **prefetch** — the blocks a loader announced it reads next (:mod:`blockfs.serve.control.announce`); a new
   announcement replaces the one before.
 
 Prefill and prefetch only fill free room: they never evict, so they cannot push out a block being read.

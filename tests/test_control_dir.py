@@ -1,4 +1,4 @@
-"""blockfs.serve.control: the control directory, in-process (no FUSE, no mount)."""
+"""blockfs.serve.control.control_dir: the control directory, in-process (no FUSE, no mount)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from treeutil import make_class_tree
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
-from blockfs.serve import control as control_module
-from blockfs.serve.control import SNAPSHOTS_KEPT, ControlDirectory, control_name_for
+from blockfs.serve.control import control_dir as control_module
+from blockfs.serve.control.control_dir import SNAPSHOTS_KEPT, ControlDirectory, control_name_for
 
 CTL = b"/.blockfs"
 
@@ -302,7 +302,7 @@ def test_the_control_files_that_reveal_the_tree_grant_only_what_every_entry_gran
     import numpy as np
 
     from blockfs.core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
-    from blockfs.serve.control import reveal_mode
+    from blockfs.serve.control.control_dir import reveal_mode
 
     kinds = np.array([KIND_DIR, KIND_FILE, KIND_SYMLINK], dtype=np.uint8)
     arrays = lambda d, f: {"kind": kinds, "mode": np.array([d, f, 0o777], dtype=np.uint32)}  # noqa: E731

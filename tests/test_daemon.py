@@ -14,7 +14,7 @@ import pytest
 
 import blockfs
 from blockfs.errors import MountError
-from blockfs.serve import process
+from blockfs.serve import daemon as process
 from blockfs.storage.owned import UnsafeDirectoryError
 from polling import wait_until
 from capability import has_fuse, require

@@ -3,14 +3,14 @@
 What it promises (the mount's serving rules):
 
 * A block the policy admits is read whole, in one sequential read, into anonymous memory
-  (:mod:`blockfs.serve.memory`: never a file-backed map, which the kernel would reclaim like page cache),
+  (:mod:`blockfs.serve.cache.block_memory`: never a file-backed map, which the kernel would reclaim like page cache),
   verified by the store; every later read of a file in it is a memory copy.
 * Concurrent misses of one block read it once (single flight: the first reader loads, the others wait on
   its future).  The bytes are reserved with the policy *before* the read, so two loads can never both count
   on the same room.
 * A block the policy would refuse (cache-once with a full budget, ``none``) is never read whole to serve
-  one file: the file alone is read and verified by its own CRC (:mod:`blockfs.serve.uncached`).
-* Blocks are also loaded before they are asked for (:mod:`blockfs.serve.background`): prefill, read-ahead
+  one file: the file alone is read and verified by its own CRC (:mod:`blockfs.serve.cache.uncached`).
+* Blocks are also loaded before they are asked for (:mod:`blockfs.serve.cache.background_loads`): prefill, read-ahead
   when reads move through blocks in order, and the blocks a loader announces.
 * A damaged block — its data checksum fails, its header is wrong, or it is not this dataset's, on two
   fetches (:meth:`BlockStore._checked`) — is never cached, and that is remembered for its stored version;
@@ -21,12 +21,12 @@ What it promises (the mount's serving rules):
   of the files just read alone).  A *failed read* (missing file, EMFILE, EIO) is not damage: it fails the
   reads waiting on it and nothing is remembered, so the next read tries again.
 * A cached block's memory is a sealed memfd where the process has descriptors to spare, so that
-  :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it (:mod:`blockfs.serve.share`).
+  :meth:`BlockCache.share` can hand a loader on this machine a descriptor of it (:mod:`blockfs.serve.control.share`).
   Only policies that never evict share: a loader's map keeps a block's pages alive, which must not hold
   memory the budget has given back.
 
 The cache holds blocks only.  Retained small files (the memory plan's other half) sit in a store of their
-own (:mod:`blockfs.serve.retain`), consulted before the blocks and funded from the same budget by the plan.
+own (:mod:`blockfs.serve.cache.retain`), consulted before the blocks and funded from the same budget by the plan.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from ..core import format as fmt
-from ..core.store import BlockStore
-from ..errors import BlockReadError, CorruptBlockError
-from .background import LOADER_THREADS, READAHEAD_BLOCKS, BackgroundLoads
-from .cachestats import CacheCounters
-from .memory import BlockMemory
+from ...core import format as fmt
+from ...core.store import BlockStore
+from ...errors import BlockReadError, CorruptBlockError
+from .background_loads import LOADER_THREADS, READAHEAD_BLOCKS, BackgroundLoads
+from .cache_stats import CacheCounters
+from .block_memory import BlockMemory
 from .policies import DEFAULT_POLICY, make_policy
 from .readahead import SequentialReads
 from .uncached import UncachedFiles
@@ -92,7 +92,7 @@ class BlockCache:
     """Serves ``read_file`` from whole cached blocks, or file by file from the store.
 
     ``budget_bytes`` bounds the bytes of cached block data; ``policy`` is a name from
-    :data:`blockfs.serve.policies.POLICIES`.  ``n_files`` (the dataset's file count) lets the statistics cut
+    :data:`blockfs.serve.cache.policies.POLICIES`.  ``n_files`` (the dataset's file count) lets the statistics cut
     reads into epochs.  Thread-safe; call :meth:`close` to stop the loaders.
     """
 

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..core.dataset import PackedDataset
-from ..core.index import KIND_FILE
-from ..core.partition import partition_blocks
-from .plan import MemoryPlan, disk_tier_plan
+from ...core.dataset import PackedDataset
+from ...core.index import KIND_FILE
+from ...core.partition import partition_blocks
+from .memory_plan import MemoryPlan, disk_tier_plan
 from .retain import plan_dataset
 
 

@@ -4,7 +4,7 @@ It lives at the mount root under a name that is no entry of the dataset (:func:`
 left out of the root's listing, so ``find`` and ``diff -r`` see only the dataset.  Its files and attributes
 are the mount↔loader contract (:mod:`blockfs.protocol`).  This class knows nothing of FUSE: it answers
 with plain values and raises blockfs errors (or ``OSError`` with an errno), so it runs and is tested
-in-process; :mod:`blockfs.serve.fs` maps its calls and errors for the kernel.
+in-process; :mod:`blockfs.serve.fuse.libfuse_adapter` maps its calls and errors for the kernel.
 
 **One snapshot per open of stats.json.**  The kernel caches what a FUSE file returns and may fetch it in
 several reads; a file whose bytes change between those reads is served torn (half of one snapshot, half of
@@ -39,10 +39,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import protocol
-from ..core.dataset import PackedDataset
-from ..core.index import KIND_DIR, KIND_FILE
-from ..errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
+from ... import protocol
+from ...core.dataset import PackedDataset
+from ...core.index import KIND_DIR, KIND_FILE
+from ...errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
 
 SNAPSHOTS_KEPT = 64  # kept however idle; past that, a snapshot unread for SNAPSHOT_IDLE_S goes
 SNAPSHOT_IDLE_S = 30.0

@@ -1,4 +1,4 @@
-"""blockfs.serve.fs: the FUSE adapter's operations called in-process on an assembled mount (no kernel).
+"""blockfs.serve.fuse.libfuse_adapter: the FUSE adapter's operations called in-process on an assembled mount (no kernel).
 
 The mount is the one ``blockfs mount`` serves (:func:`blockfs.serve.server.assembled`), with its caches
 and control sockets; only libfuse is left out.  Needs a FUSE binding to import, not ``/dev/fuse``.
@@ -20,8 +20,8 @@ from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from treeutil import EDGE_MTIME_NS, make_edge_tree
 
-fs_module = pytest.importorskip("blockfs.serve.fs", exc_type=ImportError)  # a missing binding is a MountError
-from blockfs.serve.options import MountOptions  # noqa: E402
+fs_module = pytest.importorskip("blockfs.serve.fuse.libfuse_adapter", exc_type=ImportError)  # a missing binding is a MountError
+from blockfs.serve.mount_options import MountOptions  # noqa: E402
 from blockfs.serve.server import assembled  # noqa: E402
 
 FuseOSError = fs_module.FuseOSError

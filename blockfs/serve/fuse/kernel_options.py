@@ -1,6 +1,6 @@
 """``-o`` on the kernel route: which FUSE mount options it applies, which it ignores, which it refuses.
 
-The kernel route mounts without libfuse (:mod:`blockfs.serve.session`), so of libfuse's ``-o`` options it can
+The kernel route mounts without libfuse (:mod:`blockfs.serve.fuse.session`), so of libfuse's ``-o`` options it can
 apply only what the kernel's mount takes; those that only tune libfuse itself change nothing here and are
 ignored with a log line (an fstab line written for libfuse still mounts); anything else would silently not
 do what was asked, and is refused in one line naming it.  The libfuse routes (``--fuse mfusepy``/``fusepy``)

@@ -10,7 +10,7 @@ structure; a reply is an :data:`OUT_HEADER` (its ``error`` is ``-errno`` or 0) f
     reply    | len u32 | error i32  | unique u64 | body...
     notify   | len u32 | code  i32  | 0      u64 | body...       (unique 0: the server speaks first)
 
-Only :mod:`blockfs.serve.session` and the low-level adapter use this module.
+Only :mod:`blockfs.serve.fuse.session` and the low-level adapter use this module.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def forgets(body: memoryview) -> np.ndarray:
 def notify_store_header(nodeid: int, offset: int, size: int) -> bytes:
     """The bytes before the data of a ``FUSE_NOTIFY_STORE``: put ``size`` bytes at ``offset`` of
     ``nodeid``'s page cache (the kernel answers ENOENT for a node it does not hold).  ``size`` is at most
-    :data:`STORE_PIECE`: a bigger store is sent in pieces (:meth:`blockfs.serve.session.Session.store`)."""
+    :data:`STORE_PIECE`: a bigger store is sent in pieces (:meth:`blockfs.serve.fuse.session.Session.store`)."""
     if not 0 <= size <= STORE_PIECE:
         raise ValueError(f"a FUSE_NOTIFY_STORE of {size} bytes: store at most {STORE_PIECE} bytes a message")
     body = NOTIFY_STORE_OUT.pack(nodeid, offset, size, 0)

@@ -37,7 +37,8 @@ import subprocess
 import threading
 from typing import Any, Callable, Sequence
 
-from . import kernel_options, wire
+from . import kernel_options
+from . import wire
 from .kernel_options import MS_NODEV, MS_NOSUID, MS_RDONLY
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class Session:
         self, mountpoint: str, fsname: str, subtype: str, options: Sequence[str] = (), *, fusermount: bool | None = None
     ) -> None:
         """Mount at ``mountpoint``; ``options`` are mount(8)-style (``allow_other``, ``max_read=N``...), as
-        :mod:`blockfs.serve.kernel_options` takes them.  ``fusermount``: mount through fusermount3 (default:
+        :mod:`blockfs.serve.fuse.kernel_options` takes them.  ``fusermount``: mount through fusermount3 (default:
         only when not root)."""
         try:
             given = kernel_options.parse(options)
@@ -274,7 +275,7 @@ class Session:
 
     def store(self, nodeid: int, data: Any, offset: int = 0) -> bool:
         """Put ``data`` into ``nodeid``'s page cache at ``offset``, one message per
-        :data:`~blockfs.serve.wire.STORE_PIECE` (a file of any size); False when the kernel does not hold
+        :data:`~blockfs.serve.fuse.wire.STORE_PIECE` (a file of any size); False when the kernel does not hold
         that node (it was never looked up, or was forgotten).  Never call it from a reader thread."""
         try:
             for start in range(0, len(data), wire.STORE_PIECE):

@@ -7,7 +7,7 @@ importance-aware epoch selected) connects to the socket named by the control dir
 those blocks in that order in the background as far as its budget holds them without evicting anything.
 It is a hint: a malformed announcement is logged and dropped, and nothing is answered.
 
-Connections are read without blocking by one thread (:mod:`blockfs.serve.listener`), so a client that
+Connections are read without blocking by one thread (:mod:`blockfs.serve.control.listener`), so a client that
 connects and sends nothing delays no other client's announcement.
 """
 
@@ -17,7 +17,7 @@ import logging
 import socket
 from typing import Callable
 
-from .. import protocol
+from ... import protocol
 from .listener import Connection, SocketServer
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""blockfs.serve.kernelfs: the kernel-protocol route — what the kernel is sent, counted by the server.
+"""blockfs.serve.fuse.kernel_adapter: the kernel-protocol route — what the kernel is sent, counted by the server.
 
 These tests check mechanisms, not speed: a listed file is never looked up, a file whose block is loaded is
 never read through the server (its pages were pushed), files are right whatever the kernel keeps or drops.
@@ -132,7 +132,7 @@ def test_the_kernel_route_refuses_an_option_it_cannot_honour_in_one_line(packed,
 
 def test_the_kernel_route_applies_fsname_subtype_and_noexec_and_ignores_libfuse_settings(packed, tmp_path):
     """Issue 29, 8: an fstab line written for libfuse (``fsname=`` is common) mounts on the kernel route."""
-    from blockfs.serve.process import mount_entry
+    from blockfs.serve.daemon import mount_entry
 
     _, dest = packed
     with mounted(dest, tmp_path / "mnt", "-o", "fsname=imagenet,subtype=bfs,noexec,kernel_cache,max_threads=4",
@@ -152,7 +152,7 @@ def test_an_empty_files_check_never_reads_storage_on_a_request_thread(tmp_path):
     Once the header is in memory, both answer at once with the entry."""
     import threading
 
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 
@@ -186,7 +186,7 @@ def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tm
     import logging
     import struct
 
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 
@@ -221,7 +221,7 @@ def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tm
 def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_sent(tmp_path):
     """The kernel takes a file pushed in pieces (offsets advancing, the last page partial): a file of
     two pieces and a bit is read from the page cache alone, exact."""
-    from blockfs.serve import wire
+    from blockfs.serve.fuse import wire
 
     require(has_fuse(), "/dev/fuse")
     src = tmp_path / "src"
@@ -242,7 +242,7 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
 def test_a_lookup_pushes_nothing_its_read_would_outrun(packed, tmp_path):
     # A file looked up (no listing) is read at once: the READ reaches the server before a push from the pusher
     # thread could land, so the lookup queues none (the block's own load still pushes what the kernel holds).
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 
@@ -302,7 +302,7 @@ def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path)
 def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_path):
     # Its pages are in the kernel's cache from the READ's answer: a push when its block loads (or is listed)
     # would copy the same bytes again.  A file only looked up is still pushed (the recording session refuses).
-    from blockfs.serve.options import MountOptions
+    from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
     from kernelcalls import KernelCalls
 

@@ -1,4 +1,4 @@
-"""blockfs.serve.memory: cached bytes live in anonymous memory or sealed memfds, never in a map of a block file."""
+"""blockfs.serve.cache.block_memory: cached bytes live in anonymous memory or sealed memfds, never in a map of a block file."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import blockfs
-import blockfs.serve.memory as memory
+import blockfs.serve.cache.block_memory as memory
 from blockfs.core.dataset import PackedDataset
-from blockfs.serve.cache import BlockCache
-from blockfs.serve.memory import BlockMemory, Memfds, MemoryLock
+from blockfs.serve.cache.block_cache import BlockCache
+from blockfs.serve.cache.block_memory import BlockMemory, Memfds, MemoryLock
 
 
 def backing_of(buf: mmap.mmap) -> str:
@@ -133,7 +133,7 @@ def test_memory_lock_warns_once_and_says_why(caplog):
 
     lock._mlock = refuse
     maps = [mmap.mmap(-1, mmap.PAGESIZE) for _ in range(3)]
-    with caplog.at_level(logging.WARNING, logger="blockfs.serve.memory"):
+    with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache.block_memory"):
         assert not any(lock.lock(m) for m in maps)
     assert len([r for r in caplog.records if "cannot pin" in r.getMessage()]) == 1
     assert "ENOMEM" in lock.describe() and lock.locked_bytes == 0

@@ -2,7 +2,7 @@
 
 Through FUSE every file costs a round trip to the mount's Python server, whatever it serves it from.  A
 loader on the same machine can skip that: it asks the mount for a block and gets a descriptor of the
-sealed memory the mount's cache holds that block in (:meth:`blockfs.serve.cache.BlockCache.share`), maps it
+sealed memory the mount's cache holds that block in (:meth:`blockfs.serve.cache.block_cache.BlockCache.share`), maps it
 read-only, and copies its files out itself (:mod:`blockfs.loader.shared_blocks`).  The block is still read
 from storage once, by the mount, whole and verified by its CRC, and counted in its statistics
 (``blocks_shared``); only the per-file round trips go.  A block the mount does not share (its policy
@@ -10,7 +10,7 @@ evicts, its budget is full, the block is damaged) is answered with the reason, a
 block's files through the mount as before, where damaged files fail with ``EIO`` one by one.
 
 The message formats are in :mod:`blockfs.protocol`.  One selector thread reads every connection
-(:mod:`blockfs.serve.listener`); answering may load a block from storage, so that runs on a small fixed
+(:mod:`blockfs.serve.control.listener`); answering may load a block from storage, so that runs on a small fixed
 pool, one request per connection at a time: the threads stay few however many loaders connect, and a
 block being loaded for one loader holds no other loader's answer.
 """
@@ -23,7 +23,7 @@ import os
 import socket
 from typing import Callable
 
-from .. import protocol
+from ... import protocol
 from .listener import Connection, SocketServer
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ read of it is a memory copy, whatever happened to its block since (evicted, neve
 One arena rather than one map per file: small files would each round up to a page, and the offsets of
 every target are known from the plan, so no allocator is needed.  The arena is an anonymous map (never
 file-backed, which the kernel would reclaim like page cache); its pages become resident as files arrive,
-and it is ``mlock``-ed where the process may (see :class:`blockfs.serve.memory.MemoryLock`).
+and it is ``mlock``-ed where the process may (see :class:`blockfs.serve.cache.block_memory.MemoryLock`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from .cache import BlockCache
-from .memory import MemoryLock
-from ..core.index import KIND_FILE
+from .block_cache import BlockCache
+from .block_memory import MemoryLock
+from ...core.index import KIND_FILE
 
 
 def slot_base(block_counts: np.ndarray) -> np.ndarray:
@@ -171,7 +171,7 @@ def plan_dataset(
 
     Returns ``(plan, (blocks, slots, sizes))`` with the distinct files in plan id order; ``retain=False``
     gives every byte of the budget to the block cache (for comparisons)."""
-    from .plan import DEFAULT_STRATEGY, make_memory_plan
+    from .memory_plan import DEFAULT_STRATEGY, make_memory_plan
 
     blocks, slots, sizes = unique_files(arrays)
     strategy = strategy or ("threshold" if threshold is not None else DEFAULT_STRATEGY)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-STRATEGIES = ("most-files", "threshold")  # how blockfs.serve.plan chooses the files it retains
+STRATEGIES = ("most-files", "threshold")  # how blockfs.serve.cache.memory_plan chooses the files it retains
 
 
 def read_mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo") -> int:

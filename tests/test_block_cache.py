@@ -1,6 +1,6 @@
-"""blockfs.serve.cache: what the block cache promises, checked in-process (no FUSE).
+"""blockfs.serve.cache.block_cache: what the block cache promises, checked in-process (no FUSE).
 
-(That cached blocks live in anonymous memory is checked in test_memory.py.)"""
+(That cached blocks live in anonymous memory is checked in test_block_memory.py.)"""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import threading
 import pytest
 
 import blockfs
-from blockfs.serve.cache import BlockCache
-from blockfs.serve.uncached import FILE_BUFFER_FILES
+from blockfs.serve.cache.block_cache import BlockCache
+from blockfs.serve.cache.uncached import FILE_BUFFER_FILES
 from blockfs.core.dataset import PackedDataset
 from blockfs.core import format as fmt
 from blockfs.errors import BlockReadError, CorruptBlockError
-from blockfs.serve.policies import POLICIES
+from blockfs.serve.cache.policies import POLICIES
 from polling import wait_until
 
 
@@ -272,7 +272,7 @@ def test_when_mlock_is_refused_one_warning_and_reads_go_on(packed, caplog):
 
     cache._memory.memlock._mlock = refuse
     try:
-        with caplog.at_level(logging.WARNING, logger="blockfs.serve.memory"):
+        with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache.block_memory"):
             for name, data in contents.items():
                 assert ds.read(name) == data
         warnings = [r for r in caplog.records if "cannot pin" in r.getMessage()]

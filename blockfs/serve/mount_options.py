@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from .. import protocol
 from ..sizes import parse_size
-from .background import READAHEAD_BLOCKS
-from .budget import STRATEGIES
-from .policies import DEFAULT_POLICY, POLICIES
+from .cache.background_loads import READAHEAD_BLOCKS
+from .cache.budget import STRATEGIES
+from .cache.policies import DEFAULT_POLICY, POLICIES
 
 if TYPE_CHECKING:  # not imported to run: the command line reads these declarations without NumPy
     from ..core.location import StorageOptions
@@ -128,7 +128,7 @@ class MountOptions:
     ), ())  # fmt: skip
     storage: StorageOptions | None = _declared(  # a remote dataset's options and its disk tier
         FromFlags(("--storage-option", "--disk-cache", "--disk-cache-size")), None)  # fmt: skip
-    # The FUSE route (FUSE_ROUTES): blockfs.serve.kernelfs, or blockfs.serve.fs's binding.
+    # The FUSE route (FUSE_ROUTES): blockfs.serve.fuse.kernel_adapter, or blockfs.serve.fuse.libfuse_adapter's binding.
     fuse: str = _declared(Flag(
         "--fuse", section="tuning", choices=FUSE_ROUTES,
         help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
@@ -197,6 +197,6 @@ def declarations() -> list[tuple[dataclasses.Field, Flag | FromFlags | NoFlag]]:
         cli = field.metadata.get(CLI)
         if not isinstance(cli, (Flag, FromFlags, NoFlag)):
             raise TypeError(f"MountOptions.{field.name} declares no command line: give it a Flag, FromFlags or "
-                            "NoFlag in blockfs/serve/options.py")  # fmt: skip
+                            "NoFlag in blockfs/serve/mount_options.py")  # fmt: skip
         out.append((field, cli))
     return out

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..sizes import format_size, parse_size
+from ...sizes import format_size, parse_size
 from .budget import STRATEGIES, budget_from_memory_fraction, read_mem_available
 
 __all__ = [
@@ -41,7 +41,7 @@ DEFAULT_STRATEGY = "most-files"
 # equals B/D at r = 0 and r = 1 and is lower anywhere between (at D = 2B and r = 1/2, 44 % instead of
 # 50 %, which would read 56 % of the dataset from storage each epoch).  The file hit rate is what retaining
 # the smallest files raises most: for lognormal sizes (sigma 1) at D = 2B it is 84 % at r = 1, 72 % at
-# r = 1/2 and 50 % at r = 0 (tests/test_plan.py simulates this).  So r = 1 is best on both counts; the
+# r = 1/2 and 50 % at r = 0 (tests/test_memory_plan.py simulates this).  So r = 1 is best on both counts; the
 # leftover that no further file fits in (smaller than the next file) goes to blocks and is not wasted.
 DEFAULT_RETAIN_SHARE = 1.0
 

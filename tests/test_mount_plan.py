@@ -1,4 +1,4 @@
-"""blockfs.serve.mountplan: a mount's plan is made once, by its server, and reported to the command that prints
+"""blockfs.serve.cache.mount_plan: a mount's plan is made once, by its server, and reported to the command that prints
 it; ``blockfs plan`` makes the same one the same way.  Mechanisms, not speed: counted calls and live objects."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import blockfs
 from blockfs import cli
 from blockfs.client import read_stats
 from blockfs.core.dataset import PackedDataset
-from blockfs.serve import plan as plan_module
-from blockfs.serve.mountplan import make_mount_plan, retains
+from blockfs.serve.cache import memory_plan as plan_module
+from blockfs.serve.cache.mount_plan import make_mount_plan, retains
 from capability import has_fuse, require
 from treeutil import make_class_tree
 from mountutil import release

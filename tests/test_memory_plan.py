@@ -1,4 +1,4 @@
-"""Tests for blockfs.serve.plan: selection, budget split, expected hit rates, size parsing."""
+"""Tests for blockfs.serve.cache.memory_plan: selection, budget split, expected hit rates, size parsing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from blockfs.serve.plan import (
+from blockfs.serve.cache.memory_plan import (
     DEFAULT_RETAIN_SHARE,
     budget_from_memory_fraction,
     format_size,
@@ -18,7 +18,7 @@ from blockfs.serve.plan import (
     parse_size,
     read_mem_available,
 )
-from blockfs.serve.policies import CacheOncePolicy
+from blockfs.serve.cache.policies import CacheOncePolicy
 
 MB, GB = 10**6, 10**9
 

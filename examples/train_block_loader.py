@@ -120,7 +120,7 @@ def train(args: argparse.Namespace) -> int:
         loader.set_epoch(epoch)
         start, epoch_loss, seen, correct = time.perf_counter(), 0.0, 0, 0
         batches = iter(loader)
-        for images, labels, ids in _until_exhausted(lambda: batches):
+        for images, labels, ids in _until_exhausted(lambda batches=batches: batches):
             logits = model(images)
             per_sample = loss_fn(logits, labels)
             loss = per_sample.mean()

@@ -131,7 +131,7 @@ def impl(request, packed, tmp_path):
         bucket = s3.new_bucket()
         client = s3.client()
         keys = [f"ds/{fmt.block_path('', b)}" for b in range(n)]
-        for key, data in zip(keys, blocks):
+        for key, data in zip(keys, blocks, strict=True):
             client.put_object(Bucket=bucket, Key=key, Body=data)
         url = f"s3://{bucket}/ds"
         options = {"endpoint": s3.endpoint, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET, "region": REGION}

@@ -12,6 +12,7 @@ what the loader reads is checked against a real ``BlockLoader`` over a fake moun
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_the_source_tree_is_sorted_by_class(packs):
     with PackedDataset(packs / "directory") as ds:
         offsets, files = ds.layout
         labels = np.asarray(ds.labels)
-        classes_per_block = [np.unique(labels[files[a:b]]).size for a, b in zip(offsets[:-1], offsets[1:])]
+        classes_per_block = [np.unique(labels[files[a:b]]).size for a, b in itertools.pairwise(offsets)]
     assert max(classes_per_block) == 1
     assert len(classes_per_block) == FILES // FILES_PER_BLOCK
 

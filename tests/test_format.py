@@ -19,7 +19,7 @@ def _decode(block: bytes) -> tuple[fmt.BlockHeader, list[bytes]]:
     head = fmt.decode_header(block, "test block", file_size=len(block))
     data = block[head.data_start :]
     fmt.check_data(head, data, "test block")
-    return head, [data[int(o) : int(o + s)] for o, s in zip(head.offsets, head.sizes)]
+    return head, [data[int(o) : int(o + s)] for o, s in zip(head.offsets, head.sizes, strict=True)]
 
 
 @given(files=files_strategy, block_id=st.integers(0, 2**32 - 1), data=st.data())

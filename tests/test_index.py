@@ -36,7 +36,7 @@ def test_every_path_is_found_and_listed(packed, edge_tree):
         kids = idx.children(entry)
         start, length = idx.name_spans(entry, kids.start, kids.stop)
         table = idx.arrays["paths"].tobytes()
-        assert [table[a : a + n] for a, n in zip(start, length)] == idx.names(entry)
+        assert [table[a : a + n] for a, n in zip(start, length, strict=True)] == idx.names(entry)
         assert idx.joined_names(entry) == b"".join(n + b"\0" for n in idx.names(entry))
         for name in dirnames + filenames:
             rel = os.path.join(rel_dir, name) if rel_dir else name

@@ -146,7 +146,7 @@ def test_an_epoch_yields_every_file_once_with_its_bytes_and_label(bl, tiny, work
     for samples, labels, batch_ids in batches:
         assert len(samples) == len(labels) == len(batch_ids) == B
         assert labels.dtype == batch_ids.dtype == __import__("torch").int64
-        for data, label, i in zip(samples, labels.tolist(), batch_ids.tolist()):
+        for data, label, i in zip(samples, labels.tolist(), batch_ids.tolist(), strict=True):
             rel = os.path.relpath(loader.path(i), loader.root)
             assert data == (tiny / "src" / rel).read_bytes()
             assert rel.split("/")[0] == classes[label]  # labels come from the index, not from paths
@@ -503,7 +503,7 @@ def test_reuse_reads_half_of_each_batch_and_yields_every_sample_twice(bl, tiny, 
     assert Counter(Counter(ids).values()) == {2: 480}  # every sample exactly twice per epoch
     assert len(batches) == len(loader) == 2 * 480 // B
     for samples, _, batch_ids in batches:  # a reused sample is the same sample
-        for data, i in zip(samples, batch_ids.tolist()):
+        for data, i in zip(samples, batch_ids.tolist(), strict=True):
             assert data == Path(loader.path(i)).read_bytes()
     if workers == 0:
         assert len(reads) == 480  # each sample read once: B/2 reads per step instead of B
@@ -796,7 +796,7 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
             ids = [i for _, _, b in batches for i in b.tolist()]
             assert sorted(ids) == sorted(loader.mount.file_ids.tolist())
             for samples, _, batch_ids in batches[:3]:
-                for data, i in zip(samples, batch_ids.tolist()):
+                for data, i in zip(samples, batch_ids.tolist(), strict=True):
                     assert data == (tiny / "src" / os.path.relpath(loader.path(i), loader.root)).read_bytes()
             stats = loader.mount.stats()
         expected, got = interrupted(make, epoch=1, stop=6)

@@ -500,7 +500,7 @@ def test_damaged_blocks_fail_their_files_with_eio_and_the_mount_stays_up(tmp_pat
         log = wait_until(lambda: (t := m.log_text()).count("EIO") >= 4 and t, "four EIO log lines")
     lines = [line for line in log.splitlines() if "EIO" in line]
     assert len(lines) == 4, log
-    for block, kind in zip((1, 2, 3, 4), ("data", "header", "truncated", "missing")):
+    for block, kind in zip((1, 2, 3, 4), ("data", "header", "truncated", "missing"), strict=True):
         (line,) = [x for x in lines if f"block {block} " in x]
         assert any(f"(reading {os.fsdecode(p)!r})" in line for p in bad[kind]), (kind, line)
 

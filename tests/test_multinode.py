@@ -5,6 +5,7 @@ epoch.  Every epoch still yields every sample to some rank, every rank the same 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -69,7 +70,7 @@ def test_each_node_caches_its_own_part(s3, tmp_path, torch_module, partition):
         assert len({len(ids) for ids in per_rank}) == 1
         assert len(set().union(*map(set, per_rank))) == n_files
     # Bytes each mount fetched in epochs 2 and 3 (the stats are cumulative, read after each epoch).
-    later = [[b - a for a, b in zip(seen, seen[1:])] for seen in (results[0]["remote_bytes"], results[2]["remote_bytes"])]
+    later = [[b - a for a, b in itertools.pairwise(seen)] for seen in (results[0]["remote_bytes"], results[2]["remote_bytes"])]
     if partition == "node":  # each node's part fits its budget: nothing more to fetch
         assert max(map(max, later)) <= 0.05 * dataset, (later, dataset)
     else:  # every node reads half of all blocks, of which its budget holds ~60 %: ~0.4 of the dataset in all,

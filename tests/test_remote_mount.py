@@ -185,7 +185,7 @@ def test_the_loader_reads_a_remote_mount_as_a_local_one(s3, tmp_path, torch_modu
         seen = 0
         with BlockLoader(m.path, 8, num_workers=0, device="cpu") as loader:  # closed before the unmount
             for samples, labels, ids in loader:
-                for data, label, i in zip(samples, labels.tolist(), ids.tolist()):
+                for data, label, i in zip(samples, labels.tolist(), ids.tolist(), strict=True):
                     rel = os.path.relpath(loader.path(i), loader.root)
                     assert data == (src / rel).read_bytes() and rel.split("/")[0] == loader.classes[label]
                     seen += 1

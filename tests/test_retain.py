@@ -65,7 +65,7 @@ def test_retained_files_survive_their_blocks_and_memory_stays_in_budget(packed, 
     with PackedDataset(dest) as ds:
         plan, (blocks, slots, _sizes) = plan_dataset(ds.index.arrays, budget)
         a = ds.index.arrays
-        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist()))
+        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist(), strict=True))
         is_retained = {
             name: (int(a["block"][e]), int(a["slot"][e])) in retained_keys
             for name in names
@@ -161,7 +161,7 @@ def test_open_mode_targets_keeps_kernel_pages_of_retained_files_only(packed, tmp
     names = _names(src)
     with PackedDataset(dest) as ds:
         plan, (blocks, slots, _sizes) = plan_dataset(ds.index.arrays, budget)
-        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist()))
+        retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist(), strict=True))
         a = ds.index.arrays
         kept = [n for n in names if (int(a["block"][ds.lookup(n)]), int(a["slot"][ds.lookup(n)])) in retained_keys]
     others = sorted(set(names) - set(kept))

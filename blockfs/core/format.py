@@ -332,7 +332,7 @@ def file_crcs_of(header: BlockHeader, data: bytes | bytearray | memoryview) -> n
     """The CRC-32 of each file of a data section, by slot."""
     view = memoryview(data)
     return np.fromiter(
-        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist())),
+        (crc32(view[o : o + s]) for o, s in zip(header.offsets.tolist(), header.sizes.tolist(), strict=True)),
         dtype=np.uint32,
         count=header.count,
     )

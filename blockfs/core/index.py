@@ -15,6 +15,7 @@ answers lookups (:class:`PackedIndex`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import zlib
 from dataclasses import dataclass
@@ -277,7 +278,7 @@ def tree_order(paths: PathTable, kind: np.ndarray) -> tuple[np.ndarray, np.ndarr
     root = int(roots[0])
     dirs = np.flatnonzero(kind == KIND_DIR)
     dir_paths = [paths[i] for i in dirs.tolist()]
-    position = dict(zip(dir_paths, dirs.tolist()))
+    position = dict(zip(dir_paths, dirs.tolist(), strict=True))
     if len(position) != len(dir_paths):
         raise ValueError("a directory path appears twice among the entries")
     rank = np.empty(len(dir_paths), dtype=np.int32)  # int32 below: half the memory, and 2**31 entries is far
@@ -319,7 +320,7 @@ def _mend_names(order: np.ndarray, key: np.ndarray, paths: PathTable) -> None:
             if prev is not None:
                 chunk.insert(0, prev)
             base = start - (prev is not None)
-            for k, (a, b) in enumerate(zip(chunk, chunk[1:])):
+            for k, (a, b) in enumerate(itertools.pairwise(chunk)):
                 if not a < b and same[base + k]:
                     if a == b:
                         raise ValueError(f"entry {os.fsdecode(a)!r} is listed twice")

@@ -61,7 +61,7 @@ def _upgrade(root: str, dir_fd: int) -> tuple[str, bool]:
         _regular_or_refused(root, dir_fd, name)
     with PackedDataset(root) as ds:
         arrays = {name: np.array(arr) for name, arr in ds.index.arrays.items()}
-        arrays.update(zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds)))
+        arrays.update(zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds), strict=True))
     os.link(fmt.INDEX_NAME, BACKUP_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     with created_at(dir_fd, fmt.INDEX_NAME, mode=0o644) as f:
         write_arrays(f, arrays)

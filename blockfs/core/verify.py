@@ -130,7 +130,7 @@ def summary(ds: PackedDataset) -> dict:
         "block_size_max": int(sizes.max()) if sizes.size else 0,
         "files_per_block_median": int(np.median(a["block_counts"])) if sizes.size else 0,
         "labels": {
-            (classes[int(lab)] if classes and lab >= 0 else str(int(lab))): int(c) for lab, c in zip(labels, counts)
+            (classes[int(lab)] if classes and lab >= 0 else str(int(lab))): int(c) for lab, c in zip(labels, counts, strict=True)
         },
         "pack": meta["pack"],
     }

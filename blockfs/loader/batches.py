@@ -53,7 +53,7 @@ def collate_samples(samples: list) -> Any:
     if isinstance(first, (int, float)) and all(type(s) is type(first) for s in samples):
         return default_collate(samples)
     if isinstance(first, tuple) and all(isinstance(s, tuple) and len(s) == len(first) for s in samples):
-        return tuple(collate_samples(list(field)) for field in zip(*samples))
+        return tuple(collate_samples(list(field)) for field in zip(*samples, strict=True))
     return list(samples)
 
 
@@ -88,7 +88,7 @@ class ByteBatch(Sequence):
         if isinstance(other, ByteBatch):
             return torch.equal(self.offsets, other.offsets) and torch.equal(self.data, other.data)
         if isinstance(other, (list, tuple)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
@@ -107,13 +107,13 @@ class ByteBatch(Sequence):
         sizes = np.diff(self.offsets.numpy())[rows]
         starts = self.offsets.numpy()[:-1][rows]
         source = self.data.numpy()
-        data = np.concatenate([source[a : a + n] for a, n in zip(starts.tolist(), sizes.tolist())] or [source[:0]])
+        data = np.concatenate([source[a : a + n] for a, n in zip(starts.tolist(), sizes.tolist(), strict=True)] or [source[:0]])
         return ByteBatch(torch.from_numpy(data), torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])))
 
     @staticmethod
     def cat(parts: list[ByteBatch]) -> ByteBatch:
         ends = np.cumsum([p.data.numel() for p in parts])
-        offsets = [parts[0].offsets] + [p.offsets[1:] + int(base) for p, base in zip(parts[1:], ends[:-1])]
+        offsets = [parts[0].offsets] + [p.offsets[1:] + int(base) for p, base in zip(parts[1:], ends[:-1], strict=True)]
         return ByteBatch(torch.cat([p.data for p in parts]), torch.cat(offsets))
 
 
@@ -265,7 +265,7 @@ class BatchReader(torch.utils.data.Dataset):
 
     def _fill(self, ids: np.ndarray, offsets: np.ndarray, buffer: np.ndarray) -> None:
         view = buffer.data  # a memoryview of the batch's bytes
-        for i, start, end in zip(ids.tolist(), offsets[:-1].tolist(), offsets[1:].tolist()):
+        for i, start, end in zip(ids.tolist(), offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             self.mount.read_into(i, view[start:end])
 
 
@@ -312,7 +312,7 @@ def _cat(parts: list) -> Any:
     if isinstance(first, np.ndarray):
         return np.concatenate(parts)
     if isinstance(first, tuple):
-        return tuple(_cat(list(fields)) for fields in zip(*parts))
+        return tuple(_cat(list(fields)) for fields in zip(*parts, strict=True))
     if isinstance(first, list):
         return [s for p in parts for s in p]
     if isinstance(first, dict):

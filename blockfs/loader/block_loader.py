@@ -439,7 +439,7 @@ class BlockLoader:
 
     def _counted(self, batches: Iterator[tuple], asked: list[np.ndarray]) -> Iterator[tuple]:
         """``batches``, noting the ids each left out (``on_decode_error="skip"``) in :attr:`skipped`."""
-        for batch, ids in zip(batches, asked):
+        for batch, ids in zip(batches, asked, strict=False):
             if len(batch[2]) < ids.size:
                 missing = Counter(ids.tolist())
                 missing.subtract(batch[2].tolist())

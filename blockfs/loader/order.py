@@ -214,7 +214,7 @@ def _rank_segments(
             item, rank_of, start, length = _deal_to_ranks(sizes[here], local, drop_last, f"{local} ranks per node",
                                                           f"node {node}'s part")  # fmt: skip
             parts.append((here[item], node * local + rank_of, start, length))
-        item, rank_of, start, length = (np.concatenate(x) for x in zip(*parts))
+        item, rank_of, start, length = (np.concatenate(x) for x in zip(*parts, strict=True))
         by_item = np.argsort(item, kind="stable")  # back to permutation order
         pieces = item[by_item], rank_of[by_item], start[by_item], length[by_item]
     item, rank_of, start, length = pieces

@@ -107,10 +107,10 @@ class Destination(ABC):
         """Refuse a DEST that would lose data, then mark it as a pack in progress.  ``source_location``:
         the directory or URL the source reads from (DEST must not be inside it), or None."""
 
-    def block_written(self, block: int) -> None:
+    def block_written(self, block: int) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """Block ``block``'s file in ``directory`` is complete (called in the packer's thread)."""
 
-    def blocks_done(self) -> None:
+    def blocks_done(self) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """Every block is written: return once they are all where they last (an upload's error is raised here)."""
 
     @abstractmethod

@@ -141,7 +141,7 @@ class _Builder:
     def _flush(self) -> None:
         if not self._rows:
             return
-        for name, values in zip(_COLUMNS, zip(*self._rows)):
+        for name, values in zip(_COLUMNS, zip(*self._rows, strict=True), strict=True):
             self._chunks[name].append(np.array(values, dtype=_COLUMNS[name]))
         self._rows = []
         identity = np.array(self._identities, dtype=np.uint64)
@@ -161,7 +161,7 @@ class _Builder:
             lengths = [len(c) for c in self._chunks_lengths()]
             identity = np.concatenate([
                 c if c is not None else np.full((n, 2), NO_IDENTITY, dtype=np.uint64)
-                for c, n in zip(self._identity_chunks, lengths)
+                for c, n in zip(self._identity_chunks, lengths, strict=True)
             ])  # fmt: skip
         self._identity_chunks = []
         return EntryTable(

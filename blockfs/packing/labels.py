@@ -87,7 +87,7 @@ def _integer_labels(csv_path: str, rows: list[tuple[int, str, str]]) -> list[int
         values = [int(label) for _, _, label in rows]
     except ValueError:
         return None
-    for (line, _, label), value in zip(rows, values):
+    for (line, _, label), value in zip(rows, values, strict=True):
         if not NO_LABEL <= value <= MAX_LABEL:
             raise PackError(
                 f"labels file {csv_path!r}, line {line}: label {label.strip()} is out of range: labels are "
@@ -104,7 +104,7 @@ def _labels_from_csv(table: EntryTable, is_file: np.ndarray, csv_path: str) -> l
         classes = sorted({label for _, _, label in rows})
         number = {name: i for i, name in enumerate(classes)}
         values = [number[label] for _, _, label in rows]
-    by_path = {os.fsencode(path.strip("/")): value for (_, path, _), value in zip(rows, values)}
+    by_path = {os.fsencode(path.strip("/")): value for (_, path, _), value in zip(rows, values, strict=True)}
     found: set[bytes] = set()
     unlabelled = 0
     for start, chunk in table.paths.chunks():

@@ -170,7 +170,7 @@ def index_columns(
     del pos, file_block
     aliases = np.flatnonzero(is_file & (primary != where))
     new_pos = np.cumsum(kept)[primary[aliases]] - 1  # entry position -> position among the kept entries
-    hardlink_of = dict(zip(aliases.tolist(), new_pos.tolist()))
+    hardlink_of = dict(zip(aliases.tolist(), new_pos.tolist(), strict=True))
     del primary, where, is_file, kept
     cols = IndexColumns(
         paths=table.paths,

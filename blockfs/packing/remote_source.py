@@ -88,7 +88,7 @@ class RemotePrefixSource(Source):
         unsure = [n for n, infos in listed.items() if n and (n in dirs or len(infos) > 1 or infos[0].size == 0)]
         with ThreadPoolExecutor(HEADS, thread_name_prefix="blockfs-head") as pool:
             try:
-                real = dict(zip(unsure, pool.map(self.remote.exists, unsure)))
+                real = dict(zip(unsure, pool.map(self.remote.exists, unsure), strict=True))
             except RemoteError as e:
                 raise SourceError(f"cannot list {self.description}: {e}") from None
         for name, infos in listed.items():

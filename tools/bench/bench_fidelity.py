@@ -132,7 +132,7 @@ def held_out_tensors(root: Path, image_size: int) -> tuple:
     import torch
 
     files = DecodedFiles(root, image_size)
-    images, labels, _ = zip(*(files[i] for i in range(len(files))))
+    images, labels, _ = zip(*(files[i] for i in range(len(files))), strict=True)
     return files.classes, torch.stack(images), torch.tensor(labels)
 
 
@@ -202,7 +202,7 @@ class RanksFeed:
         steps = min(len(loader) for loader in self.loaders)
 
         def batches() -> Iterator:
-            for parts in zip(*self.loaders):
+            for parts in zip(*self.loaders, strict=True):
                 yield tuple(torch.cat([part[i] for part in parts]) for i in range(3))
 
         return steps, batches()

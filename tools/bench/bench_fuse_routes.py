@@ -126,7 +126,7 @@ def main() -> int:
     order_file.write_text("\n".join(names) + "\n")
     results: dict[str, dict] = {}
     for threads in (1, 4):
-        for repeat in range(args.repeats):
+        for _repeat in range(args.repeats):
             for route in routes:  # interleaved, so drift on a shared machine hits every route alike
                 python = args.pyfuse3_python if route.startswith("pyfuse3") else sys.executable
                 got = one_mount(route, python, src, mnt, order_file, len(names), threads)

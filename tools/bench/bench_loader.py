@@ -280,11 +280,11 @@ def table(results: dict, epochs: int) -> str:
         rate = [e["samples_per_s"] for e in r["epochs"]]
         row = [name, f"{r['setup_s']:.2f}"] + [f"{x:,.0f}" for x in rate]
         if raw:
-            row += [f"{x / y:.2f}" for x, y in zip(rate, (e["samples_per_s"] for e in raw["epochs"]))]
+            row += [f"{x / y:.2f}" for x, y in zip(rate, (e["samples_per_s"] for e in raw["epochs"]), strict=True)]
         row += [f"{r['batch_entropy']:.3f}", f"{r['entropy_vs_global']:.3f}"]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 

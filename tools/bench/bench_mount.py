@@ -441,7 +441,7 @@ def plot(results: dict, path: Path) -> bool:
         return False
     tp = results["throughput"]
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
-    for ax, name in zip(axes[:2], tp):
+    for ax, name in zip(axes[:2], tp, strict=False):
         rows = {"raw cold": tp[name]["raw"]["cold"], "raw warm": tp[name]["raw"]["warm"]}
         bf = tp[name]["blockfs"]
         rows |= {"blockfs ep1": bf["epoch1_cold"], "blockfs ep2": bf["epoch2_warm"], "blockfs mem": bf["memory"],

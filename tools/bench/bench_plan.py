@@ -39,7 +39,7 @@ def measure(n_files: int, repeat: int) -> list[dict]:
     floor = median_seconds(lambda: np.argsort(sizes, kind="stable"), repeat)
     rows = []
     for strategy in STRATEGIES:
-        seconds = median_seconds(lambda: make_memory_plan(sizes, budget, strategy=strategy), repeat)
+        seconds = median_seconds(lambda strategy=strategy: make_memory_plan(sizes, budget, strategy=strategy), repeat)
         rows.append({"files": n_files, "strategy": strategy, "plan_s": seconds, "argsort_s": floor,
                      "ratio": seconds / floor})  # fmt: skip
     return rows

@@ -347,7 +347,7 @@ def bench_clients(bucket: str, prefix: str, small_n: int, big_n: int) -> dict:
     try:
         for what, (key, _size, start, length, n) in objects.items():
             times: dict[str, list[float]] = {name: [] for name in getters}
-            for name, get in getters.items():  # warm up: connections, pools
+            for get in getters.values():  # warm up: connections, pools
                 for _ in range(3):
                     get(key, start, length)
             for _ in range(n):

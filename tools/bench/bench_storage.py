@@ -337,7 +337,7 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
 
         for threads in (1, 4):
             evict([ds["tree"]])
-            out = counted(counters, lambda: read_pass(ds["tree"], ds, threads, args.seconds, enter))
+            out = counted(counters, lambda threads=threads: read_pass(ds["tree"], ds, threads, args.seconds, enter))
             record(results, storage, ds, "raw", threads, "1", out)
         if storage == "local":  # warm: what the page cache gives a plain directory (the mount's epoch 2 goal)
             out = counted(counters, lambda: read_pass(ds["tree"], ds, 4, args.seconds, enter))
@@ -674,7 +674,7 @@ def plot(results: list, path: Path) -> None:
     storages = [*DISKS, *OBJECT_STORES]
     keys = sorted({(r["storage"], r["dataset"]) for r in results}, key=lambda k: (k[1], storages.index(k[0])))
     fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.2 * len(keys)), squeeze=False)
-    for ax, (storage, dataset) in zip(axes[:, 0], keys):
+    for ax, (storage, dataset) in zip(axes[:, 0], keys, strict=False):
         rows = [r for r in results if r["storage"] == storage and r["dataset"] == dataset and r["epoch"] == "1"]
         labels = [f"{r['system']} r{r['readers']}" for r in rows]
         colors = ["tab:blue" if r["system"].startswith("blockfs") else "tab:gray" for r in rows]

@@ -78,7 +78,7 @@ class WebDatasetSource(ListedOnce):
         if not shards:
             raise SourceError("no WebDataset shards given")
         self.shards = [TarSource(s, c, skip_damaged=skip_damaged, spool_dir=spool_dir, shard=i)
-                       for i, (s, c) in enumerate(zip(shards, compressions))]
+                       for i, (s, c) in enumerate(zip(shards, compressions, strict=True))]
         self.description = f"{len(shards)} WebDataset shards ({shards[0]} ...)" if len(shards) > 1 else shards[0]
         self._workers = workers or os.cpu_count() or 1
 
@@ -111,7 +111,7 @@ class WebDatasetSource(ListedOnce):
         tree = TreeBuilder(self.description)
         root = listings[0][0]  # a TarSource lists its root first
         tree.set_root(root.mode, root.mtime_ns)
-        for shard, entries in zip(self.shards, listings):
+        for shard, entries in zip(self.shards, listings, strict=True):
             _label_samples(shard, entries)
             for e in entries:
                 if e.path:

@@ -15,6 +15,7 @@ resumes at the next valid ustar header) and the damage listed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -267,7 +268,7 @@ def _members(f, extent: _Extent | Spool, damage: DamageLog) -> Iterator[tarfile.
             window = _Window(f, base)
             tar = tarfile.open(fileobj=window, mode="r:", encoding=ENCODING[0], errors=ENCODING[1])  # type: ignore[call-overload]
         except tarfile.ReadError as e:
-            base = damage.report(base, f"not a tar header ({e})", lambda base=base: _next_header(fd, base + BLOCK, size))
+            base = damage.report(base, f"not a tar header ({e})", functools.partial(_next_header, fd, base + BLOCK, size))
             continue
         while True:
             at = base + tar.offset
@@ -277,14 +278,14 @@ def _members(f, extent: _Extent | Spool, damage: DamageLog) -> Iterator[tarfile.
             try:
                 m = tar.next()
             except tarfile.ReadError as e:
-                base = damage.report(at, f"bad tar header ({e})", lambda at=at: _next_header(fd, at + BLOCK, size))
+                base = damage.report(at, f"bad tar header ({e})", functools.partial(_next_header, fd, at + BLOCK, size))
                 break
             if m is None:
                 end = base + tar.offset
                 problem = _end_problem(fd, end, size)
                 if problem is None:
                     return
-                base = damage.report(end, problem, lambda end=end: _next_header(fd, end + BLOCK, size))
+                base = damage.report(end, problem, functools.partial(_next_header, fd, end + BLOCK, size))
                 break
             tar.members.clear()  # tarfile keeps every member; we keep our own, smaller entries
             m.offset += base

@@ -3,7 +3,7 @@
 each node's own tiers per epoch, and files/s per node — today (every node alone), with a cluster of caching
 nginx proxies in front of the store, and with blockfs's peer tier.
 
-    sudo .venv/bin/python tools/bench/bench_nodes.py [--nodes 4] [--files 2500] [--budget 0.3] [--epochs 3]
+    sudo .venv/bin/python tools/bench/bench_nodes.py [--nodes 4] [--files 2000] [--budget 0.3] [--epochs 3]
         [--node-mbit 1000] [--store-mbit 100] [--modes none,nginx,peers,memref] [--blockfs PATH]
         [--no-kill] [--no-sigv4] [--json FILE]
 
@@ -64,6 +64,7 @@ import numpy as np
 
 from helpers import HELPERS, ROOT
 from helpers import nginx_cluster as ngx
+from helpers import varnish_cluster as vcache
 from helpers.benchutil import started_server, stop_process
 from helpers.cluster_net import Cluster
 
@@ -77,7 +78,7 @@ MiB = 1 << 20
 BUCKET = "bench-nodes"
 MOTO_PORT = 9750
 SIGV4_PORT = 9751
-MODES = ("none", "nginx", "peers", "memref")
+MODES = ("none", "nginx", "varnish", "peers", "memref")
 PEER_PORT = 8470
 
 
@@ -134,7 +135,7 @@ def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                                 start_new_session=True)  # fmt: skip
     try:
-        br.wait_until_mounted(mnt, proc, 120, str(log), offset)
+        br.wait_until_mounted(mnt, proc, 600, str(log), offset)
         yield proc
     finally:
         if br.is_mounted(mnt):
@@ -217,7 +218,10 @@ def mode_plan(mode: str, args: argparse.Namespace, cluster: Cluster, dataset: in
     budget = int(args.budget * dataset)
     common = ["--open-mode", "none", "--no-retain", "--partition-seed", str(args.seed)]
     if mode == "memref":
-        return args.baseline_blockfs, [[*common, "--cache-size", str(int(1.25 * dataset) + 16 * MiB)] for _ in range(n)]
+        # --preload: the mount answers once its budget holds the dataset (prefill on a loaded machine would
+        # still be running in epoch 2)
+        return args.baseline_blockfs, [[*common, "--preload", "--cache-size", str(int(1.25 * dataset) + 16 * MiB)]
+                                       for _ in range(n)]  # fmt: skip
     per_node = []
     for k in range(n):
         a = [*common, "--cache-size", str(budget)]
@@ -250,27 +254,38 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
                 nginx_procs.append(stack.enter_context(ngx.started(cluster.command(k), prefix, text)))
                 nginx_prefixes.append(prefix)
                 env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{ngx.FRONT_PORT}"
+            if mode == "varnish":
+                prefix = work / f"varnish-{k}"
+                text = vcache.vcl(cluster.fabric_address, f"{cluster.store_address[k]}:{MOTO_PORT}")
+                nginx_procs.append(stack.enter_context(vcache.started(cluster.command(k), prefix, text,
+                                                                      cluster.fabric_address[k], int(args.budget * dataset))))  # fmt: skip
+                nginx_prefixes.append(prefix)
+                env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{vcache.FRONT_PORT}"
             if mode == "peers":
                 env["BLOCKFS_PEER_SECRET"] = args.peer_secret
             envs.append(env)
         if mode == "nginx":
-            out["nginx_conf_node0"] = (nginx_prefixes[0] / "nginx.conf").read_text()
+            out["config_node0"] = (nginx_prefixes[0] / "nginx.conf").read_text()
             wait_listening(cluster, nginx_prefixes)
-        stack.callback(show_nginx_errors, nginx_prefixes)
+            stack.callback(show_nginx_errors, nginx_prefixes)
+        if mode == "varnish":
+            out["config_node0"] = (nginx_prefixes[0] / "cluster.vcl").read_text()
+            wait_listening(cluster, nginx_prefixes, vcache.FRONT_PORT)
         wire_before = cluster.store_sent()
         mounts = [work / f"mnt-{mode}-{k}" for k in range(n)]
         servers = [stack.enter_context(node_mount(cluster, k, exe, url, mounts[k], mount_args[k], envs[k]))
                    for k in range(n)]  # fmt: skip
         before = [dict.fromkeys(("remote_bytes",), 0) for _ in range(n)]  # epoch 1 counts from the mounts' start
         up_before = 0
-        epochs = args.epochs + (1 if mode in ("nginx", "peers") and args.kill else 0)
+        epochs = min(args.epochs, 2) if mode == "memref" else args.epochs
+        epochs += 1 if mode in ("nginx", "varnish", "peers") and args.kill else 0
         for epoch in range(epochs):
-            killing = epoch == args.epochs
+            killing = epoch == args.epochs and mode != "memref"
             names = rank_names(packed, n, args.partition, args.seed, epoch)
             procs = start_readers(mounts, names, work, args.threads)
             if killing:
                 time.sleep(0.5)
-                victim = nginx_procs[-1] if mode == "nginx" else servers[-1]
+                victim = nginx_procs[-1] if mode in ("nginx", "varnish") else servers[-1]
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(victim.pid, signal.SIGKILL)
             results = reader_results(procs, n - 1 if killing else None)
@@ -283,8 +298,9 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
                 per_node.append({"files": r["files"], "expected_files": len(names[k]), "errors": r["errors"],
                                  "seconds": r["seconds"], "files_s": r["files"] / r["seconds"] if r["seconds"] else 0.0,
                                  **d})  # fmt: skip
-            if mode == "nginx":
-                up = sum(ngx.upstream_bytes(p) for p in nginx_prefixes)
+            if mode in ("nginx", "varnish"):
+                count = ngx.upstream_bytes if mode == "nginx" else vcache.store_bytes
+                up = sum(count(p) for p in nginx_prefixes)
                 store_bytes, up_before = up - up_before, up
             else:
                 store_bytes = sum(p.get("remote_bytes", 0) for p in per_node)
@@ -307,14 +323,14 @@ def show_nginx_errors(prefixes: list[Path]) -> None:
             print(f"  nginx node {k}: {len(lines)} lines in its error log; the last: {lines[-1][:300]}", file=sys.stderr)
 
 
-def wait_listening(cluster: Cluster, prefixes: list[Path], timeout: float = 30) -> None:
-    """Until every node's nginx answers on its front."""
+def wait_listening(cluster: Cluster, prefixes: list[Path], port: int = ngx.FRONT_PORT, timeout: float = 60) -> None:
+    """Until every node's cache answers on its front."""
     deadline = time.monotonic() + timeout
     for k in range(len(prefixes)):
-        while subprocess.run(cluster.command(k, "curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{ngx.FRONT_PORT}/"),
+        while subprocess.run(cluster.command(k, "curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/"),
                              check=False).returncode != 0:  # fmt: skip
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node {k}'s nginx did not answer: {(prefixes[k] / 'stderr.log').read_text()[-400:]}")
+                raise RuntimeError(f"node {k}'s cache did not answer on port {port} (its logs: {prefixes[k]})")
             time.sleep(0.1)
 
 
@@ -351,7 +367,7 @@ def has_peer_flags(exe: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--files", type=int, default=2500)
+    p.add_argument("--files", type=int, default=2000)
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--block-size", default="1MiB")
     p.add_argument("--budget", type=float, default=0.3, help="each node's memory, as a share of the dataset")
@@ -376,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if bad := [m for m in modes if m not in MODES]:
         p.error(f"--modes: {', '.join(bad)} unknown (choose from {', '.join(MODES)})")
-    if "nginx" in modes and not os.access(ngx.NGINX, os.X_OK):
-        p.error(f"{ngx.NGINX} is missing: run tools/bench/bench_nodes_setup.sh")
+    for mode, exe in (("nginx", ngx.NGINX), ("varnish", vcache.VARNISHD)):
+        if mode in modes and not os.access(exe, os.X_OK):
+            p.error(f"{exe} is missing: run tools/bench/bench_nodes_setup.sh")
     if "peers" in modes and not has_peer_flags(args.blockfs):
         print(f"peers: skipped ({args.blockfs} mount has no --peers: give --blockfs a build with the peer tier)")
         modes.remove("peers")
@@ -460,7 +477,7 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
             out["wrong_secret_refused"] = str(e)[:100]
         # (moto 5.2's check of a request with a query string, a LIST, fails even when it is right: none here)
         largest = max((p for p in (work / "sig-packed").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-        block, block_size = f"ds/{largest.relative_to(work / 'sig-packed').as_posix()}", largest.stat().st_size
+        block = f"ds/{largest.relative_to(work / 'sig-packed').as_posix()}"
         names = [str(p.relative_to(work / "sig-src")) for p in sorted((work / "sig-src").rglob("*.bin"))]
         order = work / "sig-order.txt"
         order.write_text("\n".join(names) + "\n")
@@ -493,10 +510,12 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
                     front = f"http://127.0.0.1:{ngx.FRONT_PORT}/bench-sig"
                     row["unsigned_from_cache"] = {
                         "block": curl_status(cluster, 0, f"{front}/{block}"),
-                        "block, the range blockfs asked for": curl_status(cluster, 0, f"{front}/{block}", "-H",
-                                                                          f"Range: bytes=0-{block_size - 1}"),
                         "metadata": curl_status(cluster, 0, f"{front}/ds/blockfs.json"),
-                    }  # fmt: skip
+                    }
+                    asked = ngx.cached_range(prefix)
+                    if asked:  # a range the cache holds apart, asked for again without credentials
+                        row["unsigned_from_cache"][f"{asked[0]} {asked[1]}"] = curl_status(
+                            cluster, 0, f"http://127.0.0.1:{ngx.FRONT_PORT}{asked[0]}", "-H", f"Range: {asked[1]}")
             out["variants"].append(row)
             print(f"  sigv4: {label}: mount {row['mount']}; read {row.get('read', {}).get('files', 0)}/{len(names)} "
                   f"files, {row.get('read', {}).get('errors', '-')} errors; store answered {row.get('store_statuses', '-')}; "

@@ -71,7 +71,7 @@ http {{
     fastcgi_temp_path {prefix}/tmp/fastcgi;
     uwsgi_temp_path {prefix}/tmp/uwsgi;
     scgi_temp_path {prefix}/tmp/scgi;
-    log_format owner '$request_uri $status $upstream_cache_status $body_bytes_sent up=$upstream_bytes_received st=$upstream_status';
+    log_format owner '$request_uri $status $upstream_cache_status $body_bytes_sent range=$http_range up=$upstream_bytes_received st=$upstream_status';
     proxy_cache_path {prefix}/cache levels=1:2 keys_zone=blocks:16m max_size={cache_bytes} inactive=7d use_temp_path=off;
     proxy_http_version 1.1;
     upstream owners {{
@@ -158,6 +158,16 @@ def upstream_bytes(prefix: Path) -> int:
     for match in _UP.finditer(log.read_text(errors="replace")):
         total += sum(int(x) for x in re.findall(r"\d+", match.group(1)))
     return total
+
+
+def cached_range(prefix: Path) -> tuple[str, str] | None:
+    """The path and ``Range`` of a request the store answered 206 to (a cached range), if any."""
+    log = prefix / "owner.log"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        found = re.match(r"(\S+) .* range=(bytes=\S+) up=.* st=206$", line)
+        if found:
+            return found.group(1), found.group(2)
+    return None
 
 
 def cache_statuses(prefix: Path) -> dict[str, int]:

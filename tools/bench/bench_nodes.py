@@ -358,6 +358,29 @@ def show_epoch(mode: str, e: dict, dataset: int) -> None:
           + " ".join(f"{r:6.0f}" for r in rates) + f", errors {errors}{note}", flush=True)  # fmt: skip
 
 
+def table(results: dict) -> str:
+    """The results as a Markdown table: per mode and epoch, store and peer bytes as multiples of D, files/s
+    per node (median, min-max), the memory reference's warm median beside each."""
+    d = results["dataset_bytes"]
+    ref = results["modes"].get("memref", {}).get("epochs", [])
+    ref_rate = float(np.median([p["files_s"] for p in ref[-1]["nodes"]])) if ref else None
+    lines = ["| mode | epoch | store (x D) | wire (x D) | from peers (x D) | memory hits | files/s per node: median (min-max) |"
+             + (" x memref |" if ref_rate else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if ref_rate else "")]  # fmt: skip
+    for mode, m in results["modes"].items():
+        for e in m["epochs"]:
+            alive = [p for k, p in enumerate(e["nodes"]) if k != e["killed_node"]]
+            rates = [p["files_s"] for p in alive]
+            hits = [p["file_hits"] / p["files_served"] for p in alive if p.get("files_served")]
+            what = f"{e['epoch']}" + (f" (node {e['killed_node']} killed; the others)" if e["killed_node"] is not None else "")
+            row = (f"| {mode} | {what} | {e['store_bytes'] / d:.2f} | {e['store_wire'] / d:.2f} | {e['peer_bytes'] / d:.2f} "
+                   f"| {min(hits):.2f}-{max(hits):.2f} | {np.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f}) |")  # fmt: skip
+            if ref_rate:
+                row += f" {np.median(rates) / ref_rate:.2f} |"
+            lines.append(row)
+    return "\n".join(lines)
+
+
 # --- main ----------------------------------------------------------------------------------------------
 def has_peer_flags(exe: str) -> bool:
     done = subprocess.run([exe, "mount", "--help"], capture_output=True, text=True, check=False)
@@ -386,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-sigv4", dest="sigv4", action="store_false")
     p.add_argument("--batch", type=int, default=64, help="batch size for the entropy figures")
     p.add_argument("--json")
+    p.add_argument("--table", metavar="JSON", help="print the Markdown table of an earlier run's --json, and stop")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
     args.store_mbit = args.store_mbit or max(1, args.node_mbit // 10)
     args.baseline_blockfs = str(ROOT / ".venv" / "bin" / "blockfs")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -429,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(ValueError):  # fewer samples than a batch
             results["entropy"] = entropies(packed, args.nodes, args.seed, args.batch)
     results["seconds"] = time.monotonic() - started
+    if results["modes"]:
+        print(table(results))
     print(f"{results['seconds']:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """N nodes reading one dataset from one object store, on one machine: bytes from the store, from peers and from
 each node's own tiers per epoch, and files/s per node — today (every node alone), with a cluster of caching
-nginx proxies in front of the store, and with blockfs's peer tier.
+proxies (nginx or Varnish) in front of the store, and with blockfs's peer tier.
 
     sudo .venv/bin/python tools/bench/bench_nodes.py [--nodes 4] [--files 2000] [--budget 0.3] [--epochs 3]
-        [--node-mbit 1000] [--store-mbit 100] [--modes none,nginx,peers,memref] [--blockfs PATH]
+        [--node-mbit 1000] [--store-mbit 100] [--modes none,nginx,varnish,peers,memref] [--blockfs PATH]
         [--no-kill] [--no-sigv4] [--json FILE]
+    python tools/bench/bench_nodes.py --table FILE   # an earlier run's --json as a Markdown table
 
 The machine (tools/bench/helpers/cluster_net.py; root, ``ip``, ``tc``, ``nsenter``): every node is a network
 namespace with its own link to the store (an S3 server, moto, in a namespace of its own; each node's link
@@ -23,6 +24,8 @@ Modes (``--modes``), each in turn in the same run:
 * ``nginx``: each node also runs nginx (tools/bench/helpers/nginx_cluster.py: a front on its loopback, where
   the mount's S3 endpoint points, hashing each object to one owner node's ``proxy_cache``); installed by
   tools/bench/bench_nodes_setup.sh;
+* ``varnish``: the same with Varnish (tools/bench/helpers/varnish_cluster.py: the shard director, a health
+  probe per owner);
 * ``peers``: blockfs's peer tier (``--peers`` every node's fabric address, ``--peer-rank k``, the secret in
   ``BLOCKFS_PEER_SECRET``), run with ``--blockfs`` (skipped, saying so, when that build has no ``--peers``);
 * ``memref``: the reference — every node's budget holds the whole dataset; its warm epochs' files/s is what
@@ -33,7 +36,7 @@ Per mode and epoch: bytes the store sent, whole cluster (payload: the mounts' re
 nginx its owners' ``$upstream_bytes_received``; and frames on the store's links, ``wire``), bytes the
 nodes got from peers, each node's memory hit rate (its own tiers) and files/s.  Epoch 1 counts from the
 mounts' start (index, prefill).  After the measured epochs, ``nginx`` and ``peers`` run one more with the last
-node killed (its nginx, or its mount) half a second in: do the other nodes' reads go on?  ``--no-kill`` skips it.
+node killed (its nginx or varnishd, or its mount) half a second in: do the other nodes' reads go on?  ``--no-kill`` skips it.
 
 ``--sigv4`` (default on): a second moto that checks every request's SigV4 signature (its
 ``INITIAL_NO_AUTH_ACTION_COUNT``; an IAM user and key made first) and one node reading a small dataset from it

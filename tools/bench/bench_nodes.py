@@ -125,11 +125,10 @@ def moto_command(port: int) -> list[str]:
     return [sys.executable, "-c", br.MOTO_MAIN, "-H", "0.0.0.0", "-p", str(port)]
 
 
-@contextlib.contextmanager
-def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str],
-               env: dict[str, str]) -> Iterator[subprocess.Popen]:  # fmt: skip
-    """``blockfs mount URL MNT --foreground`` in node ``node``'s network namespace (the mount itself visible
-    here); always unmounted (lazily if it must be) and the server reaped on the way out."""
+def start_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str],
+                env: dict[str, str]) -> tuple[subprocess.Popen, Path, int]:  # fmt: skip
+    """``blockfs mount URL MNT --foreground`` started in node ``node``'s network namespace (the mount itself
+    visible here): the server, its log and where this start's lines begin in it."""
     mnt.mkdir(parents=True, exist_ok=True)
     log = mnt.parent / f"{mnt.name}.log"
     command = cluster.command(node, exe, "mount", url, str(mnt), "--foreground", "--log", str(log), *args)
@@ -137,18 +136,31 @@ def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args:
         offset = out.tell()
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                                 start_new_session=True)  # fmt: skip
+    return proc, log, offset
+
+
+def stop_mount(mnt: Path, proc: subprocess.Popen) -> None:
+    """Unmount (lazily if it must be) and reap the server."""
+    if br.is_mounted(mnt):
+        try:
+            br.unmount(mnt)
+        except Exception:  # a dead server's mount: detach it lazily
+            subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+    stop_process(proc)
+    if br.is_mounted(mnt):
+        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str],
+               env: dict[str, str]) -> Iterator[subprocess.Popen]:  # fmt: skip
+    """:func:`start_mount` for the duration of a ``with``, once mounted; always :func:`stop_mount` after."""
+    proc, log, offset = start_mount(cluster, node, exe, url, mnt, args, env)
     try:
         br.wait_until_mounted(mnt, proc, 600, str(log), offset)
         yield proc
     finally:
-        if br.is_mounted(mnt):
-            try:
-                br.unmount(mnt)
-            except Exception:  # a dead server's mount: detach it lazily
-                subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
-        stop_process(proc)
-        if br.is_mounted(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+        stop_mount(mnt, proc)
 
 
 def start_readers(mounts: list[Path], names: list[list[str]], work: Path, threads: int) -> list[subprocess.Popen]:
@@ -276,8 +288,13 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
             wait_listening(cluster, nginx_prefixes, vcache.FRONT_PORT)
         wire_before = cluster.store_sent()
         mounts = [work / f"mnt-{mode}-{k}" for k in range(n)]
-        servers = [stack.enter_context(node_mount(cluster, k, exe, url, mounts[k], mount_args[k], envs[k]))
-                   for k in range(n)]  # fmt: skip
+        started = []
+        for k in range(n):  # all at once: each mount's start (and prefill, or preload) beside the others'
+            started.append(start_mount(cluster, k, exe, url, mounts[k], mount_args[k], envs[k]))
+            stack.callback(stop_mount, mounts[k], started[-1][0])
+        for mnt, (proc, log, offset) in zip(mounts, started):
+            br.wait_until_mounted(mnt, proc, 600, str(log), offset)
+        servers = [proc for proc, _, _ in started]
         before = [dict.fromkeys(("remote_bytes",), 0) for _ in range(n)]  # epoch 1 counts from the mounts' start
         up_before = 0
         epochs = min(args.epochs, 2) if mode == "memref" else args.epochs

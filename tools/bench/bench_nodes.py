@@ -166,7 +166,7 @@ def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args:
 def start_readers(mounts: list[Path], names: list[list[str]], work: Path, threads: int) -> list[subprocess.Popen]:
     """One reader process per node (tools/bench/helpers/storage_reader.py), all at once."""
     procs = []
-    for k, (mnt, part) in enumerate(zip(mounts, names)):
+    for k, (mnt, part) in enumerate(zip(mounts, names, strict=True)):
         order = work / f"order-{k}.txt"
         order.write_text("\n".join(part) + "\n")
         procs.append(subprocess.Popen([sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order),
@@ -292,7 +292,7 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
         for k in range(n):  # all at once: each mount's start (and prefill, or preload) beside the others'
             started.append(start_mount(cluster, k, exe, url, mounts[k], mount_args[k], envs[k]))
             stack.callback(stop_mount, mounts[k], started[-1][0])
-        for mnt, (proc, log, offset) in zip(mounts, started):
+        for mnt, (proc, log, offset) in zip(mounts, started, strict=True):
             br.wait_until_mounted(mnt, proc, 600, str(log), offset)
         servers = [proc for proc, _, _ in started]
         before = [dict.fromkeys(("remote_bytes",), 0) for _ in range(n)]  # epoch 1 counts from the mounts' start
@@ -303,6 +303,8 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
             killing = epoch == args.epochs and mode != "memref"
             names = rank_names(packed, n, args.partition, args.seed, epoch)
             procs = start_readers(mounts, names, work, args.threads)
+            for proc in procs:  # after an error or SIGTERM, before the mounts go
+                stack.callback(stop_process, proc)
             if killing:
                 time.sleep(0.5)
                 victim = nginx_procs[-1] if mode in ("nginx", "varnish") else servers[-1]
@@ -328,7 +330,7 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
                                   "store_bytes": store_bytes, "store_wire": sum(wire) - sum(wire_before),
                                   "peer_bytes": sum(p.get("peer_bytes", 0) for p in per_node),
                                   "nodes": per_node})  # fmt: skip
-            before, wire_before = [a or b for a, b in zip(after, before)], wire
+            before, wire_before = [a or b for a, b in zip(after, before, strict=True)], wire
             show_epoch(mode, out["epochs"][-1], dataset)
         if mode == "nginx":
             out["cache_statuses"] = [ngx.cache_statuses(p) for p in nginx_prefixes]

@@ -492,6 +492,7 @@ SIGV4_VARIANTS = (
     ("nginx, default Host (the upstream's name)", {"keep_host": False}),
     ("nginx + slice 1 MiB, client's Host passed on", {"keep_host": True, "slice_bytes": MiB}),
     ("nginx, client's Host and Range passed on", {"keep_host": True, "pass_range": True}),
+    ("varnish (the shard VCL as benchmarked)", "varnish"),
 )
 
 
@@ -533,8 +534,9 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
         order = work / "sig-order.txt"
         order.write_text("\n".join(names) + "\n")
         direct = f"http://{cluster.store_address[0]}:{SIGV4_PORT}"
-        for i, (label, nginx) in enumerate(SIGV4_VARIANTS):
+        for i, (label, engine) in enumerate(SIGV4_VARIANTS):
             row: dict = {"variant": label}
+            nginx = engine if isinstance(engine, dict) else None
             base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
             mount_env = dict(base, **creds, AWS_ENDPOINT_URL=direct)
             with contextlib.ExitStack() as stack:
@@ -545,6 +547,13 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
                     stack.enter_context(ngx.started(cluster.command(0), prefix, text))
                     wait_listening(cluster, [prefix])
                     mount_env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{ngx.FRONT_PORT}"
+                if engine == "varnish":
+                    prefix = work / f"sig-varnish-{i}"
+                    text = vcache.vcl([cluster.fabric_address[0]], f"{cluster.store_address[0]}:{SIGV4_PORT}")
+                    stack.enter_context(vcache.started(cluster.command(0), prefix, text, cluster.fabric_address[0],
+                                                       64 * MiB))  # fmt: skip
+                    wait_listening(cluster, [prefix], vcache.FRONT_PORT)
+                    mount_env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{vcache.FRONT_PORT}"
                 mnt = work / f"sig-mnt-{i}"
                 try:
                     stack.enter_context(node_mount(cluster, 0, args.baseline_blockfs, "s3://bench-sig/ds", mnt,
@@ -567,6 +576,12 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
                     if asked:  # a range the cache holds apart, asked for again without credentials
                         row["unsigned_from_cache"][f"{asked[0]} {asked[1]}"] = curl_status(
                             cluster, 0, f"http://127.0.0.1:{ngx.FRONT_PORT}{asked[0]}", "-H", f"Range: {asked[1]}")
+                if engine == "varnish":
+                    front = f"http://127.0.0.1:{vcache.FRONT_PORT}/bench-sig"
+                    row["unsigned_from_cache"] = {
+                        "block": curl_status(cluster, 0, f"{front}/{block}"),
+                        "metadata": curl_status(cluster, 0, f"{front}/ds/blockfs.json"),
+                    }
             out["variants"].append(row)
             print(f"  sigv4: {label}: mount {row['mount']}; read {row.get('read', {}).get('files', 0)}/{len(names)} "
                   f"files, {row.get('read', {}).get('errors', '-')} errors; store answered {row.get('store_statuses', '-')}; "

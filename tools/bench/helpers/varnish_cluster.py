@@ -69,6 +69,11 @@ sub vcl_hash {{
 
 sub vcl_backend_response {{
     if (bereq.backend == store) {{
+        if (beresp.status != 200 && beresp.status != 206) {{  # an error (a refused signature...) is not kept
+            set beresp.ttl = 0s;
+            set beresp.uncacheable = true;
+            return (deliver);
+        }}
         set beresp.ttl = 7d;
         unset beresp.http.Set-Cookie;
         return (deliver);

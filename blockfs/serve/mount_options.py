@@ -134,8 +134,8 @@ class MountOptions:
     # The FUSE route (FUSE_ROUTES): blockfs.serve.fuse.kernel_adapter, or blockfs.serve.fuse.libfuse_adapter's binding.
     fuse: str = _declared(Flag(
         "--fuse", section="tuning", choices=FUSE_ROUTES,
-        help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
-             "attributes, loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
+        help="how requests are served: kernel (the FUSE protocol spoken directly: node ids, "
+             "loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
              "a binding); auto: kernel where it can run, else mfusepy",
     ), "auto")  # fmt: skip
     # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files

@@ -91,6 +91,7 @@ class KernelFS:
         # The node table: arrays sized by the index, nothing per node (node id = entry + 1).
         n = view.index.n_entries
         self._lookups = np.zeros(n, dtype=np.int64)  # the kernel's lookup count of each entry's node
+        self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
         self._pushed = np.zeros(n, dtype=np.uint8)  # 1: this entry's pages were pushed and the kernel may still hold them
         self._nodes = threading.Lock()  # lookup counts move in several reader threads
         self._control_nodes: dict[int, list] = {}  # node -> [path, lookups]
@@ -184,8 +185,9 @@ class KernelFS:
     def _entry(self, e: int) -> bytes:
         """The entry of dataset entry ``e``, counted as a lookup by the kernel."""
         with self._nodes:
-            self._lookups[e] += 1
-        return wire.entry_out(e + 1, self._attr(e), self._valid)
+            self._lookup_counts[e] += 1
+        a = self.view.attr(e)
+        return wire.entry(e + 1, self._valid, a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid)
 
     # --- metadata ---------------------------------------------------------------------------------------
     @answers

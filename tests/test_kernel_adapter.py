@@ -51,9 +51,9 @@ def same_bytes(mnt: Path, src: Path, names: list[str]) -> None:
         assert (mnt / name).read_bytes() == (src / name).read_bytes(), name
 
 
-def test_after_a_listing_no_lookup_and_no_read_reaches_the_server(packed, tmp_path):
+def test_after_a_listing_with_attributes_no_lookup_and_no_read_reaches_the_server(packed, tmp_path):
     src, dest = packed
-    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+    with mounted(dest, tmp_path / "mnt", "--listing", "plus", binding="kernel") as m:
         n_blocks = stats(m.path)["dataset"]["blocks"]
         wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == n_blocks, "prefill to load every block")
         names = walk(m.path)  # READDIRPLUS: the kernel learns every node with its attributes
@@ -66,6 +66,28 @@ def test_after_a_listing_no_lookup_and_no_read_reaches_the_server(packed, tmp_pa
         assert after.get("read", 0) == before.get("read", 0)
         assert after.get("readdirplus", 0) > 0 and "readdir" not in after
         assert after.get("open", 0) <= 1 and after.get("opendir", 0) <= 1  # ENOSYS once, then never sent
+
+
+def test_a_default_listing_is_names_only_pushes_nothing_and_each_file_is_looked_up_once(packed, tmp_path):
+    """--listing plain, the default (chosen by the whole pass, docs/benchmarks.md): the kernel is sent READDIR,
+    never READDIRPLUS, so it links no inode for a listed entry and nothing is pushed with every block in
+    memory; a file read after the listing is looked up once, then read."""
+    src, dest = packed
+    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+        n_blocks = stats(m.path)["dataset"]["blocks"]
+        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == n_blocks, "prefill to load every block")
+        before = requests(m.path)
+        names = walk(m.path)
+        assert names == walk(src)
+        listed = requests(m.path)
+        assert listed.get("readdir", 0) > before.get("readdir", 0) and "readdirplus" not in listed
+        dirs = sum(len(d) for _, d, _ in os.walk(src))
+        # os.walk needs no stat (d_type suffices): only the directories it enters are looked up
+        assert listed.get("lookup", 0) - before.get("lookup", 0) <= dirs
+        same_bytes(m.path, src, names)
+        s = stats(m.path)
+        assert s["page_cache"]["files_pushed"] == 0 and s["mount"]["listing"] == "plain"
+        assert s["requests"]["lookup"] - listed.get("lookup", 0) >= len(names)
 
 
 def test_a_file_whose_block_is_not_loaded_is_read_through_the_server(packed, tmp_path):
@@ -91,7 +113,7 @@ def test_pushes_to_nodes_the_kernel_never_learned_are_skipped_without_error(pack
 
 def test_files_read_right_after_the_kernel_drops_their_pages(packed, tmp_path):
     src, dest = packed
-    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+    with mounted(dest, tmp_path / "mnt", "--listing", "plus", binding="kernel") as m:
         n_blocks = stats(m.path)["dataset"]["blocks"]
         wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == n_blocks, "prefill to load every block")
         names = walk(m.path)
@@ -230,7 +252,7 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
     (src / "big.bin").write_bytes(big)
     (src / "small.bin").write_bytes(b"beside it")
     blockfs.pack(src, tmp_path / "packed", fsync=False)
-    with mounted(tmp_path / "packed", tmp_path / "mnt", binding="kernel") as m:
+    with mounted(tmp_path / "packed", tmp_path / "mnt", "--listing", "plus", binding="kernel") as m:
         wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == 1, "prefill to load the block")
         assert sorted(os.listdir(m.path)) == ["big.bin", "small.bin"]  # the kernel learns both nodes
         wait_until(lambda: stats(m.path)["page_cache"]["files_pushed"] == 2, "both files pushed")

@@ -134,6 +134,24 @@ def kernel(big, tmp_path):
         yield fs, KernelCalls(fs)
 
 
+@pytest.mark.parametrize("listing", [None, "plain", "plus", "auto"])
+def test_kernel_route_asks_the_kernel_for_the_listing_its_option_names(big, tmp_path, listing):
+    """--listing is what the INIT answer asks for: READDIR only by default (plain: no flag, so the kernel
+    links no inode for a listed entry), READDIRPLUS always (plus), or as the kernel decides (auto)."""
+    extra = {"listing": listing} if listing else {}
+    options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False, **extra)
+    with assembled(big, tmp_path / "mnt", options, route="kernel") as fs:
+        offered = (1 << 32) - 1  # a kernel that offers every flag
+        answer = fs.session.init_answer(memoryview(wire.INIT_IN.pack(wire.KERNEL_MAJOR, wire.KERNEL_MINOR, 1 << 17,
+                                                                     offered)))  # fmt: skip
+        flags = wire.INIT_OUT.unpack(answer)[3]
+        assert fs.view.adapter["listing"] == (listing or "plain")
+    plus, auto = bool(flags & wire.DO_READDIRPLUS), bool(flags & wire.READDIRPLUS_AUTO)
+    assert (plus, auto) == {None: (False, False), "plain": (False, False), "plus": (True, False),
+                            "auto": (True, True)}[listing]  # fmt: skip
+    assert flags & wire.NO_OPEN_SUPPORT and flags & wire.NO_OPENDIR_SUPPORT  # the rest unchanged
+
+
 def _records(data: bytes, plus: bool) -> list[tuple[int, int, bytes]]:
     """(node id, next offset, name) of each record of a READDIR(PLUS) reply (node id 0 for READDIR)."""
     out, pos = [], 0

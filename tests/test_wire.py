@@ -47,6 +47,15 @@ def test_notify_store_header_counts_the_data_that_follows():
     assert wire.NOTIFY_STORE_OUT.unpack_from(head, wire.OUT_HEADER.size) == (9, 4096, 100, 0)
 
 
+@pytest.mark.parametrize("mode, size", [(stat.S_IFREG | 0o444, 513), (stat.S_IFREG | 0o444, 0),
+                                        (stat.S_IFDIR | 0o555, 4096), (stat.S_IFLNK | 0o777, 9)])
+def test_an_entry_packed_at_once_is_the_entry_of_its_attributes(mode, size):
+    """wire.entry (a LOOKUP's answer in one pack) is entry_out(attr(...)) byte for byte."""
+    fields = (77, size, mode, 2, 1_700_000_000_123_456_789, 1000, 1001)
+    assert wire.entry(9, 86400, *fields) == wire.entry_out(9, wire.attr(*fields), 86400)
+    assert len(wire.entry(9, 86400, *fields)) == wire.ENTRY_OUT_SIZE == 128
+
+
 def test_a_negative_entry_names_node_zero():
     assert wire.ENTRY_OUT_HEAD.unpack_from(wire.negative_entry(30))[:3] == (0, 0, 30)
 

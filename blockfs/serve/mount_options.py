@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # not imported to run: the command line reads these declarati
     from ..core.location import StorageOptions
 
 OPEN_MODES = ("auto", "enosys", "keep_cache", "targets", "none")
+# How the kernel route answers listings (blockfs.serve.fuse.kernel_adapter.LISTING_FLAGS): names only (plain:
+# READDIR), with attributes (plus: READDIRPLUS, the listed files pushed), or as the kernel decides (auto).
+LISTING_MODES = ("plain", "plus", "auto")
 # "auto": the kernel protocol where this machine allows it (Linux, /dev/fuse, FUSE 7.31+), else mfusepy
 FUSE_ROUTES = ("auto", "kernel", "mfusepy", "fusepy")
 
@@ -131,8 +134,8 @@ class MountOptions:
     # The FUSE route (FUSE_ROUTES): blockfs.serve.fuse.kernel_adapter, or blockfs.serve.fuse.libfuse_adapter's binding.
     fuse: str = _declared(Flag(
         "--fuse", section="tuning", choices=FUSE_ROUTES,
-        help="how requests are served: kernel (the FUSE protocol spoken directly: listings with "
-             "attributes, loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
+        help="how requests are served: kernel (the FUSE protocol spoken directly: node ids, "
+             "loaded files pushed into the page cache), mfusepy or fusepy (libfuse through "
              "a binding); auto: kernel where it can run, else mfusepy",
     ), "auto")  # fmt: skip
     # enosys with libfuse 3, keep_cache with libfuse 2; "targets": keep pages of the plan's retained files
@@ -142,6 +145,14 @@ class MountOptions:
         help="how the kernel page cache is kept across opens (auto: enosys with libfuse 3; targets: only the "
              "files the memory plan retains)",
     ), "auto")  # fmt: skip
+    # Chosen by the whole pass (listing, reads of a sample, the kernel-served pass): docs/benchmarks.md.
+    listing: str = _declared(Flag(
+        "--listing", section="tuning", choices=LISTING_MODES,
+        help="kernel route: how directories are listed. plain (the default): names only, the fastest listing, "
+             "each file looked up when first opened; plus: with attributes, every listed file pushed into the "
+             "page cache when its block is in memory (pays when most listed files are read, or stat'ed: "
+             "ls -l, du); auto: the kernel's choice (attributes for a directory's first request)",
+    ), "plain")  # fmt: skip
     threads: bool = _declared(Flag(  # libfuse's thread pool: a cached file never waits behind another's disk read
         "--single-threaded", section="tuning", help="one FUSE request at a time",
     ), True)  # fmt: skip
@@ -175,6 +186,8 @@ class MountOptions:
     def __post_init__(self) -> None:
         if self.fuse not in FUSE_ROUTES:
             raise ValueError(f"FUSE route {self.fuse!r} is not one of {', '.join(FUSE_ROUTES)}")
+        if self.listing not in LISTING_MODES:
+            raise ValueError(f"listing {self.listing!r} is not one of {', '.join(LISTING_MODES)}")
         if self.open_mode not in OPEN_MODES:
             raise ValueError(f"open_mode {self.open_mode!r} is not one of {', '.join(OPEN_MODES)}")
         if self.cache_bytes < 0:

@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
-"""How fast a cold listing runs through the mount, beside the no-work server and the plain directory.
+"""The whole pass through the mount — a cold listing, then reads — beside the no-work server and the plain directory.
 
 One run, one source tree of one-byte files on the local disk: ``flat/`` (one directory of ``--flat``
 entries, what ``ls -f`` of a huge class directory does) and ``tree/`` (``--dirs`` directories of
 ``--per-dir`` files, what ``os.walk`` in ImageFolder's constructor does), packed once.  Each of
 ``--runs`` rounds measures, interleaved, each of:
 
-* ``blockfs`` — ``blockfs mount`` of this checkout, a fresh mount each round (so the kernel knows nothing);
+* ``blockfs MODE`` — ``blockfs mount --listing MODE`` of this checkout for each mode of ``--listing``
+  (``default``: no flag), a fresh mount each round (so the kernel knows nothing), its prefill awaited;
 * ``before`` — the same from another checkout (``--before DIR``, e.g. ``git archive COMMIT | tar -x -C DIR``),
   for a change's before and after in the same run;
-* ``null`` — ``tools/bench/helpers/null_fs.py`` over the source tree on the same route: the FUSE round
-  trips and the kernel's own work with no server work (the floor);
+* ``null MODE`` — ``tools/bench/helpers/null_fs.py`` over the source tree on the same route, for each mode
+  of ``--null-listing``: the FUSE round trips and the kernel's own work with no server work (the floor);
 * ``plain`` — the source tree itself, its dentries, inodes and pages dropped first (cold).
 
-Reported: the median of the rounds and its ratio to the plain directory and to the floor, and for the
-blockfs servers their anonymous memory after the listings (what a listing leaves in the server).  Run as
-root (drop_caches, mounts); the machine's other load moves every figure, so compare ratios of one run.
+The pass: ``ls -f flat/``, ``os.walk(tree/)``, then a random ``--sample`` of the files of both read by
+``--threads`` threads, then the same sample again (served by the kernel where it kept the pages).
+Reported: the median of the rounds of each step and of the whole pass, with its ratio to the plain
+directory and to the first no-work server; the server's CPU seconds and anonymous memory, the kernel's
+slab growth over the listing (machine-wide: others' work moves it), and the requests the server was sent.
+Run as root (drop_caches, mounts); the machine's other load moves every figure, so compare ratios of one run.
 
-    python tools/bench/bench_listing.py [--flat 120000] [--dirs 100 --per-dir 1000] [--runs 3]
+    python tools/bench/bench_listing.py [--flat 120000] [--dirs 100 --per-dir 1000] [--runs 3] [--sample 20000]
+                                        [--listing plain,plus,auto] [--null-listing plus,plain]
                                         [--before DIR] [--route kernel] [--work DIR] [--json FILE]
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -37,9 +43,10 @@ from typing import Callable
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches
+from helpers.benchutil import drop_caches, read_files_threads
 
 import blockfs
+from blockfs.client import read_stats
 from blockfs.serve.daemon import unmount, wait_until_mounted
 
 
@@ -102,6 +109,15 @@ def served(command: list[str], mnt: Path, log: Path, measure: Callable[[Path], d
         proc.wait(60)
 
 
+def slab_bytes() -> int:
+    """The kernel's slab (dentries and inodes among it), machine-wide: moved by others' work too."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Slab:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def measure_listings(root: Path, expect_flat: int, expect_tree: int) -> dict:
     ls_s = timed_ls(root / "flat")
     walk_s, files = timed_walk(root / "tree")
@@ -110,12 +126,48 @@ def measure_listings(root: Path, expect_flat: int, expect_tree: int) -> dict:
     return {"ls_flat_s": ls_s, "walk_tree_s": walk_s}
 
 
+def measure_pass(root: Path, expect_flat: int, expect_tree: int, sample: list[str], threads: int,
+                 stats: Callable[[Path], dict] | None = None) -> dict:  # fmt: skip
+    """The whole pass: the listings, then ``sample`` (paths under ``root``) read by ``threads`` threads, then
+    read again (what the kernel kept serves it); the kernel's slab growth over the listings, and the
+    server's requests and pushes when ``stats`` reads them (a blockfs mount: then first wait until its prefill
+    has loaded every block, so each mount starts the pass with the same memory)."""
+    if stats is not None:
+        deadline = time.monotonic() + 300
+        while (s := stats(root))["cache"]["cached_blocks"] < s["dataset"]["blocks"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{root}: the prefill did not load every block in 300 s")
+            time.sleep(0.1)
+    slab = slab_bytes()
+    out = measure_listings(root, expect_flat, expect_tree)
+    out["slab_listing_bytes"] = slab_bytes() - slab
+    if sample:
+        out["read_s"], nbytes = read_files_threads([str(root / p) for p in sample], threads)
+        out["reread_s"], again = read_files_threads([str(root / p) for p in sample], threads)
+        if nbytes != again or nbytes != len(sample):  # one byte a file
+            raise RuntimeError(f"{root}: read {nbytes} then {again} bytes of {len(sample)} one-byte files")
+    out["whole_s"] = sum(out.get(k, 0.0) for k in ("ls_flat_s", "walk_tree_s", "read_s", "reread_s"))
+    if stats is not None:
+        s = stats(root)
+        for op in ("lookup", "readdirplus", "readdir", "read", "getattr"):
+            out[f"n_{op}"] = s["requests"].get(op, 0)
+        out["n_pushed"] = (s.get("page_cache") or {}).get("files_pushed", 0)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flat", type=int, default=120_000, help="entries of the one big directory")
     parser.add_argument("--dirs", type=int, default=100)
     parser.add_argument("--per-dir", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sample", type=int, default=20_000, help="files read (twice) after the listings, "
+                        "drawn from both trees (0: listings only)")
+    parser.add_argument("--threads", type=int, default=4, help="reader threads of the sample")
+    parser.add_argument("--listing", default="default", help="comma-separated `blockfs mount --listing` modes, "
+                        "each a server of this checkout (default: the mount's default only)")
+    parser.add_argument("--null-listing", default="plus", help="comma-separated listing modes of the no-work "
+                        "server (plus, auto, plain)")
     parser.add_argument("--before", type=Path, help="another blockfs checkout to measure beside this one")
     parser.add_argument("--mount-arg", action="append", default=[], help="an extra `blockfs mount` argument "
                         "(repeat for several), e.g. --mount-arg=--no-prefill")
@@ -139,29 +191,37 @@ def main(argv: list[str] | None = None) -> int:
             blockfs.pack(src, packed, fsync=False, force=True)
             print(f"packed in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         env = dict(os.environ, BLOCKFS_FUSE=args.route)
+        everything = [f"flat/{i:07d}.jpg" for i in range(args.flat)] + [
+            f"tree/d{k:04d}/{i:07d}.jpg" for k in range(args.dirs) for i in range(args.per_dir)]  # fmt: skip
+        sample = random.Random(0).sample(everything, min(args.sample, len(everything)))
 
-        def mount_command(checkout: Path) -> list[str]:
+        def mount_command(checkout: Path, extra: list[str]) -> list[str]:
             return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
                     "from blockfs.cli import main; sys.exit(main())", str(checkout),
-                    "mount", str(packed), str(work / "mnt"), "--foreground", *args.mount_arg]  # fmt: skip
+                    "mount", str(packed), str(work / "mnt"), "--foreground", *args.mount_arg, *extra]  # fmt: skip
 
-        def measure(mnt: Path) -> dict:
-            return measure_listings(mnt, args.flat, n_tree)
+        def measure(mnt: Path, blockfs_stats: bool = True) -> dict:
+            return measure_pass(mnt, args.flat, n_tree, sample, args.threads, read_stats if blockfs_stats else None)
 
-        variants: dict[str, Callable[[], dict]] = {
-            "blockfs": lambda: served(mount_command(ROOT), work / "mnt", work / "blockfs.log", measure, env),
-        }
+        variants: dict[str, Callable[[], dict]] = {}
+        for mode in args.listing.split(","):
+            extra = [] if mode == "default" else ["--listing", mode]
+            variants["blockfs" if mode == "default" else f"blockfs {mode}"] = (
+                lambda extra=extra: served(mount_command(ROOT, extra), work / "mnt", work / "blockfs.log", measure,
+                                           env))  # fmt: skip
         if args.before:
             before = args.before.resolve()
-            variants["before"] = lambda: served(mount_command(before), work / "mnt", work / "before.log", measure,
+            variants["before"] = lambda: served(mount_command(before, []), work / "mnt", work / "before.log", measure,
                                                 env, cwd=before)  # fmt: skip
-        variants["null"] = lambda: served(
-            [sys.executable, str(HELPERS / "null_fs.py"), str(src), str(work / "nullmnt"), "--fuse", args.route],
-            work / "nullmnt", work / "null.log", measure)  # fmt: skip
+        for mode in args.null_listing.split(","):
+            listing = ["--listing", mode] if args.route == "kernel" else []
+            variants[f"null {mode}" if args.route == "kernel" else "null"] = lambda listing=listing: served(
+                [sys.executable, str(HELPERS / "null_fs.py"), str(src), str(work / "nullmnt"), "--fuse", args.route,
+                 *listing], work / "nullmnt", work / "null.log", lambda m: measure(m, False))  # fmt: skip
 
         def plain() -> dict:
             drop_caches(3)
-            return measure(src)
+            return measure(src, False)
 
         variants["plain"] = plain
         samples: dict[str, list[dict]] = {name: [] for name in variants}
@@ -177,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1} {name} failed, left out from now on: {failed[name]}", file=sys.stderr)
                     continue
                 print(f"round {r + 1} {name}: {samples[name][-1]}", file=sys.stderr)
-        if "plain" in failed or "null" in failed:
+        nulls = [n for n in variants if n.startswith("null")]
+        if "plain" in failed or all(n in failed for n in nulls):
             raise SystemExit(f"the baselines failed: {failed}")
         results = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
                    for name, runs in samples.items() if name not in failed}  # fmt: skip
-        out = {"flat": args.flat, "tree": n_tree, "runs": args.runs, "route": args.route, "median": results,
-               "samples": samples, "failed": failed}  # fmt: skip
-        print(table(results, args))
+        out = {"flat": args.flat, "tree": n_tree, "sample": len(sample), "runs": args.runs, "route": args.route,
+               "load": os.getloadavg(), "median": results, "samples": samples, "failed": failed}  # fmt: skip
+        print(table(results, args, next(n for n in nulls if n in results), len(sample)))
         if args.json:
             args.json.write_text(json.dumps(out, indent=2))
     finally:
@@ -195,20 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def table(results: dict, args: argparse.Namespace) -> str:
-    plain, floor = results["plain"], results["null"]
-    lines = [f"cold listings, {args.route} route, median of {args.runs} (ratios: time / plain directory's, "
-             f"time / no-work server's)",
-             f"{'':10} {'ls -f of ' + format(args.flat, ',') + ' entries':>36} "
-             f"{'os.walk of ' + format(args.dirs * args.per_dir, ',') + ' files':>36} {'server cpu':>12} "
-             f"{'server anon':>12}"]  # fmt: skip
+def table(results: dict, args: argparse.Namespace, floor_name: str, n_sample: int) -> str:
+    plain, floor = results["plain"], results[floor_name]
+    keys = [("ls_flat_s", f"ls -f {args.flat:,}"), ("walk_tree_s", f"os.walk {args.dirs * args.per_dir:,}")]
+    if n_sample:
+        keys += [("read_s", f"read {n_sample:,}"), ("reread_s", "again")]
+    keys.append(("whole_s", "whole pass"))
+    lines = [f"{args.route} route, median of {args.runs}; each cell: seconds, x plain directory, x {floor_name}; "
+             f"load average {os.getloadavg()[0]:.1f}",
+             f"{'':18}" + "".join(f"{title:>26}" for _, title in keys)
+             + f"{'server cpu':>12}{'anon':>9}{'slab':>9}  requests"]  # fmt: skip
     for name, r in results.items():
-        cells = []
-        for key in ("ls_flat_s", "walk_tree_s"):
-            cells.append(f"{r[key]:8.2f} s {r[key] / plain[key]:6.2f}x plain {r[key] / floor[key]:5.2f}x null")
-        cpu = f"{r['server_cpu_s']:8.2f} s" if "server_cpu_s" in r else ""
-        anon = f"{r['server_anon_bytes'] / 2**20:9.0f} MiB" if "server_anon_bytes" in r and name != "null" else ""
-        lines.append(f"{name:10} {cells[0]:>36} {cells[1]:>36} {cpu:>12} {anon:>12}")
+        cells = "".join(f"{f'{r[k]:.2f} s {r[k] / plain[k]:.2f}x {r[k] / floor[k]:.2f}x':>26}" for k, _ in keys)
+        cpu = f"{r['server_cpu_s']:.2f} s" if "server_cpu_s" in r and name != "plain" else ""
+        anon = f"{r['server_anon_bytes'] / 2**20:.0f} MiB" if "server_anon_bytes" in r and not name.startswith(
+            ("null", "plain")) else ""  # fmt: skip
+        slab = f"{r['slab_listing_bytes'] / 2**20:+.0f} MiB"
+        ops = ", ".join(f"{k[2:]} {r[k]:,.0f}" for k in r if k.startswith("n_") and r[k])
+        lines.append(f"{name:18}{cells}{cpu:>12}{anon:>9}{slab:>9}  {ops}")
     return "\n".join(lines)
 
 

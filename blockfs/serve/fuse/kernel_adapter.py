@@ -6,16 +6,20 @@ plus the three things only this route can do:
 * **Node ids are index entries** (entry ``e`` is node ``e + 1``; the root is 1), so a request needs no path
   resolution, and a READ knows its file although ``open`` is never sent (answered ENOSYS, the kernel
   stops asking and keeps pages across opens; ``opendir`` likewise, so listings are cached too).
-* **Listings carry attributes** (READDIRPLUS, always): the kernel creates the inode of every listed entry,
-  so a script that lists before it reads (``os.walk``, ``ImageFolder``, ``find``) sends no LOOKUP at all.
-  Each reply is packed from the index's columns for the slice of the directory it covers (NumPy rows,
-  names from the path table): its cost is its own, at any offset of a directory of any size.
+* **Listings are names only by default** (READDIR: ``--listing plain``): the kernel makes no inode for a
+  listed entry, so a listing costs what a plain directory's does, and each file is looked up when first
+  opened.  ``--listing plus`` answers READDIRPLUS instead: the kernel creates the inode of every listed
+  entry, so a script that lists before it reads or stats (``os.walk`` then every file, ``ls -l``, ``du``)
+  sends no LOOKUP at all, and listed files whose block is in memory are pushed (below); ``auto`` leaves
+  the choice to the kernel.  Chosen by the whole pass, listing and reads (docs/benchmarks.md).  Either
+  reply is packed from the index's columns for the slice of the directory it covers (NumPy rows, names
+  from the path table): its cost is its own, at any offset of a directory of any size.
 * **The node table is arrays** sized by the index (lookup counts, pushed flags): nothing per node, and a
   FORGET never takes a count below zero.
 * **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
   file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
-  reads of those files never reach this process.  Files listed after their block loaded are pushed as
-  they are listed (a listing comes long before the reads); a file merely looked up is not pushed, as its
+  reads of those files never reach this process.  Files listed with attributes after their block loaded
+  are pushed as they are listed (a listing comes long before the reads); a file merely looked up is not pushed, as its
   READ follows at once and would win the race.  Only bytes the store verified are pushed (the cache holds nothing else), and a push
   to a node the kernel has dropped is skipped.  Pushed pages are ordinary page cache: under memory
   pressure the kernel drops them and the reads come back here, served as before.
@@ -52,8 +56,11 @@ DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 CONTROL_NODES = 1 << 48  # control-directory nodes: this plus the control file's inode number
 PUSH_RETRY_S = 0.05
 FORGET_INTERVAL_S = 0.5  # how often dropped stats snapshots are dropped from the kernel's cache
-INIT_FLAGS = (wire.ASYNC_READ | wire.DO_READDIRPLUS | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT
+INIT_FLAGS = (wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT
               | wire.PARALLEL_DIROPS | wire.MAX_PAGES)  # fmt: skip
+# --listing (MountOptions.listing): the INIT flags that make the kernel send READDIR (plain), READDIRPLUS
+# (plus) or READDIRPLUS for a directory's first request and after lookups in it (auto, the kernel's heuristic).
+LISTING_FLAGS = {"plain": 0, "plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO}
 # Not CACHE_SYMLINKS: stats.json is a link resolved anew at every open (serve/control/control_dir.py).
 
 
@@ -84,6 +91,7 @@ class KernelFS:
         # The node table: arrays sized by the index, nothing per node (node id = entry + 1).
         n = view.index.n_entries
         self._lookups = np.zeros(n, dtype=np.int64)  # the kernel's lookup count of each entry's node
+        self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
         self._pushed = np.zeros(n, dtype=np.uint8)  # 1: this entry's pages were pushed and the kernel may still hold them
         self._nodes = threading.Lock()  # lookup counts move in several reader threads
         self._control_nodes: dict[int, list] = {}  # node -> [path, lookups]
@@ -97,8 +105,10 @@ class KernelFS:
         # say per file whether the kernel may keep its pages (--open-mode, as on the libfuse routes).
         self.open_mode = view.options.open_mode_for(3)
         flags = INIT_FLAGS if self.open_mode == "enosys" else INIT_FLAGS & ~wire.NO_OPEN_SUPPORT
+        self.listing = view.options.listing
+        flags |= LISTING_FLAGS[self.listing]
         self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: flags)
-        view.adapter = {"binding": "kernel", "open_mode": self.open_mode}
+        view.adapter = {"binding": "kernel", "open_mode": self.open_mode, "listing": self.listing}
         view.extra_stats = self._stats
         self._pushing = self.open_mode in ("enosys", "keep_cache")  # pages kept: pushing them pays off
         if self._pushing:
@@ -175,8 +185,9 @@ class KernelFS:
     def _entry(self, e: int) -> bytes:
         """The entry of dataset entry ``e``, counted as a lookup by the kernel."""
         with self._nodes:
-            self._lookups[e] += 1
-        return wire.entry_out(e + 1, self._attr(e), self._valid)
+            self._lookup_counts[e] += 1
+        a = self.view.attr(e)
+        return wire.entry(e + 1, self._valid, a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid)
 
     # --- metadata ---------------------------------------------------------------------------------------
     @answers
@@ -463,18 +474,9 @@ class KernelFS:
         self.session.reply(unique, data)
 
     # --- pushing pages ------------------------------------------------------------------------------------
-    def _push_later(self, entries: list[int]) -> None:
-        """Queue pushes of files the kernel just learned of whose blocks are already in memory."""
-        if not self._pushing:
-            return
-        cache = self.view.cache
-        wanted = [e for e in entries if not self._pushed[e] and self._size[e] > 0
-                  and cache.holds(self.view.block_slot(e)[0])]  # fmt: skip
-        if wanted:
-            self._pushes.put(("entries", wanted))
-
     def _push_listed(self, first: int, stop: int, linked: np.ndarray) -> None:
-        """:meth:`_push_later` of the entries ``first..stop-1`` a listing gave (``linked``), by array."""
+        """Queue pushes of the entries ``first..stop-1`` a listing with attributes gave (``linked``) whose
+        blocks are already in memory (a listing comes long before the reads; with ``--listing plus`` only)."""
         if not self._pushing:
             return
         wanted = first + np.flatnonzero(linked & (self._pushed[first:stop] == 0) & (self._size[first:stop] > 0))

@@ -237,21 +237,29 @@ class Session:
         self.stopped.set()
 
     def _init(self, unique: int, body: memoryview) -> None:
+        out = self.init_answer(body)
+        if out is None:
+            self.fail(unique, errno.EPROTO)
+            return
+        self.reply(unique, out)
+        if self._on_ready is not None:
+            threading.Thread(target=self._on_ready, name="blockfs-ready", daemon=True).start()
+
+    def init_answer(self, body: memoryview) -> bytes | None:
+        """The answer to the kernel's INIT (``body``: its ``fuse_init_in``): the protocol version both speak
+        and the flags ``on_init`` wants that the kernel offers (kept as :attr:`minor` and :attr:`flags`);
+        None, logged, when the kernel is too old."""
         major, minor, max_readahead, kernel_flags = wire.INIT_IN.unpack_from(body)
         if major != wire.KERNEL_MAJOR or minor < wire.MIN_MINOR:
             log.error("the kernel speaks FUSE %d.%d; blockfs's kernel path needs 7.%d or later (Linux 5.1+): "
                       "mount with --fuse mfusepy", major, minor, wire.MIN_MINOR)  # fmt: skip
-            self.fail(unique, errno.EPROTO)
-            return
+            return None
         self.minor = min(minor, wire.KERNEL_MINOR)
         wanted = self._on_init(self.minor, kernel_flags) if self._on_init else 0
         self.flags = wanted & kernel_flags
         max_pages = 256  # 1 MiB reads
-        out = wire.INIT_OUT.pack(wire.KERNEL_MAJOR, self.minor, max_readahead, self.flags & 0xFFFFFFFF,
-                                 64, 48, 1 << 16, 1, max_pages, 0, 0)  # fmt: skip
-        self.reply(unique, out)
-        if self._on_ready is not None:
-            threading.Thread(target=self._on_ready, name="blockfs-ready", daemon=True).start()
+        return wire.INIT_OUT.pack(wire.KERNEL_MAJOR, self.minor, max_readahead, self.flags & 0xFFFFFFFF,
+                                  64, 48, 1 << 16, 1, max_pages, 0, 0)  # fmt: skip
 
     # --- answering --------------------------------------------------------------------------------
     def reply(self, unique: int, body: Any) -> None:

@@ -84,7 +84,8 @@ DIRENT_HEAD = struct.Struct("=QQII")  # ino, off, namelen, type
 NOTIFY_STORE_OUT = struct.Struct("=QQII")  # nodeid, offset, size, padding
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("=QII")  # parent, namelen, flags (the name and a NUL follow)
 
-ENTRY_OUT_SIZE = ENTRY_OUT_HEAD.size + ATTR.size  # 128
+ENTRY_OUT = struct.Struct(ENTRY_OUT_HEAD.format + ATTR.format[1:])  # the head and the attributes, one pack
+ENTRY_OUT_SIZE = ENTRY_OUT.size  # 128
 DIRENTPLUS_FIXED = ENTRY_OUT_SIZE + DIRENT_HEAD.size
 
 # The same structures as NumPy rows, for listings packed a whole reply at a time (times as signed
@@ -112,6 +113,15 @@ def attr(ino: int, size: int, mode: int, nlink: int, mtime_ns: int, uid: int, gi
 def entry_out(nodeid: int, attr_bytes: bytes, valid_s: int) -> bytes:
     """A ``fuse_entry_out``: the name and the attributes are both valid for ``valid_s`` seconds."""
     return ENTRY_OUT_HEAD.pack(nodeid, 0, valid_s, valid_s, 0, 0) + attr_bytes
+
+
+def entry(nodeid: int, valid_s: int, ino: int, size: int, mode: int, nlink: int, mtime_ns: int, uid: int,
+          gid: int) -> bytes:  # fmt: skip
+    """:func:`entry_out` of :func:`attr` in one pack: a LOOKUP's answer, built once per request."""
+    sec, nsec = divmod(mtime_ns, 1_000_000_000)
+    blocks = (size + 511) >> 9 if mode & 0o170000 == 0o100000 else 0
+    return ENTRY_OUT.pack(nodeid, 0, valid_s, valid_s, 0, 0,
+                          ino, size, blocks, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, 4096, 0)  # fmt: skip
 
 
 def negative_entry(valid_s: int) -> bytes:

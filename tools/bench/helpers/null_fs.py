@@ -47,8 +47,9 @@ def walk(src: str) -> tuple[dict[bytes, os.stat_result], dict[bytes, list[bytes]
     return stats, children
 
 
-def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
-    """The no-work server on the kernel protocol (blockfs.serve.fuse.session)."""
+def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus") -> None:
+    """The no-work server on the kernel protocol (blockfs.serve.fuse.session); ``listing`` as blockfs
+    mount's ``--listing``: READDIRPLUS always (plus), when the kernel asks (auto) or never (plain)."""
     from blockfs.serve.fuse import wire
     from blockfs.serve.fuse.session import NO_REPLY, Session
 
@@ -86,6 +87,20 @@ def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
             used += len(one)
         return b"".join(out)
 
+    def readdir(nodeid: int, body: memoryview, unique: int) -> bytes:
+        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
+        parent = paths[nodeid - 1]
+        names = children[parent]
+        out, used = [], 0
+        for i in range(offset, len(names)):
+            child = node_of[os.path.join(parent, names[i]) if parent else names[i]]
+            one = wire.dirent(child, i + 1, names[i], stats[paths[child - 1]].st_mode)
+            if used + len(one) > size:
+                break
+            out.append(one)
+            used += len(one)
+        return b"".join(out)
+
     def read(nodeid: int, body: memoryview, unique: int) -> memoryview:
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
         end = min(offset + size, sizes[nodeid - 1])
@@ -98,10 +113,12 @@ def serve_kernel(src: str, mountpoint: str, threads: int) -> None:
         raise OSError(errno.ENOSYS, "not implemented")
 
     handlers = {wire.LOOKUP: lookup, wire.GETATTR: getattr_, wire.READDIRPLUS: readdirplus, wire.READ: read,
+                wire.READDIR: readdir,
                 wire.STATFS: statfs, wire.OPEN: enosys, wire.OPENDIR: enosys, wire.INTERRUPT: enosys,
                 wire.FORGET: lambda *a: NO_REPLY, wire.BATCH_FORGET: lambda *a: NO_REPLY}  # fmt: skip
-    flags = wire.ASYNC_READ | wire.DO_READDIRPLUS | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | \
+    flags = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | \
         wire.PARALLEL_DIROPS | wire.MAX_PAGES | wire.CACHE_SYMLINKS
+    flags |= {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
     session = Session(handlers, on_init=lambda minor, kernel: flags)
     session.mount(mountpoint, src.replace(",", "_"), "nullfs")
     session.serve(threads)
@@ -360,12 +377,14 @@ def main() -> int:
     parser.add_argument("mountpoint")
     parser.add_argument("--fuse", choices=("kernel", "mfusepy", "lowlevel", "pyfuse3"), default="mfusepy")
     parser.add_argument("--threads", type=int, default=2, help="threads of the kernel route (lowlevel: 1 = libfuse's single-threaded loop)")
+    parser.add_argument("--listing", choices=("plus", "auto", "plain"), default="plus",
+                        help="kernel route: READDIRPLUS always, when the kernel asks, or never (READDIR)")
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")
     src, mountpoint = os.path.abspath(args.src), os.path.abspath(args.mountpoint)
     if args.fuse == "kernel":
-        serve_kernel(src, mountpoint, args.threads)
+        serve_kernel(src, mountpoint, args.threads, args.listing)
     elif args.fuse == "pyfuse3":
         serve_pyfuse3(src, mountpoint)
     elif args.fuse == "lowlevel":

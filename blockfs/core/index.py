@@ -132,19 +132,28 @@ class PreparedIndex:
 
         # The schema's order (index_format.SCHEMA) is the file's: path_offsets, then paths, then the hash
         # table made from the sorted paths before they go.
+        # The sorted paths are never made whole: their offsets first, then the blob written piece by piece
+        # straight from the listing's table (its CRCs gathered on the way, for the hash table), so the pack
+        # holds one copy of the paths, not two, at its peak.
         def path_offsets() -> np.ndarray:
-            listed = memo.pop("listed")
+            listed = memo["listed"]
             assert isinstance(listed, PathTable)
-            memo["paths"] = table = listed.take(order)
-            if release:
-                cols.paths = []
-            return table.offsets
+            return listed.take_offsets(order)
 
-        def path_blob() -> np.ndarray:
-            table = memo.pop("paths")
-            assert isinstance(table, PathTable)
-            memo["hash"] = _hash_table(table)
-            return table.blob
+        def path_blob() -> Iterator[np.ndarray]:
+            held = [memo.pop("listed")]
+
+            def pieces() -> Iterator[np.ndarray]:
+                listed = held.pop()
+                assert isinstance(listed, PathTable)
+                crcs = np.empty(n, dtype=np.uint32)
+                yield from listed.take_pieces(order, crcs)
+                del listed
+                if release:
+                    cols.paths = []
+                memo["hash"] = _hash_table(crcs)
+
+            return pieces()
 
         def hash_part(k: int) -> Callable[[], np.ndarray]:
             def make() -> np.ndarray:
@@ -371,13 +380,12 @@ def _link_table(targets: dict[int, bytes]) -> tuple[np.ndarray, np.ndarray, list
     return links, link_offsets, [(entry, k) for k, (entry, _t) in enumerate(items)]
 
 
-def _hash_table(paths: PathTable) -> tuple[np.ndarray, np.ndarray]:
-    """(hash_start, hash_order): bucket k holds entries hash_order[hash_start[k] : hash_start[k + 1]]."""
-    n = len(paths)
+def _hash_table(crcs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hash_start, hash_order) of the paths whose CRC-32s (in entry order) are ``crcs``, which become
+    their buckets in place: bucket k holds entries hash_order[hash_start[k] : hash_start[k + 1]]."""
+    n = int(crcs.size)
     n_buckets = 1 << max(0, (n - 1).bit_length())
-    bucket = np.empty(n, dtype=np.uint32)
-    for start, chunk in paths.chunks():
-        bucket[start : start + len(chunk)] = np.fromiter(map(zlib.crc32, chunk), dtype=np.uint32, count=len(chunk))
+    bucket = crcs
     bucket &= np.uint32(n_buckets - 1)
     hash_order = np.argsort(bucket, kind="stable").astype(np.uint32)
     hash_start = np.searchsorted(bucket[hash_order], np.arange(n_buckets + 1)).astype(np.uint32)
@@ -407,13 +415,18 @@ class PackedIndex:
         where = f"index {self.file}"
         self._buf = read_index_file(self.file, where)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
-        if crc32 is not None:  # first: damage by accident is named as before
-            check_crc(self._buf, where, crc32)
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:
                 raise IndexFormatError(f"{where}: blockfs.json records its digest, but it is a version {self.version} "
                                        f"index, which holds none; {REPACK}")  # fmt: skip
-            check_digest(self._buf, where, digest)
+            try:
+                check_digest(self._buf, where, digest)
+            except IndexFormatError:
+                if crc32 is not None:  # damage by accident is named as it always was
+                    check_crc(self._buf, where, crc32)
+                raise
+        elif crc32 is not None:  # the digest, where there is one, proves all the CRC-32 would, and more
+            check_crc(self._buf, where, crc32)
         placed = read_toc(self._buf, toc_len, where, self.version)
         self.arrays: dict[str, np.ndarray] = array_views(self._buf, placed)
         self.has_digests = all(name in self.arrays for name in DIGEST_ARRAYS)

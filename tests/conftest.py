@@ -42,6 +42,21 @@ def pytest_collectreport(report):
         report.outcome = "failed"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def checked_index_record(tmp_path_factory):
+    """Mounts made by the suite (and the servers they start) keep their record of checked indexes
+    (blockfs/core/checked_indexes.py) in a directory of the session's, never in the user's ~/.cache."""
+    import os
+
+    saved = os.environ.get("BLOCKFS_CHECKED_DIR")
+    os.environ["BLOCKFS_CHECKED_DIR"] = str(tmp_path_factory.mktemp("checked-indexes"))
+    yield
+    if saved is None:
+        os.environ.pop("BLOCKFS_CHECKED_DIR", None)
+    else:
+        os.environ["BLOCKFS_CHECKED_DIR"] = saved
+
+
 @pytest.fixture
 def torch_module():
     """The torch module, or a skip (a failure under BLOCKFS_REQUIRE_ALL=1) where it is not installed."""

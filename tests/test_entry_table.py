@@ -4,6 +4,7 @@ memory: no Python object per entry from the listing to the index file."""
 from __future__ import annotations
 
 import tracemalloc
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -125,3 +126,30 @@ def test_path_table_chunks_and_take():
     assert taken.blob.tobytes() == b"\0" + b"".join(paths[i] + b"\0" for i in order)
     with pytest.raises(ValueError, match="NUL"):
         PathTable.from_list([b"a\0b"])
+
+
+def test_path_table_take_pieces_are_the_taken_blob_and_its_crcs():
+    rng = np.random.default_rng(4)
+    paths = [b""] + [b"d%d/%s" % (i % 7, b"x" * int(rng.integers(1, 40))) for i in range(1, 5000)]
+    table = PathTable.from_list(paths)
+    order = rng.permutation(len(paths))
+    crcs = np.empty(order.size, dtype=np.uint32)
+    pieces = list(table.take_pieces(order, crcs))
+    assert b"".join(p.tobytes() for p in pieces) == table.take(order).blob.tobytes()
+    assert np.array_equal(table.take_offsets(order), table.take(order).offsets)
+    assert crcs.tolist() == [zlib.crc32(paths[i]) for i in order]
+
+
+def test_the_pack_never_holds_the_sorted_paths_whole(tmp_path, monkeypatch):
+    """Issue 30 (10 M files in 1.5 GB): the index's paths are written piece by piece from the listing's
+    table, in tree order, never gathered into a second table (that copy was the pack's largest at its peak)."""
+
+    def whole(*args):
+        raise AssertionError("the pack built the sorted path table whole")
+
+    monkeypatch.setattr(PathTable, "take", whole)
+    blockfs.pack(GeneratedSource(3000, reverse=True), tmp_path / "ds", workers=1, fsync=False, files_per_block=512)
+    with blockfs.open_dataset(tmp_path / "ds") as ds:  # opening checks the tree, paths and hash table
+        assert verify(ds) == []
+        assert ds.read("d004/f000002994") == b"d004/f000002994"[: 1 + 2994 % 7]
+        assert ds.index.find(b"d009/f000000019") >= 0

@@ -67,3 +67,20 @@ def test_a_policy_that_caches_nothing_retains_nothing(packed):
         kept, none = make_mount_plan(ds, budget), make_mount_plan(ds, budget, policy="none")
     assert kept.retains and kept.memory.retained_files > 0
     assert not none.retains and none.memory.retain_share == 0 and none.memory.block_cache_bytes == budget
+
+
+def test_the_plan_counts_what_the_kernel_holds_for_a_listing(packed, capsys):
+    """Issue 30 item 4: after a full listing the kernel holds an inode and a dentry per entry (~1.2 KB, slab);
+    the plan says so, in its text and its report, and ``blockfs plan`` prints it."""
+    with PackedDataset(packed) as ds:
+        listed = ds.index.n_entries - 1  # every entry but the root
+        plan = make_mount_plan(ds, 1 << 30).memory
+    assert listed > 240 and plan.n_entries == listed
+    assert plan.kernel_listing_bytes == listed * plan_module.KERNEL_BYTES_PER_ENTRY
+    assert 800 <= plan_module.KERNEL_BYTES_PER_ENTRY <= 2000
+    assert plan.to_dict()["kernel_listing_bytes"] == plan.kernel_listing_bytes
+    assert f"each of {listed:,} entries" in plan.describe()
+    assert plan_module.MemoryPlan.from_dict(plan.to_dict()).kernel_listing_bytes == plan.kernel_listing_bytes
+    assert cli.main(["plan", str(packed), "--cache-size", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel:" in out and f"each of {listed:,} entries" in out, out

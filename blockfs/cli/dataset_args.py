@@ -56,12 +56,16 @@ def storage_options(args: argparse.Namespace) -> StorageOptions:
                           remove_fetched=fetched is not None)  # fmt: skip
 
 
-def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None) -> PackedDataset:
+def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None, *,
+                   remembered: bool = False) -> PackedDataset:  # fmt: skip
     """The dataset the command names.  ``keep_fetched_in``: a remote dataset's metadata and index are
-    fetched into this directory and left there (for the serving process ``mount`` starts)."""
+    fetched into this directory and left there (for the serving process ``mount`` starts).  ``remembered``:
+    an index that passed every check before is not checked again (its digest is), as a mount does."""
+    from ..core.checked_indexes import CheckedIndexes
     from ..core.dataset import PackedDataset
 
     storage = storage_options(args)
     if keep_fetched_in is not None and storage.disk_cache is None:
         storage.fetched_dir, storage.remove_fetched = keep_fetched_in, False
-    return PackedDataset(args.dest, storage=storage, expect=getattr(args, "expect", None))
+    checked = CheckedIndexes.default() if remembered else None
+    return PackedDataset(args.dest, storage=storage, expect=getattr(args, "expect", None), checked=checked)

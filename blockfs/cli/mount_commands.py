@@ -130,7 +130,7 @@ def _node_lines(args: argparse.Namespace, size: int, report: dict[str, Any]) -> 
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_nodes(args)
     size, why = _budget(args)
-    with open_from_args(args) as ds:
+    with open_from_args(args, remembered=True) as ds:
         report = _mount_plan(args, size, ds).report()
     plan = _plan_of(report)
     warnings = _warnings(size, why, plan, report["disk_tier"], getattr(args, "policy", "cache-once"))

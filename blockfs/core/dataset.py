@@ -29,6 +29,7 @@ from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
 from .location import StorageOptions, locate
 
 if TYPE_CHECKING:
+    from .checked_indexes import CheckedIndexes
     from ..storage.disk_tier import DiskTier
 from .metadata import has_digests, read_metadata, read_metadata_bytes  # noqa: F401  (read_metadata: this module's API)
 from .store import BlockStore
@@ -91,18 +92,20 @@ class PackedDataset:
 
     ``digest`` is the dataset's name (``blake3:<hex>`` of its ``blockfs.json``); ``expect`` pins it: a dataset
     with another name is refused, and every byte read is then checked along the chain of digests that
-    starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read."""
+    starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read.  ``checked``: the
+    record of indexes that passed every check (:mod:`.checked_indexes`; a mount's), or None to check always."""
 
     def __init__(self, location: str | os.PathLike, reader: FileReader | None = None,
-                 storage: StorageOptions | None = None, expect: str | None = None) -> None:  # fmt: skip
+                 storage: StorageOptions | None = None, expect: str | None = None,
+                 checked: CheckedIndexes | None = None) -> None:  # fmt: skip
         self._location = locate(location, storage)
         try:
-            self._open(reader, expect)
+            self._open(reader, expect, record=checked)
         except BaseException:
             self._location.close()
             raise
 
-    def _open(self, reader: FileReader | None, expect: str | None = None) -> None:
+    def _open(self, reader: FileReader | None, expect: str | None = None, *, record: CheckedIndexes | None = None) -> None:
         self.root = self._location.root
         self.location = self._location.display
         self.metadata, raw = read_metadata_bytes(self.root, expect, self.location)
@@ -120,7 +123,7 @@ class PackedDataset:
         n_blocks = self.metadata["n_blocks"]
         self.index = PackedIndex(
             os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks, crc32=self.metadata["index"]["crc32"],
-            digest=self.metadata["index"].get("blake3"),
+            digest=self.metadata["index"].get("blake3"), checked=record,
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)

@@ -19,14 +19,14 @@ import itertools
 import os
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Literal
 
 import numpy as np
 
 from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryError
 from . import digest as dg
 from .heap import give_back
-from .index_checks import validate_arrays
+from .index_checks import check_lengths, validate_arrays
 from .pathtable import CHUNK, PathTable
 from .index_format import REPACK
 from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are imported from here by others)
@@ -48,6 +48,9 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     read_toc,
     write_arrays,
 )
+
+if TYPE_CHECKING:
+    from .checked_indexes import CheckedIndexes
 
 _IntFormat = Literal["B", "I", "Q", "i", "q"]  # memoryview.cast formats of the index's integer columns
 
@@ -130,19 +133,28 @@ class PreparedIndex:
 
         # The schema's order (index_format.SCHEMA) is the file's: path_offsets, then paths, then the hash
         # table made from the sorted paths before they go.
+        # The sorted paths are never made whole: their offsets first, then the blob written piece by piece
+        # straight from the listing's table (its CRCs gathered on the way, for the hash table), so the pack
+        # holds one copy of the paths, not two, at its peak.
         def path_offsets() -> np.ndarray:
-            listed = memo.pop("listed")
+            listed = memo["listed"]
             assert isinstance(listed, PathTable)
-            memo["paths"] = table = listed.take(order)
-            if release:
-                cols.paths = []
-            return table.offsets
+            return listed.take_offsets(order)
 
-        def path_blob() -> np.ndarray:
-            table = memo.pop("paths")
-            assert isinstance(table, PathTable)
-            memo["hash"] = _hash_table(table)
-            return table.blob
+        def path_blob() -> Iterator[np.ndarray]:
+            held = [memo.pop("listed")]
+
+            def pieces() -> Iterator[np.ndarray]:
+                listed = held.pop()
+                assert isinstance(listed, PathTable)
+                crcs = np.empty(n, dtype=np.uint32)
+                yield from listed.take_pieces(order, crcs)
+                del listed
+                if release:
+                    cols.paths = []
+                memo["hash"] = _hash_table(crcs)
+
+            return pieces()
 
         def hash_part(k: int) -> Callable[[], np.ndarray]:
             def make() -> np.ndarray:
@@ -369,13 +381,12 @@ def _link_table(targets: dict[int, bytes]) -> tuple[np.ndarray, np.ndarray, list
     return links, link_offsets, [(entry, k) for k, (entry, _t) in enumerate(items)]
 
 
-def _hash_table(paths: PathTable) -> tuple[np.ndarray, np.ndarray]:
-    """(hash_start, hash_order): bucket k holds entries hash_order[hash_start[k] : hash_start[k + 1]]."""
-    n = len(paths)
+def _hash_table(crcs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hash_start, hash_order) of the paths whose CRC-32s (in entry order) are ``crcs``, which become
+    their buckets in place: bucket k holds entries hash_order[hash_start[k] : hash_start[k + 1]]."""
+    n = int(crcs.size)
     n_buckets = 1 << max(0, (n - 1).bit_length())
-    bucket = np.empty(n, dtype=np.uint32)
-    for start, chunk in paths.chunks():
-        bucket[start : start + len(chunk)] = np.fromiter(map(zlib.crc32, chunk), dtype=np.uint32, count=len(chunk))
+    bucket = crcs
     bucket &= np.uint32(n_buckets - 1)
     hash_order = np.argsort(bucket, kind="stable").astype(np.uint32)
     hash_start = np.searchsorted(bucket[hash_order], np.arange(n_buckets + 1)).astype(np.uint32)
@@ -400,24 +411,38 @@ class PackedIndex:
     """
 
     def __init__(self, path: str | os.PathLike, n_blocks: int | None = None, crc32: int | None = None,
-                 digest: str | None = None) -> None:  # fmt: skip
+                 digest: str | None = None, checked: CheckedIndexes | None = None) -> None:  # fmt: skip
         self.file = os.fspath(path)
         where = f"index {self.file}"
         self._buf = read_index_file(self.file, where)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
-        if crc32 is not None:  # first: damage by accident is named as before
-            check_crc(self._buf, where, crc32)
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:
                 raise IndexFormatError(f"{where}: blockfs.json records its digest, but it is a version {self.version} "
                                        f"index, which holds none; {REPACK}")  # fmt: skip
-            check_digest(self._buf, where, digest)
+            try:
+                check_digest(self._buf, where, digest)
+            except IndexFormatError:
+                if crc32 is not None:  # damage by accident is named as it always was
+                    check_crc(self._buf, where, crc32)
+                raise
+        elif crc32 is not None:  # the digest, where there is one, proves all the CRC-32 would, and more
+            check_crc(self._buf, where, crc32)
         placed = read_toc(self._buf, toc_len, where, self.version)
         self.arrays: dict[str, np.ndarray] = array_views(self._buf, placed)
-        validate_arrays(self.arrays, where, n_blocks)
         self.has_digests = all(name in self.arrays for name in DIGEST_ARRAYS)
-        if self.has_digests:
-            check_chunk_table(self.arrays, where)
+        # ``checked``: the record of indexes whose contents passed every check of this code, by digest; only
+        # an index whose digest blockfs.json vouches for (just checked above) is looked up or recorded.
+        recorded = digest is not None and checked is not None and checked.has(digest)
+        if recorded:
+            check_lengths(self.arrays, where, n_blocks)  # the metadata's block count is not in the digest
+        else:
+            validate_arrays(self.arrays, where, n_blocks)
+            if self.has_digests:
+                check_chunk_table(self.arrays, where)
+            if digest is not None and checked is not None:
+                checked.add(digest)
+        self.checks_skipped = recorded
         self.n_entries = int(self.arrays["kind"].size)
         self.n_blocks = int(self.arrays["block_counts"].size)
         self.raw = memoryview(self._buf).toreadonly()  # the file's bytes as read and checked

@@ -190,9 +190,17 @@ def read_index_file(path: str, where: str) -> mmap.mmap:
         size = st.st_size
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
-        # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too), its pages
-        # faulted in at once (MAP_POPULATE halves the cost of reading it page by page).
-        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
+        # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too).  In huge
+        # pages where the kernel allows (THP "madvise" or "always"): reading a 147 MB index then faults 2 MiB
+        # at a time, 0.06 s instead of 0.24 s with MAP_POPULATE's 4 KiB pages (docs/benchmarks.md); where it
+        # cannot, MAP_POPULATE faults every page in at once, half the cost of faulting them as read.
+        huge = getattr(mmap, "MADV_HUGEPAGE", None)
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | (0 if huge else getattr(mmap, "MAP_POPULATE", 0)))
+        if huge is not None:
+            try:
+                buf.madvise(huge)
+            except OSError:  # a kernel built without transparent huge pages: 4 KiB pages, faulted as read
+                pass
         with memoryview(buf) as view:
             got = 0
             while got < size:

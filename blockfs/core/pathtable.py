@@ -10,6 +10,7 @@ run) or one at a time, never all at once as objects.
 
 from __future__ import annotations
 
+import zlib
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -55,6 +56,16 @@ class PathTable:
 
     def take(self, order: np.ndarray) -> "PathTable":
         """The paths at positions ``order``, in that order (built chunk by chunk into one new array)."""
+        offsets = self.take_offsets(order)
+        blob = np.empty(int(offsets[-1]), dtype=np.uint8)
+        pos = 0
+        for piece in self.take_pieces(order):
+            blob[pos : pos + piece.size] = piece
+            pos += piece.size
+        return PathTable(blob, offsets)
+
+    def take_offsets(self, order: np.ndarray) -> np.ndarray:
+        """The offsets of :meth:`take`'s table, without its blob."""
         order = np.asarray(order)  # any integer dtype: no copy
         offsets = np.empty(order.size + 1, dtype=np.uint64)
         offsets[0] = 1
@@ -63,14 +74,20 @@ class PathTable:
             offsets[start + 1 : start + 1 + at.size] = self.offsets[at + 1] - self.offsets[at]
         np.cumsum(offsets[1:], out=offsets[1:])
         offsets[1:] += 1
-        blob = np.empty(int(offsets[-1]), dtype=np.uint8)
-        blob[0] = 0
-        view, off, pos = self._view, self._off, 1
+        return offsets
+
+    def take_pieces(self, order: np.ndarray, crcs: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """The blob of :meth:`take`'s table piece by piece (its leading NUL first), never whole: a packer
+        writes it straight into the index, so the paths are never held twice.  ``crcs``: filled with each
+        taken path's CRC-32 (without its NUL), for the index's hash table."""
+        yield np.zeros(1, dtype=np.uint8)
+        view, off = self._view, self._off
+        order = np.asarray(order)
         for start in range(0, order.size, CHUNK):
-            piece = b"".join([view[off[i] : off[i + 1]] for i in order[start : start + CHUNK].tolist()])
-            blob[pos : pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-            pos += len(piece)
-        return PathTable(blob, offsets)
+            ids = order[start : start + CHUNK].tolist()
+            if crcs is not None:
+                crcs[start : start + len(ids)] = [zlib.crc32(view[off[i] : off[i + 1] - 1]) for i in ids]
+            yield np.frombuffer(b"".join([view[off[i] : off[i + 1]] for i in ids]), dtype=np.uint8)
 
 
 class PathTableBuilder:

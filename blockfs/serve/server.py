@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from ..core.checked_indexes import CheckedIndexes
 from ..core.dataset import PackedDataset
 from ..errors import MountError
 from ..openfiles import raise_open_files_limit
@@ -157,7 +158,8 @@ def assembled(
         from .fuse.libfuse_adapter import BlockFS as make_adapter
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
-        ds = PackedDataset(dest, storage=options.storage, expect=options.expect)
+        # A re-mount of an index that passed every check of this code skips them (its digest is still checked).
+        ds = PackedDataset(dest, storage=options.storage, expect=options.expect, checked=CheckedIndexes.default())
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached

@@ -45,6 +45,12 @@ DEFAULT_STRATEGY = "most-files"
 # leftover that no further file fits in (smaller than the next file) goes to blocks and is not wasted.
 DEFAULT_RETAIN_SHARE = 1.0
 
+# What the kernel holds for each entry a listing returns (READDIRPLUS links an inode and a dentry per
+# entry): a ``fuse_inode`` (896 bytes in /proc/slabinfo on Linux 6.x), a ``dentry`` (192; a name longer
+# than 40 bytes adds its own allocation) and the inode's forget link.  Measured as the growth of Slab
+# in /proc/meminfo across a listing: 1.18 GB for 1,000,000 entries (issue 30), docs/benchmarks.md.
+KERNEL_BYTES_PER_ENTRY = 1_180
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """What :func:`make_memory_plan` chose.  Hit rates are expected per epoch from the second on.
@@ -69,6 +75,7 @@ class MemoryPlan:
     expected_byte_hit_rate: float
     retained: np.ndarray = dataclasses.field(repr=False, compare=False)
     block_bytes: int = 0  # one block's size (the dataset's median): a smaller block cache holds none
+    n_entries: int = 0  # entries a full listing returns (files, directories and links; not the root)
 
     @property
     def per_file_requests(self) -> bool:
@@ -90,12 +97,13 @@ class MemoryPlan:
         """The plan as plain JSON-ready values (without the per-file mask)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "retained"}
         return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch,
-                         "page_cache_bytes": self.page_cache_bytes}  # fmt: skip
+                         "page_cache_bytes": self.page_cache_bytes,
+                         "kernel_listing_bytes": self.kernel_listing_bytes}  # fmt: skip
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "MemoryPlan":
         """The plan :meth:`to_dict` gave (a server's report), without the per-file mask: enough to describe it."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "retained"]
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "retained" and f.name in values]
         return cls(**{name: values[name] for name in names}, retained=np.zeros(0, dtype=bool))
 
     @property
@@ -106,6 +114,13 @@ class MemoryPlan:
         if self.fits:
             return self.dataset_bytes
         return min(self.dataset_bytes, self.block_cache_bytes + self.retained_bytes)
+
+    @property
+    def kernel_listing_bytes(self) -> int:
+        """What the kernel holds once every entry has been listed (``os.walk``, an ImageFolder's constructor):
+        an inode and a dentry per entry, in its slab.  Reclaimable: under memory pressure the kernel drops
+        them and tells the server (FORGET), charged to the listing process's cgroup, not to the budget."""
+        return self.n_entries * KERNEL_BYTES_PER_ENTRY
 
     def describe(self) -> str:
         """The plan in a few lines of text for people."""
@@ -134,6 +149,8 @@ class MemoryPlan:
         lines += [
             f"page cache:       up to {size(self.page_cache_bytes)} more, kernel route: files pushed as their blocks "
             "load, kept by the kernel while memory allows (evictable; not part of the budget)",
+            f"kernel:           about {size(self.kernel_listing_bytes)} more once listed: an inode and a dentry for "
+            f"each of {self.n_entries:,} entries (slab, reclaimable; not part of the budget)",
             f"expected hits per epoch (from the 2nd): {self.expected_file_hit_rate:.1%} of files, "
             f"{self.expected_byte_hit_rate:.1%} of bytes",
             f"storage read per epoch (from the 2nd): about {size(self.expected_storage_bytes_per_epoch)}",

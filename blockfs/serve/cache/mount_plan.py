@@ -80,6 +80,7 @@ def make_mount_plan(
     """The plan of a mount of ``ds`` under ``budget_bytes``: what the server uses and ``blockfs plan`` prints."""
     keeps = retains(retain, policy)
     memory, files = plan_dataset(ds.index.arrays, budget_bytes, strategy=strategy, threshold=threshold, retain=keeps)
+    memory = dataclasses.replace(memory, n_entries=ds.index.n_entries - 1)  # every entry but the root is listed
     meta = ds.metadata
     dataset = {"n_files": int(meta["n_files"]), "file_bytes": int(meta["file_bytes"]), "n_blocks": int(meta["n_blocks"])}
     tier, disk = ds.disk_tier, None

@@ -1,0 +1,84 @@
+"""How long ``blockfs mount`` takes to return on a large dataset: before a change, and after it on a first
+mount and a re-mount (the record of checked indexes, ``blockfs/core/checked_indexes.py``).
+
+    python tools/bench/bench_remount.py DS [--before CHECKOUT] [--rounds 4] [--json OUT]
+
+``DS`` is a packed dataset (``bench_scale.py --files 1000000 --pack-only --no-plain --no-tools --work W``
+makes one at ``W/ds``).  Each round mounts it, in turn: with ``--before`` (``git archive REV blockfs | tar
+-x -C CHECKOUT``, run on ``PYTHONPATH``), with no record, with an empty record (a first mount) and with the
+record that holds this index (a re-mount), each to its return and unmounted again.  Wall time, and CPU: the
+command's and its serving process's own up to the return (steadier than wall time on a shared machine).
+Medians and ranges; root not needed beyond what a mount needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
+
+from blockfs.serve.daemon import serving_pid
+
+
+def mount_once(ds: str, work: str, record: str, before: str | None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one ``blockfs mount`` to its return; unmounted after."""
+    env = dict(os.environ, BLOCKFS_CHECKED_DIR=record)
+    if before:
+        env["PYTHONPATH"] = before
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    command = [sys.executable, "-m", "blockfs"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env)
+    wall = time.monotonic() - started
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        with open(f"/proc/{serving_pid(mnt)}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    finally:
+        subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL)
+    return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ds", help="a packed dataset")
+    parser.add_argument("--before", help="a checkout of blockfs before the change (its parent directory)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    ds = os.path.abspath(args.ds)
+    with tempfile.TemporaryDirectory(prefix="bench_remount-") as work:
+        kept = os.path.join(work, "kept")
+        mount_once(ds, work, kept, None)  # the re-mounts' record now holds this index
+        variants = {"no record": ("", None), "first mount": (None, None), "re-mount": (kept, None)}
+        if args.before:
+            variants = {"before": ("", os.path.abspath(args.before)), **variants}
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        for r in range(args.rounds):
+            for name, (record, before) in variants.items():
+                if record is None:  # a first mount: an empty record
+                    record = os.path.join(work, f"fresh-{r}")
+                runs[name].append(mount_once(ds, work, record, before))
+            print(r, {name: tuple(round(x, 2) for x in got[-1]) for name, got in runs.items()}, flush=True)
+    for name, got in runs.items():
+        wall, cpu = [w for w, _ in got], [c for _, c in got]
+        print(f"{name:12} wall median {statistics.median(wall):.2f} s ({min(wall):.2f}-{max(wall):.2f}); "
+              f"CPU median {statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f})")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"dataset": ds, "rounds": args.rounds, "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -28,7 +28,8 @@ from ..storage.owned import DIR_FLAGS, read_regular_at, write_file_at
 from ..storage.urls import check_scheme, is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
-from ..storage.tiered import TieredBlockFiles
+from ..storage.chain import compose
+from ..storage.tiered import DiskCopies, copies_memory_blocks
 from .format import (
     BLOCKS_DIR,
     INDEX_NAME,
@@ -72,8 +73,10 @@ class DatasetLocation:
         if self.remote is None:
             return LocalBlockFiles([block_path(self.root, b) for b in range(n)])
         objects = [block_path("", b) for b in range(n)]  # "blocks/00000000.blk"
-        remote = RemoteBlockFiles(self.remote, objects, block_sizes)
-        return remote if self.tier is None else TieredBlockFiles(remote, self.tier)
+        store = RemoteBlockFiles(self.remote, objects, block_sizes)
+        disk = None if self.tier is None else DiskCopies(self.tier, n)
+        return compose(store, disk=disk,
+                       copies_memory_blocks=self.tier is None or copies_memory_blocks(self.tier, store))  # fmt: skip
 
     def close(self) -> None:
         if self.tier is not None:

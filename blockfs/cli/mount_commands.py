@@ -361,6 +361,19 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
             f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
             f"{tier['copies_dropped']:,} dropped after a failed check"
         )
+    peers = storage.get("peers")
+    if peers:
+        by = ", ".join(f"{addr} {human(p['bytes'])}" + (" (avoided now)" if p["avoided"] else "")
+                       for addr, p in peers["by_peer"].items())  # fmt: skip
+        served = peers.get("served") or {}
+        lines.append(f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('blocks_served', 0):,} blocks "
+                     f"({human(served.get('bytes_served', 0))}) served to them, {served.get('refused', 0):,} requests "
+                     "refused")  # fmt: skip
+    if remote or peers:
+        below = [f"disk {human(tier['disk_bytes'])}"] if tier else []
+        below += [f"peers {human(peers['bytes'])}"] if peers else []
+        lines.append(f"sources    memory answered {k['block_hits']:,} of {k['reads']:,} reads; below it: "
+                     + ", ".join([*below, f"the store {human(remote['bytes']) if remote else '0 B'}"]))
     pushed = s.get("page_cache")
     if pushed:
         lines.append(f"page cache {pushed['files_pushed']:,} files ({human(pushed['bytes_pushed'])}) pushed into the "

@@ -293,3 +293,14 @@ def test_the_secret_file_must_be_the_users_alone(tmp_path):
     with pytest.raises(MountError, match="link"):
         read_secret(os.fspath(tmp_path / "link"))
     assert "s3cr3t" not in repr(MountOptions(cache_bytes=0, peer_secret_file=os.fspath(path)))
+
+
+def test_plan_says_what_the_nodes_hold_together_and_what_the_store_serves(tree):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "blockfs", "plan", os.fspath(tree / "packed"), "--cache-size", "1MiB",
+                           "--no-retain", "--peers", "a:1,b:1,c:1"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = next(t for t in done.stdout.splitlines() if t.startswith("peers:"))
+    assert "3 nodes hold" in line and "(100%)" in line and "0 B per epoch after" in line, line

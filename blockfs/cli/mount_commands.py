@@ -127,6 +127,21 @@ def _node_lines(args: argparse.Namespace, size: int, report: dict[str, Any]) -> 
     )
 
 
+def _peer_lines(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """With --peers (or $BLOCKFS_PEERS): what the nodes' memory holds together, and what the store serves."""
+    text = getattr(args, "peers", None) or os.environ.get("BLOCKFS_PEERS")
+    if not text:
+        return ""
+    n = len([a for a in text.split(",") if a.strip()])
+    dataset = int(report["dataset"]["file_bytes"])
+    plan = _plan_of(report)
+    per_node = 0 if plan.per_file_requests else plan.block_cache_bytes  # blocks are shared; retained files not
+    held = min(dataset, n * per_node)
+    return (f"\npeers:            {n} nodes hold {human(held)} of the dataset's {human(dataset)} in memory together "
+            f"({held / max(1, dataset):.0%}); the store serves about {human(dataset)} in epoch 1 (each block once "
+            f"for the cluster) and {human(dataset - held)} per epoch after")  # fmt: skip
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_nodes(args)
     size, why = _budget(args)
@@ -139,7 +154,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          indent=2))  # fmt: skip
     else:
         print(f"budget from:      {why}")
-        print(_describe(report, _node_lines(args, size, report)))
+        print(_describe(report, _node_lines(args, size, report) + _peer_lines(args, report)))
         for line in warnings:
             print(f"warning: {line}")
     return 0

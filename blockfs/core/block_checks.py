@@ -211,3 +211,20 @@ class IndexChecks:
                     f"{self.where(block)}: chunk {k} checksum mismatch; run 'blockfs verify'", block=block
                 )
         return bytes(view[start - lo : start - lo + size])
+
+    def read_checking_pieces(self, block: int, head: fmt.BlockHeader, view: memoryview,
+                             read_into: Callable[[int, memoryview, int], None], piece: int) -> np.ndarray:
+        """:meth:`check_data` for a data section read (``read_into``) in pieces of ``piece`` bytes: each is
+        hashed on a hashing thread while the next is read, and nothing is returned (or raised) before every
+        hash has finished with the caller's buffer."""
+        self.chunk_count_matches(block, view)
+        pending = []
+        try:
+            for start in range(0, len(view), piece):
+                part = view[start : start + piece]
+                read_into(block, part, head.data_start + start)
+                pending.append(dg.chunk_digests_later(part, fmt.CHUNK_SIZE))
+        finally:
+            got = [p.result() for p in pending]  # waits for every hash, also when a read failed
+        self.compare_chunks(block, 0, b"".join(got))
+        return self.index_crcs(block)

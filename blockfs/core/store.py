@@ -23,9 +23,11 @@ them) and trusts none of them.
 * **A tier's copy is not the block, one fetch is not the block**: a copy kept on a local disk that fails a
   check is deleted and the block read again from where the dataset lives; a fetch that fails its check is
   dropped whole (descriptor, remote head) and fetched once more; only then is the block called damaged,
-  and only for its current :meth:`~BlockStore.version`.  A block verified whole is offered to such a
-  tier; a file read of a block the tier wants fetches the block whole first, and if that fails its check
-  the file is read alone (the tier stops asking for that block).
+  and only for its current :meth:`~BlockStore.version`.  A block verified whole is offered to the tiers,
+  and a file read of a block they want whole fetches it whole first (if that fails its check the file is
+  read alone, and no tier asks for that block again): what is copied where is the storage chain's to
+  decide (:mod:`blockfs.storage.chain`), never the verifier's.  The checks themselves are
+  :class:`~blockfs.core.block_checks.IndexChecks`.
 
 Headers are parsed once per block and kept (12 bytes per file).
 
@@ -107,25 +109,23 @@ class BlockStore:
         self._files.discard(block)
         return BlockReadError(f"{self.where(block)}: {e.strerror or e}", block=block)
 
-    def _file_size(self, block: int) -> int:
+    def _io(self, block: int, call, *args):
+        """``call(*args)``, a read of ``block`` through the tiers; its OSError as a BlockReadError."""
         try:
-            return self._files.size(block)
+            return call(*args)
         except OSError as e:
             raise self._failed(block, e) from e
+
+    def _file_size(self, block: int) -> int:
+        return self._io(block, self._files.size, block)
 
     def _pread(self, block: int, size: int, offset: int) -> bytes:
         """Exactly ``size`` bytes at ``offset``, or a BlockReadError."""
-        try:
-            return self._files.pread(block, size, offset)
-        except OSError as e:
-            raise self._failed(block, e) from e
+        return self._io(block, self._files.pread, block, size, offset)
 
     def _read_into(self, block: int, view: memoryview, offset: int) -> None:
         """Fill ``view`` with the file's bytes from ``offset`` (``preadv``: no copy), or a BlockReadError."""
-        try:
-            self._files.read_into(block, view, offset)
-        except OSError as e:
-            raise self._failed(block, e) from e
+        self._io(block, self._files.read_into, block, view, offset)
 
     def _checked(self, block: int, read):
         """``read()``; after a failed check, ``read()`` again from a fresh fetch before the block is called
@@ -220,12 +220,8 @@ class BlockStore:
             if count != expected:
                 raise CorruptBlockError(self.checks.foreign(block, f"it holds {count} files, the index's block {expected}"))
 
-        head, raw = fmt.read_header(
-            lambda size, offset: self._pread(block, size, offset),
-            self.where(block),
-            file_size=self._file_size(block),
-            check_count=check_count,
-        )
+        head, raw = fmt.read_header(lambda size, offset: self._pread(block, size, offset), self.where(block),
+                                    file_size=self._file_size(block), check_count=check_count)  # fmt: skip
         return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
 
     def index_crcs(self, block: int) -> np.ndarray:
@@ -237,11 +233,10 @@ class BlockStore:
         is the header already checked); None when this fetch fails (no copy is kept this time)."""
         raw = self.header_bytes(block)
         try:
-            again = fmt.decode_header(raw, self.where(block))
+            again: fmt.BlockHeader | None = fmt.decode_header(raw, self.where(block))
         except (CorruptBlockError, UnsupportedVersionError):
-            self._files.discard(block)
-            return None
-        if again.data_crc != head.data_crc or again.data_start != head.data_start:
+            again = None
+        if again is None or again.data_crc != head.data_crc or again.data_start != head.data_start:
             self._files.discard(block)
             return None
         return raw
@@ -270,7 +265,7 @@ class BlockStore:
 
             def read() -> np.ndarray:
                 if self.checks.has_chunk_digests and self._files.reads_in_pieces and len(view) > READ_PIECE:
-                    return self._read_checking_pieces(block, head, view)
+                    return self.checks.read_checking_pieces(block, head, view, self._read_into, READ_PIECE)
                 self._read_into(block, view, head.data_start)
                 return self.checks.check_data(block, head, view)
 
@@ -280,22 +275,6 @@ class BlockStore:
             return crcs
         finally:
             view.release()
-
-    def _read_checking_pieces(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
-        """:meth:`_check_data` for a data section read in pieces: each piece is hashed on a hashing thread
-        while the next is read, and nothing is returned (or raised) before every hash has finished with
-        the caller's buffer."""
-        self.checks.chunk_count_matches(block, view)
-        pending = []
-        try:
-            for start in range(0, len(view), READ_PIECE):
-                piece = view[start : start + READ_PIECE]
-                self._read_into(block, piece, head.data_start + start)
-                pending.append(dg.chunk_digests_later(piece, fmt.CHUNK_SIZE))
-        finally:
-            got = [p.result() for p in pending]  # waits for every hash, also when a read failed
-        self.checks.compare_chunks(block, 0, b"".join(got))
-        return self.checks.index_crcs(block)
 
     @property
     def checks_pieces(self) -> bool:

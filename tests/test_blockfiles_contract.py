@@ -1,5 +1,6 @@
-"""One contract suite over every ``BlockFiles`` (local files, ranged GETs from S3 and from HTTP, and the disk
-tier in front of S3, empty and holding copies), as ``test_policies`` runs one over every policy.
+"""One contract suite over every ``BlockFiles`` (local files, ranged GETs from S3 and from HTTP, the disk
+tier in front of S3, empty and holding copies, and the peer tier in front of S3, with a peer that owns
+every block), as ``test_policies`` runs one over every policy.
 
 Each implementation holds the same packed dataset; every test asks the same questions of each: exact bytes
 at any range, the error for a read past the end, a missing block or a block number that is not one,
@@ -9,7 +10,9 @@ The servers are the suite's real ones on loopback (moto for S3, ``httpserver`` f
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import http.server
 import importlib.util
 import json
 import os
@@ -34,7 +37,7 @@ MiB = 1 << 20
 PART = 300_000  # the remote's part size: a read_into bigger than it is several parallel GETs
 PLAIN = ["local", "s3", "http"]
 TIERED = ["tiered-cold", "tiered-warm"]
-KINDS = PLAIN + TIERED
+KINDS = PLAIN + TIERED + ["peered"]
 TIER_KEY = "0123456789abcdef0123"
 # What `blockfs stats` prints from stats.json's storage section (cli/mount_commands.py).
 REMOTE_KEYS = {"requests", "bytes", "retries", "failures"}
@@ -67,6 +70,35 @@ def www(tmp_path_factory):
     root = tmp_path_factory.mktemp("www")
     with serving(root) as (base, _faults):
         yield root, base
+
+
+@contextlib.contextmanager
+def block_peer(blocks: list[bytes]):
+    """A peer on loopback that owns ``blocks`` and serves each whole (the peer protocol, no checks of its own:
+    the contract is about the chain's bytes); yields its address."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            data = blocks[int(self.path.rsplit("/", 1)[1])]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass
@@ -148,6 +180,15 @@ def impl(request, packed, tmp_path):
                     assert files.wants_copy(b)
                     files.keep_copy(b, data[:100], memoryview(data)[100:])
                     assert tier.has(b) and not files.wants_copy(b)
+        if kind == "peered":
+            from blockfs.storage.chain import TierChain
+            from blockfs.storage.peer_tier import PeerOptions, PeerTier
+
+            address = request.getfixturevalue("peer_address")
+            # A peer that owns every block, avoided for the test's length once its bytes fail a check.
+            peers = PeerTier(PeerOptions(("127.0.0.1:1", address), 0, b"secret", backoff=600), "ab" * 32, sizes)
+            peers.set_owners([1] * n)
+            files = TierChain([peers], files)
         made = Impl(kind, files, blocks, lambda b, data: client.put_object(Bucket=bucket, Key=keys[b], Body=data),
                     lambda b: client.delete_object(Bucket=bucket, Key=keys[b]), sizes_from_index=True)  # fmt: skip
     try:
@@ -156,6 +197,12 @@ def impl(request, packed, tmp_path):
         made.files.close()
         for close in closers:
             close()
+
+
+@pytest.fixture
+def peer_address(packed):
+    with block_peer(packed[1]) as address:
+        yield address
 
 
 plain = pytest.mark.parametrize("impl", PLAIN, indirect=True)
@@ -337,6 +384,9 @@ def test_stats_hold_the_documented_counters_and_count_reads(impl):
     after = files.stats()
     if impl.kind == "tiered-warm":
         assert after["disk_tier"]["disk_reads"] >= before["disk_tier"]["disk_reads"] + 2
+        assert after["remote"]["requests"] == before["remote"]["requests"]
+    elif impl.kind == "peered":  # the whole block from its owner, once
+        assert after["peers"]["bytes"] == before["peers"]["bytes"] + len(impl.blocks[1])
         assert after["remote"]["requests"] == before["remote"]["requests"]
     else:
         assert after["remote"]["requests"] >= before["remote"]["requests"] + 2

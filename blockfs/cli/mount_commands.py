@@ -127,6 +127,21 @@ def _node_lines(args: argparse.Namespace, size: int, report: dict[str, Any]) -> 
     )
 
 
+def _peer_lines(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """With --peers (or $BLOCKFS_PEERS): what the nodes' memory holds together, and what the store serves."""
+    text = getattr(args, "peers", None) or os.environ.get("BLOCKFS_PEERS")
+    if not text:
+        return ""
+    n = len([a for a in text.split(",") if a.strip()])
+    dataset = int(report["dataset"]["file_bytes"])
+    plan = _plan_of(report)
+    per_node = 0 if plan.per_file_requests else plan.block_cache_bytes  # blocks are shared; retained files not
+    held = min(dataset, n * per_node)
+    return (f"\npeers:            {n} nodes hold {human(held)} of the dataset's {human(dataset)} in memory together "
+            f"({held / max(1, dataset):.0%}); the store serves about {human(dataset)} in epoch 1 (each block once "
+            f"for the cluster) and {human(dataset - held)} per epoch after")  # fmt: skip
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_nodes(args)
     size, why = _budget(args)
@@ -139,7 +154,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          indent=2))  # fmt: skip
     else:
         print(f"budget from:      {why}")
-        print(_describe(report, _node_lines(args, size, report)))
+        print(_describe(report, _node_lines(args, size, report) + _peer_lines(args, report)))
         for line in warnings:
             print(f"warning: {line}")
     return 0
@@ -361,6 +376,19 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
             f"remote ({human(tier['remote_bytes'])}); {tier['copies_written']:,} copies written, "
             f"{tier['copies_dropped']:,} dropped after a failed check"
         )
+    peers = storage.get("peers")
+    if peers:
+        by = ", ".join(f"{addr} {human(p['bytes'])}" + (" (avoided now)" if p["avoided"] else "")
+                       for addr, p in peers["by_peer"].items())  # fmt: skip
+        served = peers.get("served") or {}
+        lines.append(f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('blocks_served', 0):,} blocks "
+                     f"({human(served.get('bytes_served', 0))}) served to them, {served.get('refused', 0):,} requests "
+                     "refused")  # fmt: skip
+    if remote or peers:
+        below = [f"disk {human(tier['disk_bytes'])}"] if tier else []
+        below += [f"peers {human(peers['bytes'])}"] if peers else []
+        lines.append(f"sources    memory answered {k['block_hits']:,} of {k['reads']:,} reads; below it: "
+                     + ", ".join([*below, f"the store {human(remote['bytes']) if remote else '0 B'}"]))
     pushed = s.get("page_cache")
     if pushed:
         lines.append(f"page cache {pushed['files_pushed']:,} files ({human(pushed['bytes_pushed'])}) pushed into the "

@@ -28,7 +28,9 @@ from ..storage.owned import DIR_FLAGS, read_regular_at, write_file_at
 from ..storage.urls import check_scheme, is_remote, join
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
-from ..storage.tiered import TieredBlockFiles
+from ..storage.chain import compose
+from ..storage.peer_tier import PeerOptions, PeerTier
+from ..storage.tiered import DiskCopies, copies_memory_blocks
 from .format import (
     BLOCKS_DIR,
     INDEX_NAME,
@@ -50,17 +52,20 @@ class StorageOptions:
     # it fetched to its serving process instead of both fetching), and whether closing removes it.
     fetched_dir: str | None = None
     remove_fetched: bool = True
+    peers: PeerOptions | None = None  # the other nodes of the job, asked before the store (serve/peers.py)
 
 
 class DatasetLocation:
     """A dataset's local directory (``root``) and its blocks' files; ``display`` is what messages show."""
 
     def __init__(self, display: str, root: str, remote: RemoteStore | None = None, tier: DiskTier | None = None,
-                 temporary: bool = False) -> None:  # fmt: skip
+                 temporary: bool = False, peers: PeerOptions | None = None, name: str = "") -> None:  # fmt: skip
         self.display = display
         self.root = root
         self.remote = remote
         self.tier = tier
+        self.peers = peers
+        self.name = name  # the dataset's name (blake3 of its blockfs.json): what peers ask for
         self._temporary = temporary
 
     @property
@@ -72,8 +77,11 @@ class DatasetLocation:
         if self.remote is None:
             return LocalBlockFiles([block_path(self.root, b) for b in range(n)])
         objects = [block_path("", b) for b in range(n)]  # "blocks/00000000.blk"
-        remote = RemoteBlockFiles(self.remote, objects, block_sizes)
-        return remote if self.tier is None else TieredBlockFiles(remote, self.tier)
+        store = RemoteBlockFiles(self.remote, objects, block_sizes)
+        disk = None if self.tier is None else DiskCopies(self.tier, n)
+        peers = None if self.peers is None else PeerTier(self.peers, self.name, block_sizes)
+        return compose(store, disk=disk, peers=peers,
+                       copies_memory_blocks=self.tier is None or copies_memory_blocks(self.tier, store))  # fmt: skip
 
     def close(self) -> None:
         if self.tier is not None:
@@ -91,6 +99,11 @@ def locate(location: str | os.PathLike, storage: StorageOptions | None = None) -
             raise RemoteConfigError(
                 f"--disk-cache keeps copies of a remote dataset's blocks; {os.fspath(location)!r} is a local "
                 "directory, read directly: leave --disk-cache out"
+            )
+        if storage is not None and storage.peers is not None:
+            raise RemoteConfigError(
+                f"--peers shares the blocks of a dataset in an object store; {os.fspath(location)!r} is a local "
+                "directory, which every node reads directly: leave --peers out"
             )
         root = os.fspath(location)
         return DatasetLocation(root, root)
@@ -125,7 +138,7 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
         root, temporary = storage.fetched_dir, storage.remove_fetched
     else:
         root, temporary = tempfile.mkdtemp(prefix="blockfs-remote-"), True
-    located = DatasetLocation(remote.display, root, remote, tier, temporary)
+    located = DatasetLocation(remote.display, root, remote, tier, temporary, storage.peers, dg.name_of(meta_bytes))
     files = _TierFiles(tier) if tier is not None else _DirFiles(root)
     try:
         files.keep(METADATA_NAME, meta_bytes)

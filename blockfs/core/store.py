@@ -23,9 +23,11 @@ them) and trusts none of them.
 * **A tier's copy is not the block, one fetch is not the block**: a copy kept on a local disk that fails a
   check is deleted and the block read again from where the dataset lives; a fetch that fails its check is
   dropped whole (descriptor, remote head) and fetched once more; only then is the block called damaged,
-  and only for its current :meth:`~BlockStore.version`.  A block verified whole is offered to such a
-  tier; a file read of a block the tier wants fetches the block whole first, and if that fails its check
-  the file is read alone (the tier stops asking for that block).
+  and only for its current :meth:`~BlockStore.version`.  A block verified whole is offered to the tiers,
+  and a file read of a block they want whole fetches it whole first (if that fails its check the file is
+  read alone, and no tier asks for that block again): what is copied where is the storage chain's to
+  decide (:mod:`blockfs.storage.chain`), never the verifier's.  The checks themselves are
+  :class:`~blockfs.core.block_checks.IndexChecks`.
 
 Headers are parsed once per block and kept (12 bytes per file).
 
@@ -41,7 +43,6 @@ Headers are parsed once per block and kept (12 bytes per file).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -51,8 +52,9 @@ import numpy as np
 
 from . import digest as dg
 from . import format as fmt
-from ..errors import BlockReadError, CorruptBlockError, IndexFormatError, UnsupportedVersionError
+from ..errors import BlockReadError, CorruptBlockError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+from .block_checks import IndexChecks
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # bytearray, memoryview, a writable mmap
@@ -80,12 +82,8 @@ class BlockStore:
         self._copying: dict[int, threading.Lock] = {}  # blocks being fetched whole into a tier
         self._copying_lock = threading.Lock()
         self._copy_slots = threading.BoundedSemaphore(COPIES_AT_ONCE)
-        # The digests to check by (arrays of 32-byte rows), or None: a dataset checked by CRC-32 only.
-        self._file_digest = index.get("file_digest")
-        self._head_digest = index.get("block_head_digest")
-        self._chunk_digest = index.get("chunk_digest")  # block b's: rows block_chunks[b] .. block_chunks[b + 1]
-        self._block_chunks = index.get("block_chunks")
-        self._slot_entries: dict[int, np.ndarray] = {}  # block -> entry of each slot (-1: empty), for file digests
+        self.checks = IndexChecks(index, self.where, self._pread)  # the bytes against the index
+        self._head_digest = self.checks.head_digest
 
     @property
     def files(self) -> BlockFiles:
@@ -111,25 +109,23 @@ class BlockStore:
         self._files.discard(block)
         return BlockReadError(f"{self.where(block)}: {e.strerror or e}", block=block)
 
-    def _file_size(self, block: int) -> int:
+    def _io(self, block: int, call, *args):
+        """``call(*args)``, a read of ``block`` through the tiers; its OSError as a BlockReadError."""
         try:
-            return self._files.size(block)
+            return call(*args)
         except OSError as e:
             raise self._failed(block, e) from e
+
+    def _file_size(self, block: int) -> int:
+        return self._io(block, self._files.size, block)
 
     def _pread(self, block: int, size: int, offset: int) -> bytes:
         """Exactly ``size`` bytes at ``offset``, or a BlockReadError."""
-        try:
-            return self._files.pread(block, size, offset)
-        except OSError as e:
-            raise self._failed(block, e) from e
+        return self._io(block, self._files.pread, block, size, offset)
 
     def _read_into(self, block: int, view: memoryview, offset: int) -> None:
         """Fill ``view`` with the file's bytes from ``offset`` (``preadv``: no copy), or a BlockReadError."""
-        try:
-            self._files.read_into(block, view, offset)
-        except OSError as e:
-            raise self._failed(block, e) from e
+        self._io(block, self._files.read_into, block, view, offset)
 
     def _checked(self, block: int, read):
         """``read()``; after a failed check, ``read()`` again from a fresh fetch before the block is called
@@ -175,11 +171,11 @@ class BlockStore:
     def adopt_header(self, block: int, head: fmt.BlockHeader) -> fmt.BlockHeader:
         """Check a header :meth:`unchecked_header` gave against the index, and keep it for :meth:`header`."""
         try:
-            self._check_belongs(block, head)
+            self.checks.belongs(block, head)
             if self._head_digest is not None:
-                self._check_digest(block, "header", self._head_digest[block].tobytes(), head.digest)
-                if len(self._chunks_of(block)) != fmt.n_chunks(head.data_size):
-                    raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"))
+                self.checks.check_digest(block, "header", self._head_digest[block].tobytes(), head.digest)
+                if len(self.checks.chunks_of(block)) != fmt.n_chunks(head.data_size):
+                    raise CorruptBlockError(self.checks.foreign(block, "its data section is not the index's length"))
         except CorruptBlockError as e:
             e.block = block
             raise
@@ -222,85 +218,25 @@ class BlockStore:
 
         def check_count(count: int) -> None:
             if count != expected:
-                raise CorruptBlockError(self._foreign(block, f"it holds {count} files, the index's block {expected}"))
+                raise CorruptBlockError(self.checks.foreign(block, f"it holds {count} files, the index's block {expected}"))
 
-        head, raw = fmt.read_header(
-            lambda size, offset: self._pread(block, size, offset),
-            self.where(block),
-            file_size=self._file_size(block),
-            check_count=check_count,
-        )
+        head, raw = fmt.read_header(lambda size, offset: self._pread(block, size, offset), self.where(block),
+                                    file_size=self._file_size(block), check_count=check_count)  # fmt: skip
         return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
-
-    def _check_belongs(self, block: int, head: fmt.BlockHeader) -> None:
-        """Raise CorruptBlockError unless ``head`` is the block this index describes (see the module notes)."""
-        a = self._index
-        if head.block_id != block:
-            raise CorruptBlockError(self._foreign(block, f"its header says it is block {head.block_id}"))
-        if head.total_size != int(a["block_sizes"][block]):
-            raise CorruptBlockError(
-                self._foreign(block, f"it is {head.total_size} bytes, the index's block {int(a['block_sizes'][block])}")
-            )
-        ids, slots = self._entries(block)
-        sizes = head.sizes[slots]
-        wrong = np.flatnonzero(sizes != a["size"][ids])
-        if wrong.size:
-            k = int(wrong[0])
-            raise CorruptBlockError(self._foreign(
-                block, f"slot {int(slots[k])} holds {int(sizes[k])} bytes, the index says {int(a['size'][ids[k]])} "
-                f"for {self._path(int(ids[k]))}"))  # fmt: skip
-        empty = np.ones(head.count, dtype=bool)
-        empty[slots] = False  # a slot no entry names held a file the packer could not read: it is empty
-        if np.any(head.sizes[empty] != 0):
-            raise CorruptBlockError(self._foreign(block, "it holds a file the index does not list"))
-        # A hard link's label is its own directory's; the block holds the first path's.
-        own = a["ino"][ids] == (ids + 1).astype(np.uint64)
-        if np.any(head.labels[slots[own]] != a["label"][ids[own]]):
-            raise CorruptBlockError(self._foreign(block, "its labels differ from the index's"))
-        crcs = self.index_crcs(block)
-        if np.any(crcs[slots] != a["crc"][ids]) or fmt.crc_of_crcs(crcs) != head.data_crc:
-            raise CorruptBlockError(self._foreign(block, "its files' checksums differ from the index's"))
-
-    def _foreign(self, block: int, why: str) -> str:
-        return (
-            f"{self.where(block)}: does not belong to this dataset ({why}): copy the right block file back "
-            "from where the dataset came from, or pack it again"
-        )
-
-    def _entries(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """(entry ids, their slots) of the files the index places in ``block``."""
-        a = self._index
-        lo, hi = int(a["block_offsets"][block]), int(a["block_offsets"][block + 1])
-        ids = a["block_files"][lo:hi].astype(np.int64)
-        if not 0 <= lo <= hi <= a["block_files"].size or (ids.size and ids.max() >= a["slot"].size):
-            raise IndexFormatError(f"the index's layout of {self.where(block)} runs outside its arrays")
-        slots = a["slot"][ids].astype(np.int64)
-        if slots.size and slots.max() >= int(a["block_counts"][block]):
-            raise IndexFormatError(f"the index places a file of {self.where(block)} outside its slots")
-        return ids, slots
-
-    def _path(self, entry: int) -> str:
-        a = self._index
-        start, end = int(a["path_offsets"][entry]), int(a["path_offsets"][entry + 1]) - 1
-        return repr(os.fsdecode(a["paths"][start:end].tobytes()))
 
     def index_crcs(self, block: int) -> np.ndarray:
         """The index's CRC-32 of each slot of ``block`` (0 for a slot no entry names)."""
-        ids, slots = self._entries(block)
-        crcs = np.zeros(int(self._index["block_counts"][block]), dtype=np.uint32)
-        crcs[slots] = self._index["crc"][ids]
-        return crcs
+        return self.checks.index_crcs(block)
 
     def _verified_header_bytes(self, block: int, head: fmt.BlockHeader) -> bytes | None:
         """The header as stored, for a tier's copy: fetched again, so checked again (its CRC, and that it
         is the header already checked); None when this fetch fails (no copy is kept this time)."""
         raw = self.header_bytes(block)
         try:
-            again = fmt.decode_header(raw, self.where(block))
+            again: fmt.BlockHeader | None = fmt.decode_header(raw, self.where(block))
         except (CorruptBlockError, UnsupportedVersionError):
-            self._files.discard(block)
-            return None
-        if again.data_crc != head.data_crc or again.data_start != head.data_start:
+            again = None
+        if again is None or again.data_crc != head.data_crc or again.data_start != head.data_start:
             self._files.discard(block)
             return None
         return raw
@@ -309,7 +245,7 @@ class BlockStore:
         """The block's header as stored, up to where its data starts (it decodes to :meth:`header`)."""
         raw = self._pread(block, self.header(block).data_start, 0)
         if self._head_digest is not None:  # read again: checked again, never trusted for the earlier read's sake
-            self._check_digest(block, "header", self._head_digest[block].tobytes(), dg.digest(raw))
+            self.checks.check_digest(block, "header", self._head_digest[block].tobytes(), dg.digest(raw))
         return raw
 
     # --- whole blocks ---------------------------------------------------------------------------------
@@ -320,118 +256,38 @@ class BlockStore:
         memory, filled with ``preadv`` and no copy) and verify it; return each file's CRC-32 by slot.
 
         ``head`` is :meth:`header`'s answer the caller sized ``buf`` by.  A block verified whole is
-        offered to a tier that keeps copies (the local-disk tier of a remote dataset); ``held_in_memory``
-        says the caller keeps the block for good, which a tier smaller than the dataset leaves to it."""
+        offered to the storage tiers (:meth:`BlockFiles.offer`: they decide what to keep); ``held_in_memory``
+        says the caller keeps the block for good."""
         view = memoryview(buf)
         try:
             if len(view) != head.data_size:
                 raise ValueError(f"a buffer of {len(view)} bytes for {head.data_size} bytes of data")
 
             def read() -> np.ndarray:
-                if self._chunk_digest is not None and self._files.reads_in_pieces and len(view) > READ_PIECE:
-                    return self._read_checking_pieces(block, head, view)
+                if self.checks.has_chunk_digests and self._files.reads_in_pieces and len(view) > READ_PIECE:
+                    return self.checks.read_checking_pieces(block, head, view, self._read_into, READ_PIECE)
                 self._read_into(block, view, head.data_start)
-                return self._check_data(block, head, view)
+                return self.checks.check_data(block, head, view)
 
             crcs = self._checked(block, read)
-            if (self._files.copies_memory_blocks or not held_in_memory) and self._files.wants_copy(block):
-                header = self._verified_header_bytes(block, head)
-                if header is not None:
-                    self._files.keep_copy(block, header, view)
+            self._files.offer(block, lambda: self._verified_header_bytes(block, head), view,
+                              held_in_memory=held_in_memory)  # the chain's copy policy decides  # fmt: skip
             return crcs
         finally:
             view.release()
-
-    def _check_data(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
-        """Verify a whole data section (its digest where the index has one, else its CRCs: one pass over the
-        bytes either way); return each file's CRC-32 by slot."""
-        if self._chunk_digest is None:
-            return fmt.check_data(head, view, self.where(block))
-        if len(view) != head.data_size:
-            raise CorruptBlockError(
-                f"{self.where(block)}: truncated: data section has {len(view)} of {head.data_size} bytes", block=block
-            )
-        self._chunk_count_matches(block, view)
-        self._check_chunks(block, 0, view)
-        return self.index_crcs(block)  # the digests prove the bytes are the packed ones, so are their CRCs
-
-    def _read_checking_pieces(self, block: int, head: fmt.BlockHeader, view: memoryview) -> np.ndarray:
-        """:meth:`_check_data` for a data section read in pieces: each piece is hashed on a hashing thread
-        while the next is read, and nothing is returned (or raised) before every hash has finished with
-        the caller's buffer."""
-        self._chunk_count_matches(block, view)
-        pending = []
-        try:
-            for start in range(0, len(view), READ_PIECE):
-                piece = view[start : start + READ_PIECE]
-                self._read_into(block, piece, head.data_start + start)
-                pending.append(dg.chunk_digests_later(piece, fmt.CHUNK_SIZE))
-        finally:
-            got = [p.result() for p in pending]  # waits for every hash, also when a read failed
-        self._compare_chunks(block, 0, b"".join(got))
-        return self.index_crcs(block)
 
     @property
     def checks_pieces(self) -> bool:
         """Whether a piece of a big file is checked on its own (by the digests of the chunks it covers), so
         a reader need not stream the whole file through a checksum first."""
-        return self._chunk_digest is not None
-
-    def _chunks_of(self, block: int) -> np.ndarray:
-        """The index's digests of block ``block``'s data chunks, one 32-byte row each."""
-        assert self._chunk_digest is not None and self._block_chunks is not None  # asked only where they are
-        return self._chunk_digest[int(self._block_chunks[block]) : int(self._block_chunks[block + 1])]
-
-    def _check_chunks(self, block: int, first: int, data) -> None:
-        """``data``, the data section from chunk ``first`` on, is what the index's chunk digests say."""
-        self._compare_chunks(block, first, dg.chunk_digests(data, fmt.CHUNK_SIZE))
-
-    def _chunk_count_matches(self, block: int, data) -> None:
-        """A whole data section has as many chunks as the index has digests for it."""
-        if len(self._chunks_of(block)) != fmt.n_chunks(len(data)):  # an unchecked header (verify's) may claim any length
-            raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"), block=block)
-
-    def _compare_chunks(self, block: int, first: int, got: bytes) -> None:
-        """``got``, the digests of chunks ``first`` on, are the index's."""
-        want = self._chunks_of(block)[first : first + len(got) // dg.DIGEST_SIZE]
-        if len(want) * dg.DIGEST_SIZE != len(got):
-            raise CorruptBlockError(self._foreign(block, "its data section is not the index's length"), block=block)
-        if got != want.tobytes():
-            k = next(k for k in range(len(want)) if got[32 * k : 32 * k + 32] != want[k].tobytes())
-            self._check_digest(block, "data", want[k].tobytes(), got[32 * k : 32 * k + 32], f" of chunk {first + k}")
-
-    def _check_digest(self, block: int, what: str, want: bytes, got: bytes | None, part: str = "") -> None:
-        if got != want:
-            raise CorruptBlockError(
-                f"{self.where(block)}: {what} checksum mismatch (the index's BLAKE3 digest{part} is {want.hex()[:16]}..., the "
-                f"block's {got.hex()[:16] if got else 'unknown'}...): not the bytes packed; run 'blockfs verify'",
-                block=block,
-            )
-
-    def file_digest(self, block: int, slot: int) -> bytes:
-        """The index's digest of the file in ``slot`` of ``block`` (hard links share their slot's)."""
-        return self._slot_sums(block, slot)[0]
-
-    def _slot_sums(self, block: int, slot: int) -> tuple[bytes, int]:
-        """(the index's digest, its CRC-32) of the file in ``slot`` of ``block``."""
-        entries = self._slot_entries.get(block)
-        if entries is None:
-            ids, slots = self._entries(block)
-            entries = np.full(int(self._index["block_counts"][block]), -1, dtype=np.int64)
-            entries[slots] = ids
-            self._slot_entries[block] = entries  # a race only computes it twice
-        e = int(entries[slot])
-        if e < 0:  # a slot no entry names is empty (checked with the header)
-            return dg.digest(b""), 0
-        assert self._file_digest is not None  # asked only of a dataset with digests
-        return self._file_digest[e].tobytes(), int(self._index["crc"][e])
+        return self.checks.has_chunk_digests
 
     def copy_into_tier(self, block: int) -> None:
-        """Fetch ``block`` whole and verified into the tier that wants it, once however many readers ask."""
+        """Fetch ``block`` whole and verified for the tier that wants it, once however many readers ask."""
         with self._copying_lock:
             lock = self._copying.setdefault(block, threading.Lock())
         with lock, self._copy_slots:
-            if self._files.wants_copy(block):  # not already copied by the reader this one waited for
+            if self._files.wants_whole(block):  # not already copied by the reader this one waited for
                 head = self.header(block)
                 self.read_data_into(block, head, bytearray(head.data_size))
 
@@ -444,9 +300,9 @@ class BlockStore:
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
         """Bytes ``[offset, offset + size)`` of one file, verified before they are returned.
 
-        A block that a tier wants a copy of is fetched whole into it first (then read from there); if that
-        fetch fails its check, the file is read alone, so only files whose own bytes are damaged fail."""
-        if self._files.keeps_copies and self._files.wants_copy(block):
+        A block the tiers want whole (:meth:`BlockFiles.wants_whole`) is fetched whole first (then read from
+        there); if that fetch fails its check, the file is read alone, so only damaged files fail."""
+        if self._files.wants_whole(block):
             try:
                 self.copy_into_tier(block)
             except CorruptBlockError:
@@ -458,23 +314,23 @@ class BlockStore:
         start, length = int(head.offsets[slot]), int(head.sizes[slot])
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
-        if self._chunk_digest is not None and (
+        if self.checks.has_chunk_digests and (
             (length > VERIFY_PIECE and size < length) or (head.chunk_crcs is not None and length > fmt.CHUNK_SIZE)
         ):  # a piece of a big file (any read of a huge one): the chunks that cover it, checked now
-            return self._read_digested(block, head, start + offset, size)
+            return self.checks.read_digested(block, head, start + offset, size)
         if head.chunk_crcs is not None and length > fmt.CHUNK_SIZE:
             # Chunk CRCs come from the block itself; the file's own CRC is the index's, so it binds the
             # bytes to this dataset (checked once per file, as for a big file in a narrow block).
             self._verify_file(block, slot, crc)
-            return self._read_chunked(block, head, start + offset, size)
+            return self.checks.read_chunked(block, head, start + offset, size)
         if length > VERIFY_PIECE and size < length:  # a piece of a big file: verify it once, then read pieces
             self._verify_file(block, slot, crc)
             return self._pread(block, size, head.data_start + start + offset)
         data = self._pread(block, length, head.data_start + start)
-        if self._file_digest is not None:
-            self._check_file_digest(block, slot, crc, dg.digest(data))
+        if self.checks.has_file_digests:
+            self.checks.check_file_digest(block, slot, crc, dg.digest(data))
         else:
-            self._check_file(block, slot, crc, fmt.crc32(data))
+            self.checks.check_file(block, slot, crc, fmt.crc32(data))
         return data if (offset == 0 and size == length) else data[offset : offset + size]
 
     def verify_file(self, block: int, slot: int, crc: int) -> int:
@@ -490,7 +346,7 @@ class BlockStore:
                 return 0
         head = self.header(block)
         base, length = head.data_start + int(head.offsets[slot]), int(head.sizes[slot])
-        check, hasher = 0, dg.hasher() if self._file_digest is not None else None
+        check, hasher = 0, dg.hasher() if self.checks.has_file_digests else None
         for pos in range(0, length, VERIFY_PIECE):
             piece = self._pread(block, min(VERIFY_PIECE, length - pos), base + pos)
             if hasher is not None:
@@ -498,63 +354,14 @@ class BlockStore:
             else:
                 check = fmt.crc32(piece, check)
         if hasher is not None:
-            self._check_file_digest(block, slot, crc, hasher.digest())
+            self.checks.check_file_digest(block, slot, crc, hasher.digest())
         else:
-            self._check_file(block, slot, crc, check)
+            self.checks.check_file(block, slot, crc, check)
         with self._verified_lock:
             self._verified[key] = None
             while len(self._verified) > VERIFIED_KEPT:
                 self._verified.popitem(last=False)
         return length
-
-    def _check_file(self, block: int, slot: int, expected: int, got: int) -> None:
-        if got != expected:
-            raise CorruptBlockError(
-                f"{self.where(block)}: slot {slot}: checksum mismatch (expected 0x{expected:08x}, got "
-                f"0x{got:08x}); run 'blockfs verify'",
-                block=block,
-            )
-
-    def _check_file_digest(self, block: int, slot: int, crc: int, got: bytes) -> None:
-        """The file's digest is the index's (and ``crc``, the caller's idea of the file, is the index's too)."""
-        want, index_crc = self._slot_sums(block, slot)
-        if crc != index_crc:
-            self._check_file(block, slot, index_crc, crc)
-        if got != want:
-            raise CorruptBlockError(
-                f"{self.where(block)}: slot {slot}: checksum mismatch (the index's BLAKE3 digest is {want.hex()[:16]}..., "
-                f"the file's {got.hex()[:16]}...): not the bytes packed; run 'blockfs verify'",
-                block=block,
-            )
-
-    def _read_digested(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
-        """Bytes ``[start, start + size)`` of the data section, read as the whole chunks that cover them and
-        checked by their digests (so what is served was checked now, not on an earlier read)."""
-        if size == 0:
-            return b""
-        first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE
-        lo, hi = first * fmt.CHUNK_SIZE, min((last + 1) * fmt.CHUNK_SIZE, head.data_size)
-        data = self._pread(block, hi - lo, head.data_start + lo)
-        self._check_chunks(block, first, data)
-        return data[start - lo : start - lo + size]
-
-    def _read_chunked(self, block: int, head: fmt.BlockHeader, start: int, size: int) -> bytes:
-        """A range of a WIDE block, verified chunk by chunk."""
-        assert head.chunk_crcs is not None  # a WIDE block's header has them
-        if size == 0:
-            return b""
-        first, last = start // fmt.CHUNK_SIZE, (start + size - 1) // fmt.CHUNK_SIZE
-        lo = first * fmt.CHUNK_SIZE
-        hi = min((last + 1) * fmt.CHUNK_SIZE, head.data_size)
-        data = self._pread(block, hi - lo, head.data_start + lo)
-        view = memoryview(data)
-        for k in range(first, last + 1):
-            piece = view[(k - first) * fmt.CHUNK_SIZE : (k - first + 1) * fmt.CHUNK_SIZE]
-            if fmt.crc32(piece) != int(head.chunk_crcs[k]):
-                raise CorruptBlockError(
-                    f"{self.where(block)}: chunk {k} checksum mismatch; run 'blockfs verify'", block=block
-                )
-        return bytes(view[start - lo : start - lo + size])
 
     def close(self) -> None:
         self._files.close()

@@ -112,6 +112,33 @@ class MountOptions:
     partition_seed: int = _declared(Flag(
         "--partition-seed", section="nodes", type=int, help="the loaders' seed (the split depends on it)",
     ), 0)  # fmt: skip
+    # Peers (serve/peers.py): every node's endpoint, and which one is this node's; the secret only from a file
+    # or the environment (never a command line).
+    peers: str | None = _declared(Flag(
+        "--peers", section="nodes", metavar="HOST:PORT,...",
+        help="every node's peer endpoint, the same list in the same order on every node (default: "
+             "$BLOCKFS_PEERS): a block this node lacks comes from the node that owns it before the store",
+    ), None)  # fmt: skip
+    peer_rank: int = _declared(Flag(
+        "--peer-rank", section="nodes", type=int, metavar="N",
+        help="this node's index in --peers (default: $NODE_RANK or $GROUP_RANK, as torchrun sets them)",
+    ), -1)  # fmt: skip
+    peer_listen: str | None = _declared(Flag(
+        "--peer-listen", section="nodes", metavar="HOST:PORT",
+        help="where this node serves its blocks to the others (default: its own entry in --peers)",
+    ), None)  # fmt: skip
+    peer_secret_file: str | None = _declared(Flag(
+        "--peer-secret-file", section="nodes", metavar="PATH",
+        help="the job's shared secret: a file of yours no one else may read (default: $BLOCKFS_PEER_SECRET)",
+    ), None)  # fmt: skip
+    peer_timeout: float = _declared(Flag(
+        "--peer-timeout", section="tuning", type=float, metavar="SECONDS",
+        help="a peer silent this long is given up on (the store is read) and avoided for a while",
+    ), 2.0)  # fmt: skip
+    peer_backoff: float = _declared(Flag(
+        "--peer-backoff", section="tuning", type=float, metavar="SECONDS",
+        help="how long a failed peer is avoided (doubled on each failure in a row, up to 60 s)",
+    ), 5.0)  # fmt: skip
     preload: bool = _declared(Flag(
         "--preload", section="cache", help="read what the plan keeps before serving",
     ), False)  # fmt: skip

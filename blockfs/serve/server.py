@@ -12,6 +12,7 @@ manager that builds every layer and closes them in order, so the tests drive the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..core.checked_indexes import CheckedIndexes
 from ..core.dataset import PackedDataset
+from ..core.location import StorageOptions
 from ..errors import MountError
 from ..openfiles import raise_open_files_limit
 from ..storage.urls import absolute, is_remote, redact
@@ -38,6 +40,7 @@ from .daemon import is_mounted
 from .cache.retain import RetainingReader
 from .control.share import ShareServer
 from .view import MountView
+from .peers import peer_options, start_peers
 
 if TYPE_CHECKING:
     from .fuse.libfuse_adapter import BlockFS
@@ -158,8 +161,10 @@ def assembled(
         from .fuse.libfuse_adapter import BlockFS as make_adapter
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
+        peers = peer_options(options)  # the storage chain asks them before the store
+        storage = options.storage if peers is None else dataclasses.replace(options.storage or StorageOptions(), peers=peers)
         # A re-mount of an index that passed every check of this code skips them (its digest is still checked).
-        ds = PackedDataset(dest, storage=options.storage, expect=options.expect, checked=CheckedIndexes.default())
+        ds = PackedDataset(dest, storage=storage, expect=options.expect, checked=CheckedIndexes.default())
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
@@ -178,6 +183,8 @@ def assembled(
         stack.callback(cache.close)
         if options.nodes > 1:
             cache.keep_to(node_part(ds, options.nodes, options.node_rank, options.partition_seed))
+        if peers is not None:  # this node's blocks served to the others; memory keeps the owned ones first
+            stack.callback(start_peers(ds, cache, peers, options).close)
         retainer = None
         if retain and plan.retained_files:
             mask = plan.retained

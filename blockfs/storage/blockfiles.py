@@ -4,10 +4,11 @@
 raises ``OSError`` for any failed read (the store turns that into a retriable ``BlockReadError``) and
 never decides that a block is damaged.
 
-Three kinds, one interface: :class:`LocalBlockFiles` (block files in a directory, read with ``pread`` on
-pooled descriptors), :class:`~blockfs.storage.remote_blocks.RemoteBlockFiles` (ranged GETs) and
-:class:`~blockfs.storage.tiered.TieredBlockFiles` (a local-disk copy first, the remote for the rest).  The
-tier hooks at the end let the store hand a block it has verified whole to a tier that keeps copies.
+The store's kinds: :class:`LocalBlockFiles` (block files in a directory, read with ``pread`` on pooled
+descriptors) and :class:`~blockfs.storage.remote_blocks.RemoteBlockFiles` (ranged GETs); the tiers in front
+of a store compose into one more, :class:`~blockfs.storage.chain.TierChain` (disk, peers, then the store).
+The copy hooks at the end let the store hand a block it has verified whole to that chain, which decides
+what to keep where; a plain store keeps nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ class BlockFiles:
     def wants_copy(self, block: int) -> bool:
         """Whether a tier would keep a copy of ``block`` if handed one (and has reserved room for it)."""
         return False
+
+    def wants_whole(self, block: int) -> bool:
+        """Whether a file read of ``block`` should fetch the block whole first, for a tier to keep."""
+        return False
+
+    def offer(self, block: int, header: Callable[[], bytes | None], data: memoryview, *, held_in_memory: bool) -> None:
+        """A block the store verified whole; ``header()`` gives its header as stored (None: not this time)."""
 
     def keep_copy(self, block: int, header: bytes, data: memoryview) -> None:
         """Keep a copy of a block the store has verified whole (after :meth:`wants_copy` said yes)."""

@@ -1,113 +1,91 @@
-"""``TieredBlockFiles``: a remote dataset's blocks read from the local-disk tier when it holds them, from the
-remote otherwise; blocks the store has verified whole are offered to the tier.
+"""``DiskCopies``: the local-disk tier as a :class:`~blockfs.storage.chain.Tier` — a remote dataset's blocks
+kept on a local disk (:class:`~blockfs.storage.disk_tier.DiskTier`), read with ``pread``.
 
-The memory tier sits above this one (the mount's block cache and retained files), so a read reaches
-here only when memory does not hold its bytes: memory → local disk → remote.
+:func:`TieredBlockFiles` is the chain of this tier alone in front of the remote (no peers).  When to copy a
+block here is the chain's to decide (:mod:`blockfs.storage.chain`); this tier says what it holds and admits.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable
 
 from .blockfiles import BlockFiles, LocalBlockFiles
+from .chain import Tier, TierChain, compose
 from .disk_tier import DiskTier
-from .remote_blocks import RemoteBlockFiles
 
 log = logging.getLogger(__name__)
 
 
-class TieredBlockFiles(BlockFiles):
+class DiskCopies(Tier):
+    name = "disk"
     keeps_copies = True
 
-    def __init__(self, remote: RemoteBlockFiles, tier: DiskTier) -> None:
-        self.remote = remote
+    def __init__(self, tier: DiskTier, n_blocks: int) -> None:
         self.tier = tier
-        self.names = remote.names
-        self._local = LocalBlockFiles([tier.path(b) for b in range(len(remote.names))], tier.open_copy)
+        self._local = LocalBlockFiles([tier.path(b) for b in range(n_blocks)], tier.open_copy)
         self._lock = threading.Lock()
-        self._refused: set[int] = set()  # damaged blocks: fetched file by file, never whole for a copy
-        self._counts = {"disk_reads": 0, "disk_bytes": 0, "remote_reads": 0, "remote_bytes": 0}
-        # A tier that holds the whole dataset copies every block, so a remount reads nothing remote.  A
-        # smaller one leaves out blocks memory holds for good: their copies would never be read in this
-        # mount, and the two tiers together would hold no more than the larger alone.
-        self.copies_memory_blocks = tier.budget >= sum(remote.size(b) for b in range(len(remote.names)))
+        self._counts = {"disk_reads": 0, "disk_bytes": 0}
 
-    def _count(self, where: str, n: int) -> None:
+    def _count(self, n: int) -> None:
         with self._lock:
-            self._counts[f"{where}_reads"] += 1
-            self._counts[f"{where}_bytes"] += n
+            self._counts["disk_reads"] += 1
+            self._counts["disk_bytes"] += n
 
-    def size(self, block: int) -> int:
-        return self.remote.size(block)
-
-    def _on_disk(self, block: int, size: int, offset: int, read):
-        """``read(files)`` from the disk copy if there is one and it reads; else None.  A copy that cannot
-        be read (deleted under us, an I/O error) is forgotten: the remote still has the block.  A range past
-        the block's end is left to the remote to refuse (EIO): the copy is not to blame for it."""
-        self._check(block, offset, size)
-        if not self.tier.has(block) or offset + size > self.remote.size(block):
-            return None
-        try:
-            return read(self._local)
-        except OSError as e:
-            log.warning("disk tier: %s unreadable (%s): reading block %d from the remote", self.tier.path(block),
-                        e.strerror or e, block)  # fmt: skip
-            self._local.discard(block)
-            self.tier.remove(block)
-            return None
+    def holds(self, block: int) -> bool:
+        return self.tier.has(block)
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
-        data = self._on_disk(block, size, offset, lambda files: files.pread(block, size, offset))
-        if data is not None:
-            self._count("disk", size)
-            return data
-        data = self.remote.pread(block, size, offset)
-        self._count("remote", size)
+        data = self._local.pread(block, size, offset)
+        self._count(size)
         return data
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
-        if self._on_disk(block, len(view), offset, lambda files: files.read_into(block, view, offset) or True):
-            self._count("disk", len(view))
-            return
-        self.remote.read_into(block, view, offset)
-        self._count("remote", len(view))
+        self._local.read_into(block, view, offset)
+        self._count(len(view))
 
-    def discard(self, block: int) -> None:
-        self._local.discard(block)
-        self.remote.discard(block)
+    def admits(self, block: int, size: int) -> bool:
+        return not self.tier.has(block) and self.tier.room_for(size)
 
-    def version(self, block: int) -> Hashable | None:
-        return self.remote.version(block)  # a copy that fails a check is deleted: the remote's block decides
-
-    def wants_copy(self, block: int) -> bool:
-        return block not in self._refused and not self.tier.has(block) and self.tier.room_for(self.remote.size(block))
-
-    def refuse_copy(self, block: int) -> None:
-        with self._lock:
-            self._refused.add(block)
-
-    def allow_copy(self, block: int) -> None:
-        with self._lock:
-            self._refused.discard(block)
-
-    def keep_copy(self, block: int, header: bytes, data: memoryview) -> None:
+    def put(self, block: int, header: bytes, data: memoryview) -> None:
         self.tier.put_block(block, header, data)
 
-    def drop_copy(self, block: int) -> bool:
+    def failed(self, block: int, error: OSError) -> None:
+        """A copy that cannot be read (deleted under us, an I/O error) is forgotten: the remote has the block."""
+        log.warning("disk tier: %s unreadable (%s): reading block %d from further down", self.tier.path(block),
+                    error.strerror or error, block)  # fmt: skip
+        self._local.discard(block)
+        self.tier.remove(block)
+
+    def drop(self, block: int) -> bool:
         if not self.tier.has(block):
             return False
-        log.warning("disk tier: the copy of block %d failed its check: deleted, reading the remote's", block)
+        log.warning("disk tier: the copy of block %d failed its check: deleted, reading it from further down", block)
         self._local.discard(block)
         self.tier.remove(block)
         return True
 
+    def discard(self, block: int) -> None:
+        self._local.discard(block)
+
     def stats(self) -> dict:
         with self._lock:
             reads = dict(self._counts)
-        return {**self.remote.stats(), "disk_tier": {**self.tier.stats(), **reads}}
+        return {"disk_tier": {**self.tier.stats(), **reads}}
 
     def close(self) -> None:
         self._local.close()
-        self.remote.close()
+
+
+def copies_memory_blocks(tier: DiskTier, remote: BlockFiles) -> bool:
+    """The copy policy's one choice: a disk tier that holds the whole dataset copies every block, so a
+    remount reads nothing remote; a smaller one leaves out blocks memory holds for good (their copies would
+    never be read in this mount, and the two tiers together would hold no more than the larger alone)."""
+    return tier.budget >= sum(remote.size(b) for b in range(len(remote.names)))
+
+
+def TieredBlockFiles(remote: BlockFiles, tier: DiskTier) -> TierChain:  # noqa: N802 - the chain's old name
+    """The disk tier in front of ``remote``, without peers (the tests' and tools' spelling of :func:`compose`)."""
+    chain = compose(remote, disk=DiskCopies(tier, len(remote.names)), copies_memory_blocks=copies_memory_blocks(tier, remote))
+    assert isinstance(chain, TierChain)
+    return chain

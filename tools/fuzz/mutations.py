@@ -443,6 +443,8 @@ class FlakyFetches:
     """The pristine pack's blocks as a remote store would fetch them: each fetch (a ``pread`` or a
     ``read_into``) has one bit flipped with probability ``rate``.  Quacks like RemoteBlockFiles."""
 
+    reads_in_pieces = False  # a remote store's: a whole block is one fetch
+
     def __init__(self, pack: Path, n_blocks: int, rnd: random.Random, rate: float) -> None:
         from blockfs.storage.blockfiles import LocalBlockFiles
 

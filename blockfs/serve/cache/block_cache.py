@@ -125,6 +125,9 @@ class BlockCache:
         # Called with (block, the cached block) each time a block is published; the kernel adapter pushes
         # its files into the page cache from there.  Runs in the loading thread: it must only queue work.
         self.on_load: Callable[[int, _CachedBlock], None] | None = None
+        # Asked (block, data bytes) before the policy, under the lock: False keeps the block out of memory
+        # (with peers, room is kept for the blocks this node owns; serve/peers.py).  It must not block.
+        self.admits: Callable[[int, int], bool] | None = None
         self._counters = CacheCounters(n_files)
         self._files = UncachedFiles(store, self._counters)
         self._sequence = SequentialReads()
@@ -290,6 +293,20 @@ class BlockCache:
             raise NotShared(f"block {block} is {why}")
         return self._await(block, head, future, mine)
 
+    def load(self, block: int) -> _CachedBlock | None:
+        """``block`` from memory, loaded now (or waited for: single flight with every other load) if the
+        policy admits it; None when it does not.  Raises CorruptBlockError / BlockReadError."""
+        cached = self._blocks.get(block)
+        if cached is not None:
+            return cached
+        head = self._header(block)
+        with self._lock:
+            cached = self._blocks.get(block)
+            if cached is not None:
+                return cached
+            future, mine = self._claim(block, head)
+        return None if future is None else self._await(block, head, future, mine)
+
     # --- admission and single flight ----------------------------------------------------------------
     def _claim(self, block: int, head: fmt.BlockHeader) -> tuple[Future | None, bool]:
         """Under the lock: the load to wait for (and whether this caller must run it), or None."""
@@ -297,6 +314,8 @@ class BlockCache:
         if future is not None:
             return future, False
         if self.closed or self._is_damaged_locked(block):
+            return None, False
+        if self.admits is not None and not self.admits(block, head.data_size):
             return None, False
         evicted = self._policy.admit(block, head.data_size)  # reserves the room before any byte is read
         if evicted is None:
@@ -456,6 +475,11 @@ class BlockCache:
     @property
     def budget_bytes(self) -> int:
         return self._policy.budget_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the policy has given to blocks (loaded or loading)."""
+        return self._policy.used_bytes
 
     def stats(self) -> dict[str, Any]:
         """Counters, cache fill and per-epoch hit rates, as plain JSON-ready values."""

@@ -46,7 +46,10 @@ PEER_TIMEOUT_S = 2.0  # a peer silent this long (connect, headers, between bytes
 PEER_BACKOFF_S = 5.0  # then avoided this long, doubled on each failure in a row
 BACKOFF_MAX_S = 60.0
 OWNER_FETCH_S = 30.0  # how long an owner may take to fetch a block it said it is fetching
-KEPT_BYTES = 256 << 20  # blocks fetched from peers kept for the reads that follow (a header, then files)
+# Blocks fetched from peers, kept for the reads that follow (a header, then its files, which a block-shuffled
+# order sends together): a window outside the memory plan, so a small one, like the read-ahead's.
+KEPT_BLOCKS = 4
+KEPT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ class PeerTier(Tier):
             self._fetching.pop(block, None)
             self._kept[block] = data
             self._kept_bytes += len(data)
-            while self._kept_bytes > KEPT_BYTES and len(self._kept) > 1:
+            while (self._kept_bytes > KEPT_BYTES or len(self._kept) > KEPT_BLOCKS) and len(self._kept) > 1:
                 self._kept_bytes -= len(self._kept.popitem(last=False)[1])
         future.set_result(data)
         return data

@@ -1,5 +1,9 @@
 """Shared test fixtures and the suite's hooks; the helpers tests import are plain modules (capability, treeutil).
 
+Tests marked ``serial`` cannot run beside others (they time a wait, or count what other processes move):
+under pytest-xdist (``-n N``) they are deselected, and ``--only-serial`` runs them alone afterwards
+(tools/test.sh runs both steps).
+
 A test that needs a machine capability (``/dev/fuse``, PyTorch, root) is skipped where that capability is
 missing, *unless* ``BLOCKFS_REQUIRE_ALL=1`` is set: then every skip, however it was asked for
 (:func:`require`, a ``skipif`` mark, ``pytest.skip``), is reported as a failure, so CI (which has all of
@@ -23,6 +27,25 @@ from treeutil import make_edge_tree
 settings.register_profile("local", deadline=None, derandomize=False)
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True)
 settings.load_profile("ci" if REQUIRE_ALL else "local")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--only-serial", action="store_true",
+                     help="run only the tests marked serial (those a parallel run (-n N) leaves out)")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, leave out the tests marked serial; with --only-serial, run only them."""
+    only_serial = config.getoption("--only-serial")
+    parallel = bool(getattr(config.option, "numprocesses", None)) or hasattr(config, "workerinput")
+    if not (only_serial or parallel):
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == only_serial else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.hookimpl(hookwrapper=True)

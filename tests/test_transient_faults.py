@@ -197,6 +197,7 @@ def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tr
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
+@pytest.mark.serial  # a timed answer: alone, so other tests' load on the machine is not what it measures
 def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_sends_nothing(tree, tmp_path, mode):
     """Lookups, attributes, listings and the control files never wait behind data reads (F9): 40 readers
     wait on a store holding every block answer; ``stat``, ``ls`` and ``stats.json`` still answer."""

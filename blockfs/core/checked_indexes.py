@@ -19,10 +19,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 
 from .. import __version__
-from ..storage.owned import open_owned_dir, read_regular_at, write_file_at
+from ..storage.owned import open_owned_dir, read_regular_at, regular_files_at, unlink_quietly_at, write_file_at
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +122,5 @@ def _keep_newest(dir_fd: int, kept: int) -> None:
     names = [n for n in os.listdir(dir_fd) if len(n) == 64]
     if len(names) <= kept:
         return
-    aged = []
-    for name in names:
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            aged.append((st.st_mtime_ns, name))
-    for _, name in sorted(aged)[: max(0, len(aged) - kept)]:
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
+    aged = regular_files_at(dir_fd, names)
+    unlink_quietly_at(dir_fd, [name for _, name in sorted(aged)[: max(0, len(aged) - kept)]])

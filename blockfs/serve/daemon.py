@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
-from ..storage.owned import open_owned_dir
+from ..storage.owned import open_owned_dir, regular_files_at, unlink_quietly_at
 
 __all__ = ["check_mountpoint", "default_log_path", "fetched_directory", "is_mounted", "log_directory", "mount_entry",
            "open_log", "remove_fetched", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
@@ -289,23 +289,10 @@ def default_log_path(mountpoint: str | os.PathLike) -> str:
 
 
 def _remove_old_logs(dir_fd: int) -> None:
-    logs = []
-    for name in os.listdir(dir_fd):
-        if name.startswith("blockfs-") and name.endswith(".log"):
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                logs.append((st.st_mtime, name))
+    logs = regular_files_at(dir_fd, [n for n in os.listdir(dir_fd) if n.startswith("blockfs-") and n.endswith(".log")])
     logs.sort(reverse=True)
-    cutoff = time.time() - LOG_KEEP_DAYS * 86400
-    for k, (mtime, name) in enumerate(logs):
-        if k >= LOGS_KEPT or mtime < cutoff:
-            try:
-                os.unlink(name, dir_fd=dir_fd)
-            except OSError:
-                pass
+    cutoff = time.time_ns() - LOG_KEEP_DAYS * 86400 * 10**9
+    unlink_quietly_at(dir_fd, [name for k, (mtime, name) in enumerate(logs) if k >= LOGS_KEPT or mtime < cutoff])
 
 
 FETCHED_PREFIX = "blockfs-fetched-"

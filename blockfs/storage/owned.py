@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 from contextlib import contextmanager
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from ..errors import BlockfsError
 
@@ -214,3 +214,27 @@ def read_regular_at(dir_fd: int, name: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def regular_files_at(dir_fd: int, names: Iterable[str]) -> list[tuple[int, str]]:
+    """``(mtime_ns, name)`` of each of ``names`` under ``dir_fd`` that is a regular file, links never
+    followed (a name that vanished or is anything else is left out): what an owned directory may age out."""
+    found = []
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append((st.st_mtime_ns, name))
+    return found
+
+
+def unlink_quietly_at(dir_fd: int, names: Iterable[str]) -> None:
+    """Remove each of ``names`` under ``dir_fd``; one already gone (or refused) is left to the next sweep."""
+    for name in names:
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+

@@ -281,17 +281,12 @@ class BlockCache:
 
     def _cached_or_loaded(self, block: int) -> _CachedBlock:
         """``block`` in the cache, loaded (or waited for) now if need be; NotShared if it is not admitted."""
-        head = self._header(block)
-        with self._lock:
-            cached = self._blocks.get(block)
-            if cached is not None:
-                return cached
-            future, mine = self._claim(block, head)
-        if future is None:
+        cached = self.load(block)
+        if cached is None:
             why = "damaged (its checksum or header is wrong, or it is not this dataset's)" if (
                 block in self._damaged) else "not admitted: the cache budget is full"  # fmt: skip
             raise NotShared(f"block {block} is {why}")
-        return self._await(block, head, future, mine)
+        return cached
 
     def load(self, block: int) -> _CachedBlock | None:
         """``block`` from memory, loaded now (or waited for: single flight with every other load) if the

@@ -349,39 +349,45 @@ class MountView:
 
     def stats(self) -> dict[str, Any]:
         """Everything ``blockfs stats`` shows: the mount, the dataset, the memory plan and the cache."""
-        meta = self.ds.metadata
-        dataset_bytes = int(meta["file_bytes"])
-        budget = self.cache.budget_bytes
-        out = {
-            "mount": {
-                "dest": self.ds.location,
-                "mountpoint": self.mountpoint,
-                "pid": os.getpid(),
-                **self.route.facts,
-                "threads": self.options.threads,
-                "control": self.control.name,
-                "started": self.started,
-            },
-            "dataset": {
-                "digest": self.ds.digest,  # its name: what --expect and the loader's expect= pin
-                "digests": self.ds.has_digests,  # False: checked against accidents (CRC-32) only
-                "files": int(meta["n_files"]),
-                "file_bytes": dataset_bytes,
-                "blocks": int(meta["n_blocks"]),
-                "block_bytes": int(meta["block_bytes"]),
-            },
-            "plan": self.plan.to_dict() if self.plan is not None else {
-                "budget_bytes": budget,
-                "dataset_bytes": dataset_bytes,
-                "fits": dataset_bytes <= budget,
-                "expected_hit_rate": min(1.0, budget / dataset_bytes) if dataset_bytes else 1.0,
-            },
-            "retained": self.retainer.stats() if self.retainer is not None else None,
-            **self.cache.stats(),
-            "requests": {},
-            "errors": self.error_log.stats(),
-            "storage": self.ds.store.files.stats(),  # remote requests and the disk tier; {} for a local dataset
-        }
-        if self.route.stats is not None:
-            out.update(self.route.stats())
-        return out
+        return mount_stats(self)
+
+
+def mount_stats(view: MountView) -> dict[str, Any]:
+    """:meth:`MountView.stats`, assembled from the view's parts and its route's counters."""
+    ds, cache = view.ds, view.cache
+    meta = ds.metadata
+    dataset_bytes = int(meta["file_bytes"])
+    budget = cache.budget_bytes
+    out = {
+        "mount": {
+            "dest": ds.location,
+            "mountpoint": view.mountpoint,
+            "pid": os.getpid(),
+            **view.route.facts,
+            "threads": view.options.threads,
+            "control": view.control.name,
+            "started": view.started,
+        },
+        "dataset": {
+            "digest": ds.digest,  # its name: what --expect and the loader's expect= pin
+            "digests": ds.has_digests,  # False: checked against accidents (CRC-32) only
+            "files": int(meta["n_files"]),
+            "file_bytes": dataset_bytes,
+            "blocks": int(meta["n_blocks"]),
+            "block_bytes": int(meta["block_bytes"]),
+        },
+        "plan": view.plan.to_dict() if view.plan is not None else {
+            "budget_bytes": budget,
+            "dataset_bytes": dataset_bytes,
+            "fits": dataset_bytes <= budget,
+            "expected_hit_rate": min(1.0, budget / dataset_bytes) if dataset_bytes else 1.0,
+        },
+        "retained": view.retainer.stats() if view.retainer is not None else None,
+        **cache.stats(),
+        "requests": {},
+        "errors": view.error_log.stats(),
+        "storage": ds.store.files.stats(),  # remote requests and the disk tier; {} for a local dataset
+    }
+    if view.route.stats is not None:
+        out.update(view.route.stats())
+    return out

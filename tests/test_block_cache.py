@@ -48,8 +48,7 @@ def packed(tmp_path_factory):
 def open_cached(dest, budget: int, policy: str = "cache-once", **kw) -> tuple[PackedDataset, BlockCache]:
     ds = PackedDataset(dest)
     cache = BlockCache(ds.store, budget, policy, n_files=int(ds.metadata["n_files"]), **kw)
-    ds.reader = cache
-    return ds, cache
+    return ds.reading_through(cache), cache
 
 
 def dataset_bytes(ds: PackedDataset) -> int:

@@ -50,7 +50,7 @@ def test_cached_memory_is_anonymous(packed, share):
     """A file-backed map of a block file would pass a type check; /proc/self/maps tells them apart."""
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, lock_memory=False, share=share)
-        ds.reader = cache
+        ds = ds.reading_through(cache)
         try:
             ds.read(ds.files_in_block(0)[0])
             block = cache._blocks[0]

@@ -71,17 +71,17 @@ def test_listing_and_kinds(control, packed):
     assert blocks == [protocol.block_file_name(b) for b in range(n_blocks)]
     inos = [ino for _n, _m, ino in control.readdir(CTL)] + [i for _n, _m, i in control.readdir(CTL + b"/blocks")][2:]
     assert len(set(inos[2:])) == len(inos) - 2  # every control file its own inode
-    assert stat.S_ISDIR(control.getattr(CTL)["st_mode"])
+    assert stat.S_ISDIR(control.getattr(CTL).mode)
     assert control.owns(CTL + b"/x") and control.owns(CTL) and not control.owns(b"/.blockfsx")
 
 
 def test_metadata_and_index_are_the_datasets_bytes(control, packed):
     meta = (packed / "blockfs.json").read_bytes()
     assert read_all(control, CTL + b"/metadata.json", 100) == meta
-    assert control.getattr(CTL + b"/metadata.json")["st_size"] == len(meta)
+    assert control.getattr(CTL + b"/metadata.json").size == len(meta)
     index = (packed / "index.bfi").read_bytes()
     assert read_all(control, CTL + b"/index.bfi", 1000) == index
-    assert control.getattr(CTL + b"/index.bfi")["st_size"] == len(index)
+    assert control.getattr(CTL + b"/index.bfi").size == len(index)
 
 
 def test_block_files_are_served_byte_for_byte(control, packed):
@@ -89,7 +89,7 @@ def test_block_files_are_served_byte_for_byte(control, packed):
     for b, path in enumerate(paths):
         raw = path.read_bytes()
         name = CTL + b"/blocks/" + protocol.block_file_name(b).encode()
-        assert control.getattr(name)["st_size"] == len(raw)
+        assert control.getattr(name).size == len(raw)
         assert read_all(control, name, 999) == raw
         assert control.read(name, 10, len(raw) + 5) == b""
 
@@ -138,12 +138,12 @@ def test_errors_carry_their_errno(control):
         assert raised.value.errno == expected
 
 
-def test_xattrs_give_live_stats_and_the_socket_addresses(control):
+def test_xattrs_give_live_stats_and_the_socket_addresses(control, packed):
     assert control.listxattr(CTL) == [protocol.STATS_XATTR]
     first = json.loads(control.getxattr(CTL, protocol.STATS_XATTR))
     assert json.loads(control.getxattr(CTL, protocol.STATS_XATTR))["n"] == first["n"] + 1  # live
-    control.prefetch_address = b"\0p"
-    control.share_address = b"\0s"
+    with PackedDataset(packed) as ds:
+        control = ControlDirectory(ds, control_name_for(ds), Counting(), b"\0p", b"\0s")
     assert control.getxattr(CTL, protocol.PREFETCH_XATTR) == b"\0p"
     assert control.getxattr(CTL, protocol.SHARE_XATTR) == b"\0s"
     assert sorted(control.listxattr(CTL)) == sorted(
@@ -153,15 +153,15 @@ def test_xattrs_give_live_stats_and_the_socket_addresses(control):
 
 def test_stats_json_leads_to_a_fixed_snapshot_per_resolution(control):
     link = CTL + b"/stats.json"
-    assert stat.S_ISLNK(control.getattr(link)["st_mode"])
+    assert stat.S_ISLNK(control.getattr(link).mode)
     first = control.readlink(link)
     second = control.readlink(link)
     assert first != second and first.startswith(b"stats/")
-    assert control.getattr(link)["st_size"] == len(first)  # the link's size is its target's length
+    assert control.getattr(link).size == len(first)  # the link's size is its target's length
     one = read_all(control, CTL + b"/" + first)
     control.getxattr(CTL, protocol.STATS_XATTR)  # the statistics move on ...
     assert read_all(control, CTL + b"/" + first, 3) == one  # ... a snapshot does not
-    assert control.getattr(CTL + b"/" + first)["st_size"] == len(one)
+    assert control.getattr(CTL + b"/" + first).size == len(one)
     assert json.loads(one)["n"] + 1 == json.loads(read_all(control, CTL + b"/" + second))["n"]
     listed = [name for name, _m, _i in control.readdir(CTL + b"/stats")][2:]
     assert listed == [first.partition(b"/")[2].decode(), second.partition(b"/")[2].decode()]

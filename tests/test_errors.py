@@ -88,12 +88,13 @@ def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
     import tempfile
 
     import blockfs.cli.mount_commands  # noqa: F401  (everything the child runs, imported before the fork)
-    import blockfs.serve.fuse.libfuse_adapter  # noqa: F401
+    import blockfs.serve.fuse.libfuse_adapter
     import blockfs.serve.server  # noqa: F401
     from blockfs.serve.daemon import is_mounted
     from polling import wait_until
 
     require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (to become nobody)")
+    blockfs.serve.fuse.libfuse_adapter.load_binding("mfusepy")  # the binding, loaded (and kept) before the fork
     dev_open = stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 == 0o006
     conf = Path("/etc/fuse.conf")
     allowed = conf.exists() and "user_allow_other" in [ln.strip() for ln in conf.read_text().splitlines()]

@@ -197,7 +197,7 @@ def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(prist
             return calls.read(rel)
         try:
             return fs.read("/" + rel.decode(fs_module.ENCODING), 1 << 20, 0, None)
-        except fs_module.FuseOSError as e:
+        except fs.FuseOSError as e:
             raise OSError(e.errno, os.strerror(e.errno)) from None
 
     options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False)
@@ -252,7 +252,7 @@ def _walk_mount(fs, fs_module, p: Pristine, authentic: bool, steps: list[str]) -
     def answer(op, *args):
         try:
             return op(*args)
-        except fs_module.FuseOSError as e:
+        except fs.FuseOSError as e:
             return e.errno
 
     pending = ["/"]
@@ -262,7 +262,7 @@ def _walk_mount(fs, fs_module, p: Pristine, authentic: bool, steps: list[str]) -
         if isinstance(listing, int):
             continue
         for name, _attr, _off in listing:
-            if name in (".", "..") or (path == "/" and name == fs.control.name):
+            if name in (".", "..") or (path == "/" and name == fs.view.control.name):
                 continue
             child = path.rstrip("/") + "/" + name
             attr = answer(fs.getattr, child)

@@ -233,9 +233,9 @@ def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tm
             return True
 
         calls.session.store = store  # type: ignore[method-assign]
-        assert fs._push([n - 1 for n in nodes]) == []
+        assert fs.pusher.push([n - 1 for n in nodes]) == []
         assert sorted(stored) == sorted(nodes[:1] + nodes[2:])
-        assert fs.pushed["push_errors"] == 1 and fs.pushed["files_pushed"] == len(names) - 1
+        assert fs.pusher.counts["push_errors"] == 1 and fs.pusher.counts["files_pushed"] == len(names) - 1
     said = [r for r in caplog.records if "page cache" in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(said) == 1 and names[1] in said[0].getMessage() and not said[0].exc_info
 
@@ -277,11 +277,11 @@ def test_a_lookup_pushes_nothing_its_read_would_outrun(packed, tmp_path):
         block = fs.view.block_slot(fs.view.lookup(names[0].encode()))[0]
         same_block = [n for n in names[1:] if fs.view.block_slot(fs.view.lookup(n.encode()))[0] == block]
         assert same_block and fs.view.cache.holds(block)
-        while not fs._pushes.empty():  # the block's load queued its push (the pusher thread is not running here)
-            fs._pushes.get()
+        while not fs.pusher.jobs.empty():  # the block's load queued its push (the pusher thread is not running here)
+            fs.pusher.jobs.get()
         for name in same_block:
             assert calls.lookup_path(name.encode())[0] == 0
-        assert fs._pushes.empty()
+        assert fs.pusher.jobs.empty()
 
 
 def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path):
@@ -338,4 +338,4 @@ def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_pa
         assert calls.read(read.encode()) == (src / read).read_bytes()
         assert calls.lookup_path(looked_up.encode())[0] == 0
         entry = {n: fs.view.lookup(n.encode()) for n in (read, looked_up)}
-        assert fs._push([entry[read], entry[looked_up]]) == [entry[looked_up]]  # only the unread one was tried
+        assert fs.pusher.push([entry[read], entry[looked_up]]) == [entry[looked_up]]  # only the unread one was tried

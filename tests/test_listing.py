@@ -167,7 +167,7 @@ def test_kernel_route_asks_the_kernel_for_the_listing_its_option_names(big, tmp_
         answer = fs.session.init_answer(memoryview(wire.INIT_IN.pack(wire.KERNEL_MAJOR, wire.KERNEL_MINOR, 1 << 17,
                                                                      offered)))  # fmt: skip
         flags = wire.INIT_OUT.unpack(answer)[3]
-        assert fs.view.adapter["listing"] == (listing or "plain")
+        assert fs.view.route.facts["listing"] == (listing or "plain")
     plus, auto = bool(flags & wire.DO_READDIRPLUS), bool(flags & wire.READDIRPLUS_AUTO)
     assert (plus, auto) == {None: (False, False), "plain": (False, False), "plus": (True, False),
                             "auto": (True, True)}[listing]  # fmt: skip
@@ -395,7 +395,7 @@ def test_under_memory_pressure_reclaimed_inodes_are_forgotten_and_every_file_sti
             mnt.mkdir()
             with assembled(reclaimable, mnt, options, route="kernel") as fs:
                 audit = NodeAudit(fs)
-                server = threading.Thread(target=fs.run, args=(str(mnt), "blockfs-test", []), daemon=True)
+                server = threading.Thread(target=fs.run, args=(str(mnt), "blockfs-test"), daemon=True)
                 server.start()
                 try:
                     wait_until_mounted(mnt, None, 30)

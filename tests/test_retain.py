@@ -213,7 +213,7 @@ def test_the_plan_holds_its_budget_and_a_later_epoch_reads_only_what_it_does_not
         if plan.retained_files:
             mask = plan.retained
             retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask], lock_memory=False)
-        ds.reader = retainer if retainer is not None else cache
+        ds = ds.reading_through(retainer if retainer is not None else cache)
         try:
             for epoch in range(2):
                 order = names[:]

@@ -214,7 +214,7 @@ def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
     monkeypatch.setattr(blockfs.serve.cache.block_memory, "FDS_KEPT_FREE", soft - blockfs.serve.cache.block_memory.FDS_PER_MEMFD)  # room for one
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
-        ds.reader = cache
+        ds = ds.reading_through(cache)
         try:
             os.close(cache.share(0))
             with pytest.raises(NotShared, match="cannot be shared"):

@@ -124,3 +124,65 @@ def test_no_module_imports_conftest():
             if "conftest" in names:
                 offenders.append(f"{path.relative_to(HERE.parent)}:{node.lineno}")
     assert offenders == [], "imports conftest: " + ", ".join(offenders)
+
+
+# The one-way order inside blockfs/serve (README, Development): the running mount (server, daemon) on top,
+# then the FUSE adapters, the view they translate, the control directory, the plain modules, the memory tier.
+SERVE_LAYERS = {"server": "mount", "daemon": "mount", "fuse": "fuse", "view": "view", "control": "control",
+                "cache": "cache", "errorlog": "base", "mount_options": "base", "notify": "base", "node_attr": "base"}  # fmt: skip
+SERVE_MAY_IMPORT = {
+    "mount": {"fuse", "view", "control", "cache", "base"},
+    "fuse": {"view", "base"},
+    "view": {"control", "cache", "base"},
+    "control": {"base"},
+    "base": {"cache"},  # mount_options names the cache's policies and defaults
+    "cache": set(),
+}
+
+
+def serve_import_violations(serve: Path) -> list[str]:
+    """Every import (top-level, in a function or under TYPE_CHECKING) in the ``serve`` package at ``serve``
+    that crosses an edge :data:`SERVE_MAY_IMPORT` does not allow, as ``path:line: from -> to``."""
+    import ast
+
+    def layer(parts: list[str]) -> str | None:  # parts: the module's path inside blockfs.serve
+        return SERVE_LAYERS.get(parts[0]) if parts and parts[0] != "__init__" else None
+
+    found = []
+    for path in sorted(serve.rglob("*.py")):
+        rel = list(path.relative_to(serve).with_suffix("").parts)
+        here = layer(rel)
+        if here is None:
+            continue
+        package = rel[:-1]  # the module's own package inside blockfs.serve
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                if node.level - 1 > len(package):
+                    continue  # above blockfs.serve: core, errors, protocol...
+                mod = base + (node.module.split(".") if node.module else [])
+                targets = [mod + [a.name] if not node.module else mod for a in node.names]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                targets = [n.split(".")[2:] for n in names if n.startswith("blockfs.serve.")]
+            for target in targets:
+                there = layer(target)
+                if there is not None and there != here and there not in SERVE_MAY_IMPORT[here]:
+                    found.append(f"{path.relative_to(serve.parent)}:{node.lineno}: {here} -> {there}")
+    return found
+
+
+def test_serve_imports_go_one_way():
+    assert serve_import_violations(HERE.parent / "blockfs" / "serve") == []
+
+
+def test_an_import_across_a_forbidden_edge_is_found(tmp_path):
+    serve = tmp_path / "serve"
+    shutil.copytree(HERE.parent / "blockfs" / "serve", serve, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, line in [("cache/budget.py", "from ..fuse import wire"), ("control/share.py", "from .. import view"),
+                      ("view.py", "import blockfs.serve.fuse.session"), ("fuse/wire.py", "from ..cache import policies")]:  # fmt: skip
+        with open(serve / rel, "a") as f:
+            f.write(f"\n{line}\n")
+    found = serve_import_violations(serve)
+    assert [f.split(": ")[1] for f in found] == ["cache -> fuse", "control -> view", "fuse -> cache", "view -> fuse"], found

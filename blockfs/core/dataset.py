@@ -7,6 +7,7 @@ relative or with a leading ``/``; the root is ``""`` or ``"/"``.  Reads go throu
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from dataclasses import dataclass
@@ -356,6 +357,14 @@ class PackedDataset:
     def disk_tier(self) -> DiskTier | None:
         """The local-disk tier of a remote dataset (:class:`blockfs.storage.disk_tier.DiskTier`), or None."""
         return self._location.tier
+
+    def reading_through(self, reader: FileReader) -> "PackedDataset":
+        """This open dataset, its files read through ``reader`` (a cache over :attr:`store`, which can only be
+        made once the dataset is open): the same index, store and location, closed by this one's
+        :meth:`close` (close one of the two, not both)."""
+        other = copy.copy(self)
+        other.reader = reader
+        return other
 
     def close(self) -> None:
         self.store.close()

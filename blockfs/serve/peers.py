@@ -79,23 +79,21 @@ class OwnedFirst:
     """The cache's admission hook with peers: a block this node owns is the policy's to admit; another
     node's only into room that the owned blocks not loaded yet will not need."""
 
-    def __init__(self, cache: BlockCache, owned: list[int], sizes: list[int]) -> None:
-        self._cache = cache
+    def __init__(self, owned: list[int], sizes: list[int]) -> None:
         self._owned = frozenset(owned)
         self._pending = {b: sizes[b] for b in owned}
         self._pending_bytes = sum(self._pending.values())
 
-    def __call__(self, block: int, size: int) -> bool:
+    def __call__(self, cache: BlockCache, block: int, size: int) -> bool:
         if block in self._owned:
             return True
-        for b in [b for b in self._pending if self._cache.holds(b)]:
+        for b in [b for b in self._pending if cache.holds(b)]:
             self._pending_bytes -= self._pending.pop(b)
-        return self._cache.budget_bytes - self._cache.used_bytes - self._pending_bytes >= size
+        return cache.budget_bytes - cache.used_bytes - self._pending_bytes >= size
 
 
-def start_peers(ds: PackedDataset, cache: BlockCache, peers: PeerOptions, options: MountOptions) -> PeerEndpoint:
-    """Ownership set on the dataset's peer tier, memory told to keep owned blocks first, and this node's
-    endpoint listening (the caller closes it)."""
+def owned_blocks(ds: PackedDataset, peers: PeerOptions, options: MountOptions) -> tuple[PeerTier, list[int]]:
+    """The dataset's peer tier with every block's owner set, and the blocks this node owns."""
     chain = ds.store.files
     tier = chain.tier("peers") if isinstance(chain, TierChain) else None
     if not isinstance(tier, PeerTier):
@@ -112,10 +110,11 @@ def start_peers(ds: PackedDataset, cache: BlockCache, peers: PeerOptions, option
             for b in node_part(ds, options.nodes, node, options.partition_seed):
                 owner[b] = node
         tier.set_owners(owner)
-    owned = [b for b in range(ds.n_blocks) if tier.owner(b) == peers.rank]
-    sizes = [int(n) for n in ds.index.arrays["block_sizes"]]
-    cache.keep_to(owned)
-    cache.admits = OwnedFirst(cache, owned, sizes)
+    return tier, [b for b in range(ds.n_blocks) if tier.owner(b) == peers.rank]
+
+
+def start_endpoint(ds: PackedDataset, cache: BlockCache, tier: PeerTier, peers: PeerOptions) -> PeerEndpoint:
+    """This node's endpoint listening (the caller closes it)."""
     address = peers.listen or peers.addresses[peers.rank]
     try:
         endpoint = PeerEndpoint(address, ds.digest, peers.secret, ds.store, cache, lambda b: tier.owner(b) == peers.rank)

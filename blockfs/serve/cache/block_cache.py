@@ -107,6 +107,8 @@ class BlockCache:
         lock_memory: bool = True,
         n_files: int = 0,
         share: bool = True,
+        on_load: Callable[[int], None] | None = None,
+        admits: Callable[[BlockCache, int, int], bool] | None = None,
     ) -> None:
         self._store = store
         self._policy = make_policy(policy, budget_bytes)
@@ -122,12 +124,12 @@ class BlockCache:
         self._damaged: dict[int, tuple[object, float]] = {}
         self._looks: dict[int, threading.Timer] = {}  # damaged blocks read since: a look at their version due
         self.closed = False
-        # Called with (block, the cached block) each time a block is published; the kernel adapter pushes
-        # its files into the page cache from there.  Runs in the loading thread: it must only queue work.
-        self.on_load: Callable[[int, _CachedBlock], None] | None = None
-        # Asked (block, data bytes) before the policy, under the lock: False keeps the block out of memory
-        # (with peers, room is kept for the blocks this node owns; serve/peers.py).  It must not block.
-        self.admits: Callable[[int, int], bool] | None = None
+        # Called with the block each time a block is published; the kernel adapter pushes its files into
+        # the page cache from there.  Runs in the loading thread: it must only queue work.
+        self._on_load = on_load
+        # Asked (this cache, block, data bytes) before the policy, under the lock: False keeps the block out of
+        # memory (with peers, room is kept for the blocks this node owns; serve/peers.py).  It must not block.
+        self._admits = admits
         self._counters = CacheCounters(n_files)
         self._files = UncachedFiles(store, self._counters)
         self._sequence = SequentialReads()
@@ -310,7 +312,7 @@ class BlockCache:
             return future, False
         if self.closed or self._is_damaged_locked(block):
             return None, False
-        if self.admits is not None and not self.admits(block, head.data_size):
+        if self._admits is not None and not self._admits(self, block, head.data_size):
             return None, False
         evicted = self._policy.admit(block, head.data_size)  # reserves the room before any byte is read
         if evicted is None:
@@ -416,8 +418,8 @@ class BlockCache:
         self._counters.add("block_loads")
         self._counters.add("block_bytes_read", head.data_size)
         future.set_result(cached)
-        if kept and self.on_load is not None:
-            self.on_load(block, cached)
+        if kept and self._on_load is not None:
+            self._on_load(block)
 
     def _read_block(self, block: int, head: fmt.BlockHeader) -> _CachedBlock:
         """The data section in fresh anonymous memory, read by the store and verified, with the sealed

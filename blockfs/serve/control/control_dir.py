@@ -4,7 +4,8 @@ It lives at the mount root under a name that is no entry of the dataset (:func:`
 left out of the root's listing, so ``find`` and ``diff -r`` see only the dataset.  Its files and attributes
 are the mount↔loader contract (:mod:`blockfs.protocol`).  This class knows nothing of FUSE: it answers
 with plain values and raises blockfs errors (or ``OSError`` with an errno), so it runs and is tested
-in-process; :mod:`blockfs.serve.fuse.libfuse_adapter` maps its calls and errors for the kernel.
+in-process; :class:`blockfs.serve.view.MountView` composes it into the mount's one namespace (by node: see
+:meth:`ControlDirectory.node_of`), which the FUSE adapters translate.
 
 **One snapshot per open of stats.json.**  The kernel caches what a FUSE file returns and may fetch it in
 several reads; a file whose bytes change between those reads is served torn (half of one snapshot, half of
@@ -43,6 +44,7 @@ from ... import protocol
 from ...core.dataset import PackedDataset
 from ...core.index import KIND_DIR, KIND_FILE
 from ...errors import EntryNotFoundError, IsADirectoryEntryError, NotADirectoryEntryError
+from ..node_attr import Attr
 
 SNAPSHOTS_KEPT = 64  # kept however idle; past that, a snapshot unread for SNAPSHOT_IDLE_S goes
 SNAPSHOT_IDLE_S = 30.0
@@ -85,7 +87,14 @@ class ControlDirectory:
     Paths are the bytes the kernel gives, absolute in the mount (``b"/.blockfs/stats.json"``).
     """
 
-    def __init__(self, ds: PackedDataset, name: str, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        ds: PackedDataset,
+        name: str,
+        stats: Callable[[], dict[str, Any]],
+        prefetch_address: bytes | None = None,
+        share_address: bytes | None = None,
+    ) -> None:
         self.name = name
         self.path = b"/" + os.fsencode(name)
         self._ds = ds
@@ -101,15 +110,15 @@ class ControlDirectory:
         self._first_block_ino = self._ino + 6
         self._first_snapshot_ino = self._first_block_ino + len(self._block_sizes)
         self._mtime_ns = time.time_ns()
-        self._uid, self._gid = os.getuid(), os.getgid()
         self._reveal = reveal_mode(arrays)  # of blocks/* and index.bfi; blocks/ adds search where read is given
         # generation -> (bytes, when last read), least recently read first
         self._snapshots: collections.OrderedDict[int, tuple[bytes, float]] = collections.OrderedDict()
         self._generation = 0
         self._evicted: list[bytes] = []
         self._lock = threading.Lock()
-        self.prefetch_address: bytes | None = None  # the socket that takes loaders' block announcements
-        self.share_address: bytes | None = None  # the socket that hands loaders cached blocks
+        self.prefetch_address = prefetch_address  # the socket that takes loaders' block announcements
+        self.share_address = share_address  # the socket that hands loaders cached blocks
+        self._named = {v: k for k, v in self._file_inos.items()}  # inode offset -> name
 
     def owns(self, raw: bytes) -> bool:
         return raw.startswith(self.path) and (len(raw) == len(self.path) or raw[len(self.path)] == 0x2F)
@@ -143,42 +152,59 @@ class ControlDirectory:
         return SNAPSHOTS + b"/%0*d.json" % (SNAPSHOT_DIGITS, generation)
 
     # --- operations -----------------------------------------------------------------------------
-    def getattr(self, raw: bytes) -> dict[str, Any]:
+    def getattr(self, raw: bytes) -> Attr:
         leaf = self._leaf(raw)
-        common = {"st_uid": self._uid, "st_gid": self._gid, "st_nlink": 1,
-                  "st_atime": self._mtime_ns, "st_ctime": self._mtime_ns, "st_mtime": self._mtime_ns}  # fmt: skip
         if leaf in (b"", BLOCKS, SNAPSHOTS):
             ino = self._ino if not leaf else self._ino + self._file_inos[leaf]
             perm = self._reveal | self._reveal >> 2 if leaf == BLOCKS else 0o555  # r -> r-x
-            return {**common, "st_mode": stat.S_IFDIR | perm, "st_nlink": 2, "st_size": 0, "st_ino": ino}
+            return Attr(ino, 0, stat.S_IFDIR | perm, 2, self._mtime_ns)
         if leaf == STATS:
-            size = len(self._snapshot_name(0))
-            return {**common, "st_mode": stat.S_IFLNK | 0o777, "st_size": size, "st_ino": self._ino + 1}
+            return Attr(self._ino + 1, len(self._snapshot_name(0)), stat.S_IFLNK | 0o777, 1, self._mtime_ns)
         block = self._block_of(leaf)
         if block is not None:
-            return self._file_attr(common, self._first_block_ino + block, int(self._block_sizes[block]), self._reveal)
+            return self._file_attr(self._first_block_ino + block, int(self._block_sizes[block]), self._reveal)
         generation = self._snapshot_of(leaf)
         if generation is not None:
             with self._lock:
                 size = len(self._snapshots.get(generation, (b"", 0.0))[0])
-            return self._file_attr(common, self._first_snapshot_ino + generation, size)
+            return self._file_attr(self._first_snapshot_ino + generation, size)
         if leaf == METADATA:
-            return self._file_attr(common, self._ino + self._file_inos[leaf], len(self._metadata))
-        return self._file_attr(common, self._ino + self._file_inos[leaf], len(self._index), self._reveal)
+            return self._file_attr(self._ino + self._file_inos[leaf], len(self._metadata))
+        return self._file_attr(self._ino + self._file_inos[leaf], len(self._index), self._reveal)
 
-    @staticmethod
-    def _file_attr(common: dict[str, Any], ino: int, size: int, perm: int = 0o444) -> dict[str, Any]:
-        return {**common, "st_mode": stat.S_IFREG | perm, "st_ino": ino, "st_size": size,
-                "st_blocks": (size + 511) // 512}  # fmt: skip
+    def _file_attr(self, ino: int, size: int, perm: int = 0o444) -> Attr:
+        return Attr(ino, size, stat.S_IFREG | perm, 1, self._mtime_ns)
+
+    # --- nodes: the directory's files by their place among its inode numbers ---------------------
+    def node_of(self, raw: bytes) -> int:
+        """The node of a control path: 0 for the directory, then its files in inode order."""
+        return self.getattr(raw).ino - self._ino
+
+    def path_of(self, node: int) -> bytes:
+        """The path of :meth:`node_of`'s ``node`` (a snapshot's, even once dropped: its reads say ENOENT)."""
+        n_blocks = len(self._block_sizes)
+        if node == 0:
+            return self.path
+        if node in self._named:
+            return self.path + b"/" + self._named[node]
+        if 6 <= node < 6 + n_blocks:
+            return self.path + b"/" + BLOCKS + b"/" + os.fsencode(protocol.block_file_name(node - 6))
+        if node >= 6 + n_blocks:
+            return self.path + b"/" + self._snapshot_name(node - 6 - n_blocks)
+        raise OSError(errno.ESTALE, "no such control node")
+
+    def children(self, raw: bytes) -> list[tuple[bytes, int]]:
+        """(name, node) of each entry of a control directory, without "." and ".."."""
+        return [(os.fsencode(name), ino - self._ino) for name, _mode, ino in self.readdir(raw)[2:]]
 
     def readdir(self, raw: bytes) -> list[tuple[str, int, int]]:
         """(name, mode, inode) of each entry, ``.`` and ``..`` first."""
         leaf = self._leaf(raw)
         here = self.getattr(raw)
-        if not stat.S_ISDIR(here["st_mode"]):
+        if not stat.S_ISDIR(here.mode):
             raise NotADirectoryEntryError(f"{os.fsdecode(raw)}: not a directory")
         parent = self._root_ino if not leaf else self._ino
-        entries = [(".", stat.S_IFDIR, here["st_ino"]), ("..", stat.S_IFDIR, parent)]
+        entries = [(".", stat.S_IFDIR, here.ino), ("..", stat.S_IFDIR, parent)]
         if leaf == BLOCKS:
             return entries + [(protocol.block_file_name(b), stat.S_IFREG, self._first_block_ino + b)
                               for b in range(len(self._block_sizes))]  # fmt: skip
@@ -188,7 +214,7 @@ class ControlDirectory:
             return entries + [(os.fsdecode(self._snapshot_name(g)).partition("/")[2], stat.S_IFREG,
                                self._first_snapshot_ino + g) for g in kept]  # fmt: skip
         return entries + [
-            (os.fsdecode(name), stat.S_IFMT(self.getattr(self.path + b"/" + name)["st_mode"]),
+            (os.fsdecode(name), stat.S_IFMT(self.getattr(self.path + b"/" + name).mode),
              self._ino + self._file_inos[name]) for name in LISTED_FILES
         ]  # fmt: skip
 

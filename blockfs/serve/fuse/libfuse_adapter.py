@@ -1,10 +1,11 @@
-"""``BlockFS``: a packed dataset as a read-only FUSE filesystem — the adapter between the kernel and blockfs.
+"""``BlockFS``: the mount through a libfuse binding (mfusepy or fusepy) — the adapter the route names.
 
-The only module that imports a FUSE binding (so nothing else needs one to import): ``BLOCKFS_FUSE=mfusepy``
-(the default; the maintained fork, bound to libfuse 3 where it is installed) or ``BLOCKFS_FUSE=fusepy``
-(libfuse 2) picks it; mfusepy falls back to fusepy when it cannot be imported.  Each operation looks its
-path up in the layer below (the dataset, or the control directory, :mod:`blockfs.serve.control.control_dir`) and
-turns blockfs errors into errno values; the assembly of a running mount is :mod:`blockfs.serve.server`.
+The only module that imports a FUSE binding (so nothing else needs one to import), and only when a mount
+of its route is made (:func:`load_binding`: ``mfusepy``, the maintained fork, bound to libfuse 3 where it
+is installed, falling back to fusepy when it cannot be imported; or ``fusepy``, libfuse 2).  Each operation
+looks its path up in :class:`blockfs.serve.view.MountView` (the mount's one namespace) and translates the
+answer; errors become errno values as the view maps them.  The assembly of a running mount is
+:mod:`blockfs.serve.server`.
 
 Paths cross the binding as ``str`` decoded as latin-1, which maps every byte to one code point and back,
 so any name a Linux filesystem allows (non-UTF-8 bytes included) reaches the index as the exact bytes
@@ -24,7 +25,7 @@ Open modes (the data never changes, so the kernel may keep what it read; the REA
 * ``none``: pages dropped at every open, every read reaches Python.
 
 The thread pool serves a cached file while another waits on storage, and holds enough threads that
-lookups, attributes, listings and the control files never wait behind reads waiting on a slow store
+lookups, attributes and listings never wait behind reads waiting on a slow store
 (:mod:`blockfs.serve.fuse.libfuse_threads`); each libfuse thread keeps its Python thread state
 (:func:`keep_thread_state`), which otherwise costs more than most requests.
 """
@@ -39,33 +40,33 @@ import logging
 import os
 import stat
 import threading
+from collections import Counter
 from ctypes.util import find_library
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable
 
-from ...errors import BlockfsError, BlockReadError, CorruptBlockError, MountError
+from ...errors import MountError
+from ..mount_options import MountOptions
+from ..view import MountView, Route
+from .libfuse_messages import StderrCapture, distill
 from .libfuse_threads import MAX_THREADS, max_threads_applied
-from ..view import MountView
 
 log = logging.getLogger(__name__)
 
-BINDING_ENV = "BLOCKFS_FUSE"
 ENCODING = "latin-1"
-FORGET_INTERVAL_S = 0.5  # how often snapshots the control directory dropped are dropped from the kernel's cache
+BINDINGS = ("mfusepy", "fusepy")
 
 
-def load_binding(name: str | None = None) -> ModuleType:
+@functools.cache
+def load_binding(name: str = "mfusepy") -> ModuleType:
     """The FUSE binding module: ``mfusepy`` (libfuse 3 when installed) or ``fusepy`` (imported as ``fuse``)."""
-    name = name or os.environ.get(BINDING_ENV) or "mfusepy"
-    if name in ("kernel", "auto"):  # BLOCKFS_FUSE names the route; this module serves the binding routes
-        name = "mfusepy"
-    if name not in ("mfusepy", "fusepy"):
-        raise MountError(f"{BINDING_ENV}={name!r}: choose 'mfusepy' (libfuse 3) or 'fusepy' (libfuse 2)")
+    if name not in BINDINGS:
+        raise MountError(f"FUSE binding {name!r}: choose 'mfusepy' (libfuse 3) or 'fusepy' (libfuse 2)")
     if name == "mfusepy":
         # mfusepy looks for libfuse 2 first; libfuse 3 is what it is maintained for and what distributions ship.
         if not os.environ.get("FUSE_LIBRARY_PATH") and not os.environ.get("FUSE_LIBRARY_NAME"):
             if find_library("fuse3"):
-                os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
+                os.environ["FUSE_LIBRARY_NAME"] = "fuse3"  # the binding's own setting, read as it loads
         try:
             return importlib.import_module("mfusepy")
         except (ImportError, OSError) as e:
@@ -74,12 +75,6 @@ def load_binding(name: str | None = None) -> ModuleType:
         return importlib.import_module("fuse")
     except (ImportError, OSError) as e:
         raise MountError(f"no FUSE binding: install mfusepy (libfuse 3) or fusepy (libfuse 2): {e}") from e
-
-
-binding = load_binding()
-FuseOSError = binding.FuseOSError
-BINDING_NAME: Literal["mfusepy", "fusepy"] = "mfusepy" if binding.__name__ == "mfusepy" else "fusepy"
-LIBFUSE_MAJOR = int(getattr(binding, "fuse_version_major", 2))
 
 
 _local = threading.local()
@@ -98,7 +93,7 @@ def keep_thread_state() -> None:
 
 
 def fuse_call(method: Callable) -> Callable:
-    """Turn blockfs errors into their errno, anything unexpected into a logged EIO."""
+    """Count the request, and turn any error into the binding's FuseOSError with the view's errno."""
 
     name = method.__name__
 
@@ -108,29 +103,49 @@ def fuse_call(method: Callable) -> Callable:
         keep_thread_state()
         try:
             return method(self, *args)
-        except FuseOSError:
-            raise
-        except BlockfsError as e:
-            if isinstance(e, (CorruptBlockError, BlockReadError)):
-                self.error_log.report(e)
-            raise FuseOSError(e.errno) from None
-        except OSError as e:
-            raise FuseOSError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("unexpected error in %s%r; answering EIO", method.__name__, args)
-            raise FuseOSError(errno.EIO) from None
+        except Exception as e:
+            raise self.FuseOSError(self.view.report(e, f"{name}{args!r}")) from None
 
     return call
 
 
 def _refuse(self: Any, *args: Any) -> None:
-    raise FuseOSError(errno.EROFS)
+    raise self.FuseOSError(errno.EROFS)
 
 
-class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chosen at import: mypy cannot follow it
-    """The FUSE operations of one mounted dataset, by path, over :class:`blockfs.serve.view.MountView`."""
+def fuse_kwargs(options: MountOptions, fsname: str) -> dict[str, Any]:
+    """The binding's keyword options for a mount (``-o`` options plus foreground/nothreads); ``fsname``: what
+    the mount table shows as its source."""
+    # The binding hands str options to libfuse as latin-1, one byte per character: give it the name's own
+    # bytes (UTF-8 for 'ü') through that channel, so the mount table holds the name as the file system does.
+    timeout = f"{options.timeout_s:g}"
+    kwargs: dict[str, Any] = {
+        "foreground": True,
+        "nothreads": not options.threads,
+        "ro": True,
+        "default_permissions": True,
+        "use_ino": True,
+        "fsname": os.fsencode(fsname).decode(ENCODING),
+        "subtype": "blockfs",
+        "entry_timeout": timeout,
+        "attr_timeout": timeout,
+        "negative_timeout": timeout,
+    }
+    if options.allow_other:
+        kwargs["allow_other"] = True
+    for opt in options.fuse_options:
+        for item in filter(None, opt.split(",")):
+            key, eq, value = item.partition("=")
+            kwargs[key] = value if eq else True
+    return kwargs
 
-    route: ClassVar[Literal["mfusepy", "fusepy"]] = BINDING_NAME
+
+class BlockFS:
+    """The FUSE operations of one mount, by path, over :class:`blockfs.serve.view.MountView`; made with
+    :func:`make_adapter` (which adds the binding's ``Operations`` base)."""
+
+    binding: ModuleType
+    FuseOSError: type[Exception]
     use_ns = True  # times are integer nanoseconds, so ns mtimes survive
     # Not implemented on purpose: libfuse answers these in C (or the kernel stops asking), no Python call.
     flush = release = opendir = releasedir = access = fsync = fsyncdir = lock = ioctl = None
@@ -138,63 +153,84 @@ class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chose
     chmod = chown = create = link = mkdir = mknod = rename = rmdir = symlink = unlink = write = _refuse
     truncate = utimens = setxattr = removexattr = _refuse
 
-    def __init__(self, view: MountView) -> None:
-        self.view = view
-        self._ds = view.ds
-        self.control = view.control
-        self.error_log = view.error_log
-        self.requests = view.requests
-        self.open_mode = view.options.open_mode_for(LIBFUSE_MAJOR)
-        view.adapter = {"binding": BINDING_NAME, "libfuse": LIBFUSE_MAJOR, "open_mode": self.open_mode}
+    def __init__(self, options: MountOptions, build: Callable[[Route], MountView]) -> None:
+        self.options = options
+        self.route = "mfusepy" if self.binding.__name__ == "mfusepy" else "fusepy"
+        self.libfuse = int(getattr(self.binding, "fuse_version_major", 2))
+        self.open_mode = options.open_mode_for(self.libfuse)
+        self.requests: Counter[str] = Counter()
         self.served = False  # set once libfuse has mounted and called init
         self.stopped = threading.Event()
-
-    def stats(self) -> dict[str, Any]:
-        return self.view.stats()
+        self._said: StderrCapture | None = None  # what libfuse prints while mounting (run)
+        self.view = build(Route({"binding": self.route, "libfuse": self.libfuse, "open_mode": self.open_mode},
+                                self.open_mode, stats=lambda: {"requests": dict(self.requests)}))  # fmt: skip
 
     # --- life cycle -----------------------------------------------------------------------------
+    def run(self, mountpoint: str, fsname: str) -> None:
+        """Mount with libfuse and serve until unmounted (or SIGINT/SIGTERM); blocks.  What libfuse prints
+        while mounting is captured and, if the mount fails, distilled into one MountError line."""
+        with StderrCapture() as said:
+            self._said = said
+            try:
+                self._run(mountpoint, fsname)
+            except MountError as e:
+                if self.served:
+                    raise
+                said.release(replay=False)
+                text = said.text()
+                log.debug("libfuse wrote:\n%s", text.rstrip())
+                why = distill(text)
+                if why is None:
+                    os.write(2, text.encode())
+                    raise
+                raise MountError(f"cannot mount {mountpoint!r}: {why}") from e
+            finally:
+                self.stopped.set()
+
+    def _run(self, mountpoint: str, fsname: str) -> None:
+        try:
+            with max_threads_applied(self.binding) as applied:
+                options = fuse_kwargs(self.options, fsname)
+                if applied and not options.get("nothreads"):  # metadata must not wait behind reads (libfuse_threads.py)
+                    options.setdefault("max_threads", str(MAX_THREADS))
+                self.binding.FUSE(self, os.fsencode(mountpoint).decode(ENCODING), raw_fi=self.open_mode != "enosys",
+                                  encoding=ENCODING, **options)  # fmt: skip
+        except RuntimeError as e:
+            if not self.served:
+                raise MountError(f"libfuse could not mount {mountpoint!r} (status {e}); see the messages above") from e
+            # libfuse 3 reports a loop ended by SIGINT/SIGTERM as an error status; it unmounted cleanly.
+            log.debug("libfuse returned status %s after serving", e)
+
     def init(self, path: str) -> None:
         self.served = True
-        view = self.view
-        log.info(
-            "serving %s at %s (%s, libfuse %d, open %s, cache %d bytes %s)",
-            self._ds.location, view.mountpoint, BINDING_NAME, LIBFUSE_MAJOR, self.open_mode,
-            view.cache.budget_bytes, view.cache.policy_name,
-        )  # fmt: skip
-        self._start_forgetting()
-        if view.options.prefill:
-            view.cache.start_prefill()
+        if self._said is not None:
+            self._said.release()  # mounted: what libfuse said goes to stderr as it was
+        self.view.start_serving(f"{self.route}, libfuse {self.libfuse}", self._forgetting())
 
     def destroy(self, path: str) -> None:
         self.stopped.set()
 
-    def _start_forgetting(self) -> None:
-        """Drop the stats snapshots the control directory no longer keeps from the kernel's cache."""
+    def _forgetting(self) -> Callable[[int, bytes, bytes], None] | None:
+        """How a dropped stats snapshot is dropped from the kernel's cache: by path, with libfuse."""
         try:
-            lib = binding._libfuse
+            lib = self.binding._libfuse
             fuse = lib.fuse_get_context().contents.fuse
             invalidate = lib.fuse_invalidate_path
         except AttributeError as e:
             log.debug("no fuse_invalidate_path (%s): the kernel forgets old stats snapshots itself", e)
-            return
+            return None
         invalidate.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
-
-        def run() -> None:
-            while not self.stopped.wait(FORGET_INTERVAL_S):
-                for path in self.control.take_evicted():
-                    invalidate(fuse, path)
-
-        threading.Thread(target=run, name="blockfs-forget", daemon=True).start()
+        return lambda parent, name, path: invalidate(fuse, path)
 
     # --- metadata -------------------------------------------------------------------------------
+    def _node(self, path: str) -> int:
+        return self.view.lookup(path.encode(ENCODING))
+
     @fuse_call
     def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return self.control.getattr(raw)
-        e = self.view.lookup(raw)
-        self.view.check_present(e)
-        a = self.view.attr(e)
+        node = self._node(path)
+        self.view.check_present(node)
+        a = self.view.attr(node)
         return {
             "st_mode": a.mode,
             "st_ino": a.ino,
@@ -212,28 +248,21 @@ class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chose
     def readdir(self, path: str, fh: Any) -> list:
         # Every name comes with its inode number: with use_ino, a bare name would reach the kernel as
         # inode 0, which readdir(3) skips.  The mode gives it a d_type, so os.scandir needs no stat.
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return [(name, {"st_mode": mode, "st_ino": ino}, 0) for name, mode, ino in self.control.readdir(raw)]
         view = self.view
-        e = view.lookup(raw)
-        kids = view.children(e)
-        # From the index's columns a directory at a time: the names decoded and split once, the modes and
+        node = self._node(path)
+        # From the view's arrays a directory at a time: the names decoded and split once, the modes and
         # inode numbers as two lists; the binding makes its own object per entry from these tuples.
-        names = view.child_names(e).decode(ENCODING).split("\0")[:-1]  # each name ends in a NUL
-        a = view.attrs(kids.start, kids.stop)
-        out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(e).ino}, 0),
-               ("..", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(view.parent(e)).ino}, 0)]  # fmt: skip
+        names = view.child_names(node).decode(ENCODING).split("\0")[:-1]  # each name ends in a NUL
+        a = view.listing(node).attrs
+        out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(node).ino}, 0),
+               ("..", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(view.parent(node)).ino}, 0)]  # fmt: skip
         out += [(name, {"st_mode": mode, "st_ino": ino}, 0)
                 for name, mode, ino in zip(names, a["mode"].tolist(), a["ino"].tolist())]  # fmt: skip
         return out
 
     @fuse_call
     def readlink(self, path: str) -> str:
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return self.control.readlink(raw).decode(ENCODING)
-        return self.view.readlink(self.view.lookup(raw)).decode(ENCODING)
+        return self.view.readlink(self._node(path)).decode(ENCODING)
 
     @fuse_call
     def statfs(self, path: str) -> dict[str, int]:
@@ -243,20 +272,11 @@ class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chose
 
     @fuse_call
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return self.control.getxattr(raw, name)
-        value = self.view.xattrs(self.view.lookup(raw)).get(name)
-        if value is None:
-            raise FuseOSError(errno.ENODATA)
-        return value
+        return self.view.getxattr(self._node(path), name)
 
     @fuse_call
     def listxattr(self, path: str) -> list[str]:
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return self.control.listxattr(raw)
-        return list(self.view.xattrs(self.view.lookup(raw)))
+        return self.view.listxattr(self._node(path))
 
     # --- data -----------------------------------------------------------------------------------
     @fuse_call
@@ -265,44 +285,24 @@ class BlockFS(binding.Operations):  # type: ignore[name-defined]  # a base chose
             # The kernel then stops sending open/release for the whole mount and keeps page cache
             # across opens (it acts as if keep_cache were set).  The mount is read-only, so the VFS
             # already refused any open for writing.
-            raise FuseOSError(errno.ENOSYS)
-        raw = path.encode(ENCODING)
+            raise OSError(errno.ENOSYS, "no open")
         if fi.flags & os.O_ACCMODE != os.O_RDONLY:
-            raise FuseOSError(errno.EROFS)
-        if self.control.owns(raw):
-            fi.keep_cache = True  # every control file's bytes are fixed (stats.json leads to a snapshot)
-        elif self.open_mode == "targets":
-            fi.keep_cache = self.view.keeps(self.view.lookup(raw))
-        else:
-            fi.keep_cache = self.open_mode == "keep_cache"
+            raise OSError(errno.EROFS, "read-only")
+        fi.keep_cache = self.view.keep_pages(self._node(path))
         return 0
 
     @fuse_call
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
-        raw = path.encode(ENCODING)
-        if self.control.owns(raw):
-            return self.control.read(raw, size, offset)
-        return self.view.read(self.view.lookup(raw), offset, size)
+        return self.view.read(self._node(path), offset, size)
 
 
-def run(fs: BlockFS, mountpoint: str, fuse_options: dict[str, Any]) -> None:
-    """Mount ``fs`` at ``mountpoint`` with libfuse and serve until unmounted (or SIGINT/SIGTERM)."""
-    try:
-        with max_threads_applied(binding) as applied:
-            options = dict(fuse_options)
-            if applied and not options.get("nothreads"):  # metadata must not wait behind reads (libfuse_threads.py)
-                options.setdefault("max_threads", str(MAX_THREADS))
-            binding.FUSE(
-                fs,
-                os.fsencode(mountpoint).decode(ENCODING),
-                raw_fi=fs.open_mode != "enosys",
-                encoding=ENCODING,
-                **options,
-            )
-    except RuntimeError as e:
-        if not fs.served:
-            raise MountError(f"libfuse could not mount {mountpoint!r} (status {e}); see the messages above") from e
-        # libfuse 3 reports a loop ended by SIGINT/SIGTERM as an error status; it unmounted cleanly.
-        log.debug("libfuse returned status %s after serving", e)
-    finally:
-        fs.stopped.set()
+@functools.cache
+def _operations(binding_name: str) -> type[BlockFS]:
+    """:class:`BlockFS` with the binding's ``Operations`` as its base (the binding dispatches through it)."""
+    binding = load_binding(binding_name)
+    return type("BlockFS", (BlockFS, binding.Operations), {"binding": binding, "FuseOSError": binding.FuseOSError})
+
+
+def make_adapter(route: str, options: MountOptions, build: Callable[[Route], MountView]) -> BlockFS:
+    """The adapter of ``route`` (``mfusepy`` or ``fusepy``: the binding it loads) for a mount of ``options``."""
+    return _operations(route)(options, build)

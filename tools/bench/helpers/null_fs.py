@@ -314,12 +314,14 @@ def serve_pyfuse3(src: str, mountpoint: str) -> None:
 
 
 def serve_mfusepy(src: str, mountpoint: str) -> None:
-    from blockfs.serve.fuse.libfuse_adapter import ENCODING, binding
+    from blockfs.serve.fuse.libfuse_adapter import ENCODING, fuse_kwargs, load_binding
     from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import fuse_kwargs
+    from blockfs.serve.server import mount_source
 
+    binding = load_binding("mfusepy")
     fs = make_mfusepy_null(binding)(src)
-    binding.FUSE(fs, mountpoint, raw_fi=False, encoding=ENCODING, **fuse_kwargs(MountOptions(cache_bytes=0), src))
+    binding.FUSE(fs, mountpoint, raw_fi=False, encoding=ENCODING,
+                 **fuse_kwargs(MountOptions(cache_bytes=0), mount_source(src)))  # fmt: skip
 
 
 def make_mfusepy_null(binding: "ModuleType") -> type:

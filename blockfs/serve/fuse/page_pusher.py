@@ -1,0 +1,110 @@
+"""The kernel adapter's page pushing (``FUSE_NOTIFY_STORE``): the files of a block just loaded, and the files
+a listing just gave whose block is in memory, written into the kernel's page cache by one thread, so their
+reads never reach this process.
+
+It reaches the memory tier only through :class:`blockfs.serve.view.MountView`'s narrow hook
+(:meth:`~MountView.files_of_block`, :meth:`~MountView.held`, :meth:`~MountView.pages`); what the kernel
+holds (lookup counts) is the adapter's node table, read here, never written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ..view import MountView
+
+log = logging.getLogger(__name__)
+
+PUSH_RETRY_S = 0.05
+
+
+class PagePusher:
+    """Pushes of one mount: ``jobs`` takes ("block", block) and ("entries", [entry...]); :meth:`run` is the
+    pusher thread; ``store(nodeid, bytes)`` is the session's, True when the kernel took the pages."""
+
+    def __init__(self, view: MountView, jobs: queue.SimpleQueue, lookups: np.ndarray,
+                 store: Callable[[int, Any], bool], stopped: threading.Event, *, enabled: bool) -> None:  # fmt: skip
+        self.view = view
+        self.jobs = jobs
+        self.enabled = enabled  # pages kept across opens: pushing them pays off
+        self._lookups = lookups
+        self._store = store
+        self._stopped = stopped
+        self.pushed = np.zeros(len(lookups), dtype=np.uint8)  # 1: pushed, and the kernel may still hold them
+        self.counts = {"files_pushed": 0, "bytes_pushed": 0, "pushes_skipped": 0, "push_errors": 0}
+
+    def listed(self, entries: np.ndarray, linked: np.ndarray) -> None:
+        """Queue pushes of the ``entries`` a listing gave with attributes (``linked``) whose blocks are in
+        memory: a listing comes long before the reads.  (A file merely looked up is not pushed: its READ
+        follows at once and would win the race.)"""
+        if not self.enabled:
+            return
+        wanted = entries[linked & (self.pushed[entries] == 0)]
+        if wanted.size:
+            wanted = self.view.held(wanted)
+        if wanted.size:
+            self.jobs.put(("entries", wanted.tolist()))
+
+    def run(self) -> None:
+        """The one thread that writes into the kernel's page cache (never a reader thread: see session).
+
+        A push can reach the kernel before the answer that told it of the node (the lookup or listing is
+        answered after it queued the push): the kernel then says ENOENT, and the push is tried once more
+        :data:`PUSH_RETRY_S` later."""
+        retry: list[int] = []
+        while True:
+            try:
+                job = self.jobs.get(timeout=PUSH_RETRY_S if retry else None)
+            except queue.Empty:
+                job, retry = ("again", retry), []
+            if job is None or self._stopped.is_set():
+                return
+            kind, what = job
+            try:
+                if kind == "block":
+                    retry += self.push(self.view.files_of_block(what))
+                elif kind == "entries":
+                    retry += self.push(what)
+                else:
+                    self.counts["pushes_skipped"] += len(self.push(what))
+            except Exception:
+                self.counts["push_errors"] += 1
+                log.exception("pushing pages into the kernel's cache failed; reads are served as usual")
+
+    def push(self, entries: list[int]) -> list[int]:
+        """Push each entry the kernel holds and has not been pushed; the ones the kernel refused."""
+        refused = []
+        counts, lookups, pushed, store = self.counts, self._lookups, self.pushed, self._store
+        for e in entries:
+            if pushed[e] or lookups[e] <= 0:
+                continue
+            data = self.view.pages(e)
+            if data is None or not len(data):
+                continue
+            try:
+                stored = store(e + 1, data)
+            except Exception as err:  # noqa: BLE001 - this file only: the others of the job are still pushed
+                pushed[e] = 1  # not tried again while the kernel holds the node: its reads come here
+                self._failed(e, err)
+                continue
+            if stored:
+                pushed[e] = 1
+                counts["files_pushed"] += 1
+                counts["bytes_pushed"] += len(data)
+            else:
+                refused.append(e)
+        return refused
+
+    def _failed(self, e: int, err: Exception) -> None:
+        """Count a file the kernel would not take; say so once a mount (its reads are served as usual)."""
+        self.counts["push_errors"] += 1
+        if self.counts["push_errors"] == 1:
+            log.warning("pushing %s into the page cache failed: %s; its reads are served as usual (later "
+                        "failures are counted in page_cache.push_errors)", self.view.path_of(e), err)  # fmt: skip
+        else:
+            log.debug("pushing entry %d into the page cache failed: %s", e, err)

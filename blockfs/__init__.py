@@ -16,10 +16,14 @@ __version__ = "0.1.0"
 # Imported on first use (PEP 562), so that importing any part of blockfs (the command line, which starts a
 # mount's server) does not import NumPy and the packer: `blockfs mount` returns sooner.
 _HOMES = {
-    "EntryStat": ".core.dataset", "PackedDataset": ".core.dataset", "open_dataset": ".core.dataset",
-    "BlockfsError": ".errors", "PackOptions": ".packing.packer", "PackResult": ".packing.packer",
+    "EntryStat": ".core.dataset",
+    "PackedDataset": ".core.dataset",
+    "open_dataset": ".core.dataset",
+    "BlockfsError": ".errors",
+    "PackOptions": ".packing.packer",
+    "PackResult": ".packing.packer",
     "pack": ".packing.packer",
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,10 @@ def control_dir(mountpoint: str | os.PathLike) -> str:
     """The path of the mount's control directory; NotADatasetError saying why ``mountpoint`` is not a mount."""
     root = os.path.abspath(os.fspath(mountpoint))
     hint = f"mount a packed dataset there first: blockfs mount DATASET {root}"
-    gone = NotADatasetError(f"{root!r} is a mount whose server is gone (transport endpoint is not connected): "
-                            f"run 'blockfs umount {root}', then mount the dataset again")  # fmt: skip
+    gone = NotADatasetError(
+        f"{root!r} is a mount whose server is gone (transport endpoint is not connected): "
+        f"run 'blockfs umount {root}', then mount the dataset again"
+    )
     try:
         os.stat(root)  # may answer from the kernel's cache of a dead mount: the getxattr below does not
     except OSError as e:

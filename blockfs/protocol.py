@@ -33,7 +33,7 @@ filesystem when a mount is killed) and answer only processes of the mount's own 
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 CONTROL_XATTR = "user.blockfs.control"  # on the mount root: the control directory's name
 STATS_XATTR = "user.blockfs.stats"  # on the control directory: live statistics (JSON)

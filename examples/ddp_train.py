@@ -43,9 +43,17 @@ def train_rank(rank: int, args: argparse.Namespace, init_file: str, out_dir: str
         torch.manual_seed(args.seed)
         torch.set_num_threads(1)
         importance = ImportanceConfig(args.importance, args.warmup) if args.importance else None
-        loader = BlockLoader(args.root, args.batch_size, byte_histogram, "cpu", seed=args.seed,
-                             num_workers=args.workers, importance=importance, partition=args.partition,
-                             nodes=args.nodes if args.partition == "node" else None)  # fmt: skip
+        loader = BlockLoader(
+            args.root,
+            args.batch_size,
+            byte_histogram,
+            "cpu",
+            seed=args.seed,
+            num_workers=args.workers,
+            importance=importance,
+            partition=args.partition,
+            nodes=args.nodes if args.partition == "node" else None,
+        )
         classes = len(loader.classes or []) or int(loader.mount.labels.max()) + 1
         model = DistributedDataParallel(nn.Linear(BINS + 1, classes))
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -67,8 +75,13 @@ def train_rank(rank: int, args: argparse.Namespace, init_file: str, out_dir: str
             if rank == 0:
                 print(f"epoch {epoch}: {len(seen)} samples on rank 0, {steps} steps so far", flush=True)
         params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-        result = {"rank": rank, "world_size": loader.world_size, "steps": steps, "ids": ids_per_epoch,
-                  "final_params": params}  # fmt: skip
+        result = {
+            "rank": rank,
+            "world_size": loader.world_size,
+            "steps": steps,
+            "ids": ids_per_epoch,
+            "final_params": params,
+        }
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
         loader.close()
@@ -88,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="loader worker processes per rank")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partition", choices=("global", "node"), default="global",
-                        help="node: each simulated node's ranks read a fixed part of the blocks")
+    parser.add_argument(
+        "--partition",
+        choices=("global", "node"),
+        default="global",
+        help="node: each simulated node's ranks read a fixed part of the blocks",
+    )
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes for --partition node")
     parser.add_argument("--importance", type=float, help="after --warmup epochs, train on this fraction")
     parser.add_argument("--warmup", type=int, default=1)

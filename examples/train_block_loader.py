@@ -45,21 +45,37 @@ def decode_image(data: bytes, size: int) -> torch.Tensor:
 def small_cnn(classes: int) -> nn.Module:
     """Three conv blocks, global average pooling and a linear head (as examples/train_imagefolder.py)."""
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(64, classes),
-    )  # fmt: skip
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, classes),
+    )
 
 
 def build(args: argparse.Namespace) -> tuple[BlockLoader, nn.Module, torch.optim.Optimizer]:
     importance = ImportanceConfig(args.importance, args.warmup) if args.importance else None
     device = None if args.device == "auto" else args.device
     loader = BlockLoader(
-        args.root, args.batch_size, functools.partial(decode_image, size=args.image_size), device,
-        seed=args.seed, num_workers=args.workers, reuse=args.reuse, importance=importance,
+        args.root,
+        args.batch_size,
+        functools.partial(decode_image, size=args.image_size),
+        device,
+        seed=args.seed,
+        num_workers=args.workers,
+        reuse=args.reuse,
+        importance=importance,
         on_decode_error="skip" if args.skip_bad else "raise",
-    )  # fmt: skip
+    )
     torch.manual_seed(args.seed)
     classes = len(loader.classes or []) or int(loader.mount.labels.max()) + 1
     model = small_cnn(classes).to(loader.device)
@@ -112,8 +128,10 @@ def train(args: argparse.Namespace) -> int:
     files = loader.mount.file_ids
     samples = int((loader.mount.labels[files] >= 0).sum()) or files.size
     outside = f" (left out, as ImageFolder does: {files.size - samples} outside them)" if samples < files.size else ""
-    print(f"{samples} images in {len(loader.classes or [])} classes under {args.root}{outside}, "
-          f"{loader.device}, {args.workers} workers")  # fmt: skip
+    print(
+        f"{samples} images in {len(loader.classes or [])} classes under {args.root}{outside}, "
+        f"{loader.device}, {args.workers} workers"
+    )
 
     losses: list[float] = []
     for epoch in range(args.epochs):
@@ -144,9 +162,11 @@ def train(args: argparse.Namespace) -> int:
         if args.max_steps is not None and len(losses) >= args.max_steps:
             break
     if loader.skipped:
-        print(f"skipped {loader.skipped} sample{'s' if loader.skipped != 1 else ''} the decoder could not read: "
-              f"{', '.join(repr(loader.path(i)) for i in loader.skipped_ids[:3])}"
-              f"{' ...' if len(loader.skipped_ids) > 3 else ''}")  # fmt: skip
+        print(
+            f"skipped {loader.skipped} sample{'s' if loader.skipped != 1 else ''} the decoder could not read: "
+            f"{', '.join(repr(loader.path(i)) for i in loader.skipped_ids[:3])}"
+            f"{' ...' if len(loader.skipped_ids) > 3 else ''}"
+        )
 
     # The last epoch's running training accuracy: an eval pass would read the data once more, and
     # BatchNorm's running statistics lag behind the weights after a few dozen steps.
@@ -170,8 +190,9 @@ def _until_exhausted(current):
 def checkpoint_and_rebuild(args, loader, model, optimizer):
     """Save loader, model and optimizer through torch.save, then restore them into new objects."""
     buffer = io.BytesIO()
-    torch.save({"loader": loader.state_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-               buffer)  # fmt: skip
+    torch.save(
+        {"loader": loader.state_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer
+    )
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     loader, model, optimizer = build(args)

@@ -83,11 +83,21 @@ class ImageFolder(Dataset):
 def small_cnn(classes: int) -> nn.Module:
     """Three conv blocks, global average pooling (any image size) and a linear head."""
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(64, classes),
-    )  # fmt: skip
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, classes),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         seconds = time.perf_counter() - start
         print(
-            f"epoch {epoch}: loss {epoch_loss / seen:.4f}  accuracy {correct / seen:.3f}  "
-            f"{seen / seconds:.0f} images/s"
+            f"epoch {epoch}: loss {epoch_loss / seen:.4f}  accuracy {correct / seen:.3f}  {seen / seconds:.0f} images/s"
         )
         if args.max_steps is not None and len(losses) >= args.max_steps:
             break

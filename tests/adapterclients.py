@@ -9,8 +9,9 @@ import os
 import struct
 from typing import NamedTuple
 
-from blockfs.serve.fuse import wire
 from kernelcalls import KernelCalls
+
+from blockfs.serve.fuse import wire
 
 
 class Stat(NamedTuple):

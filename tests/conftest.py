@@ -30,8 +30,11 @@ settings.load_profile("ci" if REQUIRE_ALL else "local")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--only-serial", action="store_true",
-                     help="run only the tests marked serial (those a parallel run (-n N) leaves out)")  # fmt: skip
+    parser.addoption(
+        "--only-serial",
+        action="store_true",
+        help="run only the tests marked serial (those a parallel run (-n N) leaves out)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -92,8 +95,10 @@ def torch_module():
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-compatible server (moto) on loopback for the whole session, always stopped at the end."""
-    require(importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,
-            "moto[server] and obstore (pip install -e '.[test]')")  # fmt: skip
+    require(
+        importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,
+        "moto[server] and obstore (pip install -e '.[test]')",
+    )
     from s3server import S3Server
 
     server = S3Server()

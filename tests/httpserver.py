@@ -12,7 +12,7 @@ import http.server
 import os
 import re
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d+)?$")
 

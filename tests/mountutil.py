@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from blockfs.errors import MountError
 from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
@@ -46,8 +46,18 @@ class Mount:
 
 
 def serve_command(dest: os.PathLike, mountpoint: os.PathLike, log: os.PathLike, *args: str) -> list[str]:
-    return [sys.executable, "-m", "blockfs", "mount", os.fspath(dest), os.fspath(mountpoint), "--foreground",
-            "--log", os.fspath(log), *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "mount",
+        os.fspath(dest),
+        os.fspath(mountpoint),
+        "--foreground",
+        "--log",
+        os.fspath(log),
+        *args,
+    ]
 
 
 @contextlib.contextmanager

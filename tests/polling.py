@@ -8,7 +8,8 @@ does.  The timeout is generous because it only matters when the test is failing 
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -71,9 +71,12 @@ class S3Server:
         import boto3
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET,
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET,
             region_name=REGION,
-        )  # fmt: skip
+        )
 
     def new_bucket(self) -> str:
         name = f"blockfs-test-{next(_bucket_numbers)}-{os.getpid()}"
@@ -98,9 +101,12 @@ def upload_tree(server: S3Server, bucket: str, prefix: str, root: str | os.PathL
 class _RefusingHandler(http.server.BaseHTTPRequestHandler):
     """What S3 answers a key it does not know: 403 and its XML error, to every request."""
 
-    BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
-            b"Access Key Id you provided does not exist in our records.</Message><AWSAccessKeyId>"
-            + ACCESS_KEY.encode() + b"</AWSAccessKeyId><RequestId>0</RequestId></Error>")  # fmt: skip
+    BODY = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
+        b"Access Key Id you provided does not exist in our records.</Message><AWSAccessKeyId>"
+        + ACCESS_KEY.encode()
+        + b"</AWSAccessKeyId><RequestId>0</RequestId></Error>"
+    )
 
     def do_GET(self) -> None:
         self.send_response(403)

@@ -11,15 +11,15 @@ import os
 import stat
 
 import pytest
+from adapterclients import KernelClient, LibfuseClient
+from treeutil import EDGE_MTIME_NS, make_edge_tree
 
 import blockfs
-from adapterclients import KernelClient, LibfuseClient
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import MountError
 from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.server import assembled
-from treeutil import EDGE_MTIME_NS, make_edge_tree
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,9 @@ def test_the_control_directory_is_reached_by_name_from_the_root(client, edge):
     root, _ = edge
     ctl = control(client)
     assert stat.S_ISDIR(client.stat(ctl).mode)
-    assert sorted(client.listdir(ctl)) == sorted(os.fsencode(n) for n in (protocol.BLOCKS_DIR, protocol.INDEX_FILE,
-                                                                          protocol.METADATA_FILE, protocol.STATS_FILE))  # fmt: skip
+    assert sorted(client.listdir(ctl)) == sorted(
+        os.fsencode(n) for n in (protocol.BLOCKS_DIR, protocol.INDEX_FILE, protocol.METADATA_FILE, protocol.STATS_FILE)
+    )
     with PackedDataset(root / "packed") as ds:
         n_blocks, n_files = ds.n_blocks, ds.metadata["n_files"]
     assert len(client.listdir(ctl + b"/" + protocol.BLOCKS_DIR.encode())) == n_blocks

@@ -12,9 +12,9 @@ import socket
 import threading
 
 import pytest
+from polling import wait_until
 
 from blockfs import protocol
-from polling import wait_until
 from blockfs.serve.control.announce import MAX_CONNECTIONS, PrefetchListener
 
 NOBODY = 65534
@@ -79,8 +79,10 @@ def test_a_malformed_announcement_is_dropped_with_a_log_line(listener, caplog):
 
 def test_an_idle_connection_does_not_delay_another_clients_announcement(listener):
     server, got = listener
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle, \
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as halfway:  # fmt: skip
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as halfway,
+    ):
         idle.connect(server.address)
         halfway.connect(server.address)
         halfway.sendall(b"1\n2")  # an announcement in progress, never finished while the other is sent

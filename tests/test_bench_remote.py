@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from capability import has_fuse, require
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench" / "bench_remote.py"
@@ -19,11 +18,23 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench" / "bench_remot
 @pytest.mark.fuse
 def test_a_quick_mount_run_reports_every_scenario_and_a_remount_with_no_remote_block_bytes(tmp_path):
     require(has_fuse(), "/dev/fuse")
-    require(importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,
-            "moto[server] and obstore (pip install -e '.[test]')")  # fmt: skip
+    require(
+        importlib.util.find_spec("moto") is not None and importlib.util.find_spec("obstore") is not None,
+        "moto[server] and obstore (pip install -e '.[test]')",
+    )
     out = tmp_path / "bench.json"
-    command = [sys.executable, str(TOOL), "--quick", "--files", "60", "--mount", "--json", str(out),
-               "--work", str(tmp_path / "work")]  # fmt: skip
+    command = [
+        sys.executable,
+        str(TOOL),
+        "--quick",
+        "--files",
+        "60",
+        "--mount",
+        "--json",
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads(out.read_text())

@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from capability import has_fuse, require
 from polling import wait_until
 
@@ -64,9 +63,21 @@ def test_the_delay_proxy_relays_every_byte_a_round_trip_late_and_counts_requests
     payload = os.urandom(300_000)
     (root / "object.bin").write_bytes(payload)
     port, stats = _free_port(), tmp_path / "stats.json"
-    proxy = subprocess.Popen([sys.executable, str(HELPERS / "delay_proxy.py"), f"127.0.0.1:{port}",
-                              f"127.0.0.1:{target}", "--rtt-ms", "40", "--stats", str(stats)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(HELPERS / "delay_proxy.py"),
+            f"127.0.0.1:{port}",
+            f"127.0.0.1:{target}",
+            "--rtt-ms",
+            "40",
+            "--stats",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_port(port, proxy)
         started = time.monotonic()
@@ -95,8 +106,12 @@ def test_the_reader_splits_the_list_among_threads_and_counts_every_file_and_erro
         names.append(f"f{i}")
     order = tmp_path / "order"
     order.write_text("\n".join([*names, "missing"]) + "\n")
-    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(tree), str(order), "--threads", "4"],
-                          check=True, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(HELPERS / "storage_reader.py"), str(tree), str(order), "--threads", "4"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     out = json.loads(done.stdout)
     assert out["files"] == 50 and out["bytes"] == sum(range(50)) and out["errors"] == 1
     assert "missing" in out["first_error"] and out["complete"] is False
@@ -143,18 +158,39 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     require(has_fuse(), "/dev/fuse")
     require(_blkio(), "root and a cgroup v1 blkio controller")
     out = tmp_path / "bench.json"
-    command = [sys.executable, str(BENCH / "bench_storage.py"), "--storages", "local", "--datasets", "tiny",
-               "--tiny-files", "400", "--no-peers", "--seconds", "5", "--work", str(tmp_path / "work"),
-               "--json", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(BENCH / "bench_storage.py"),
+        "--storages",
+        "local",
+        "--datasets",
+        "tiny",
+        "--tiny-files",
+        "400",
+        "--no-peers",
+        "--seconds",
+        "5",
+        "--work",
+        str(tmp_path / "work"),
+        "--json",
+        str(out),
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=240)
     done = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
     systems = {(r["system"], r["readers"], r["epoch"]) for r in rows}
-    for want in [("raw", 1, "1"), ("raw", 4, "1"), ("raw DataLoader", 4, "1"), ("null FUSE (ceiling)", 4, "1"),
-                 ("blockfs mount", 1, "1"), ("blockfs mount", 4, "2"), ("blockfs mount", 4, "remount"),
-                 ("blockfs loader", 4, "1")]:  # fmt: skip
+    for want in [
+        ("raw", 1, "1"),
+        ("raw", 4, "1"),
+        ("raw DataLoader", 4, "1"),
+        ("null FUSE (ceiling)", 4, "1"),
+        ("blockfs mount", 1, "1"),
+        ("blockfs mount", 4, "2"),
+        ("blockfs mount", 4, "remount"),
+        ("blockfs loader", 4, "1"),
+    ]:
         assert want in systems, (want, sorted(systems))
     assert all(r["complete"] and "errors" not in r for r in rows), rows
     by = {(r["system"], r["readers"], r["epoch"]): r for r in rows}

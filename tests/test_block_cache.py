@@ -12,15 +12,15 @@ import random
 import threading
 
 import pytest
+from polling import wait_until
 
 import blockfs
-from blockfs.serve.cache.block_cache import BlockCache
-from blockfs.serve.cache.uncached import FILE_BUFFER_FILES
-from blockfs.core.dataset import PackedDataset
 from blockfs.core import format as fmt
+from blockfs.core.dataset import PackedDataset
 from blockfs.errors import BlockReadError, CorruptBlockError
+from blockfs.serve.cache.block_cache import BlockCache
 from blockfs.serve.cache.policies import POLICIES
-from polling import wait_until
+from blockfs.serve.cache.uncached import FILE_BUFFER_FILES
 
 
 def _tree(root, files=240, seed=0, sizes=(1000, 5000)) -> dict[str, bytes]:

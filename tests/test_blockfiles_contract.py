@@ -19,19 +19,19 @@ import os
 import random
 import shutil
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from capability import require
+from s3server import ACCESS_KEY, REGION, SECRET
 
 import blockfs
 from blockfs.core import format as fmt
 from blockfs.storage.blockfiles import BlockFiles, LocalBlockFiles
 from blockfs.storage.remote_blocks import HEAD_BYTES as HEAD  # reads below it come from a block's kept head
-from capability import require
-from s3server import ACCESS_KEY, REGION, SECRET
 
 MiB = 1 << 20
 PART = 300_000  # the remote's part size: a read_into bigger than it is several parallel GETs
@@ -41,8 +41,17 @@ KINDS = PLAIN + TIERED + ["peered"]
 TIER_KEY = "0123456789abcdef0123"
 # What `blockfs stats` prints from stats.json's storage section (cli/mount_commands.py).
 REMOTE_KEYS = {"requests", "bytes", "retries", "failures"}
-TIER_KEYS = {"used", "budget", "blocks", "disk_reads", "disk_bytes", "remote_reads", "remote_bytes",
-             "copies_written", "copies_dropped"}  # fmt: skip
+TIER_KEYS = {
+    "used",
+    "budget",
+    "blocks",
+    "disk_reads",
+    "disk_bytes",
+    "remote_reads",
+    "remote_bytes",
+    "copies_written",
+    "copies_dropped",
+}
 
 
 @pytest.fixture(scope="module")
@@ -149,15 +158,27 @@ def impl(request, packed, tmp_path):
     if kind == "local":
         paths = _copy_blocks(source, tmp_path / "local")
         files = LocalBlockFiles([os.fspath(p) for p in paths])
-        made = Impl(kind, files, blocks, lambda b, data: _replace_file(paths[b], data), lambda b: paths[b].unlink(),
-                    sizes_from_index=False)  # fmt: skip
+        made = Impl(
+            kind,
+            files,
+            blocks,
+            lambda b, data: _replace_file(paths[b], data),
+            lambda b: paths[b].unlink(),
+            sizes_from_index=False,
+        )
     elif kind == "http":
         root, base = request.getfixturevalue("www")
         mine = tmp_path.name  # a directory of this test's own under the served root
         paths = _copy_blocks(source, root / mine)
         files = _remote_files(f"{base}/{mine}", {}, n, sizes)
-        made = Impl(kind, files, blocks, lambda b, data: _replace_file(paths[b], data), lambda b: paths[b].unlink(),
-                    sizes_from_index=True)  # fmt: skip
+        made = Impl(
+            kind,
+            files,
+            blocks,
+            lambda b, data: _replace_file(paths[b], data),
+            lambda b: paths[b].unlink(),
+            sizes_from_index=True,
+        )
     else:
         s3 = request.getfixturevalue("s3")
         bucket = s3.new_bucket()
@@ -189,8 +210,14 @@ def impl(request, packed, tmp_path):
             peers = PeerTier(PeerOptions(("127.0.0.1:1", address), 0, b"secret", backoff=600), "ab" * 32, sizes)
             peers.set_owners([1] * n)
             files = TierChain([peers], files)
-        made = Impl(kind, files, blocks, lambda b, data: client.put_object(Bucket=bucket, Key=keys[b], Body=data),
-                    lambda b: client.delete_object(Bucket=bucket, Key=keys[b]), sizes_from_index=True)  # fmt: skip
+        made = Impl(
+            kind,
+            files,
+            blocks,
+            lambda b, data: client.put_object(Bucket=bucket, Key=keys[b], Body=data),
+            lambda b: client.delete_object(Bucket=bucket, Key=keys[b]),
+            sizes_from_index=True,
+        )
     try:
         yield made
     finally:
@@ -212,8 +239,19 @@ tiered = pytest.mark.parametrize("impl", TIERED, indirect=True)
 def ranges(size: int, seed: int) -> list[tuple[int, int]]:
     """(offset, length) pairs: the start, the middle, the end, across the remote's head, across 1 MiB, zero
     lengths, and fixed random ones."""
-    fixed = [(0, 12), (0, HEAD), (HEAD - 10, 20), (size // 2, 4096), (size - 7, 7), (MiB - 100, 200),
-             (MiB - 5000, 2 * 5000 + PART), (0, 0), (size // 2, 0), (size, 0), (0, size)]  # fmt: skip
+    fixed = [
+        (0, 12),
+        (0, HEAD),
+        (HEAD - 10, 20),
+        (size // 2, 4096),
+        (size - 7, 7),
+        (MiB - 100, 200),
+        (MiB - 5000, 2 * 5000 + PART),
+        (0, 0),
+        (size // 2, 0),
+        (size, 0),
+        (0, size),
+    ]
     rng = random.Random(seed)
     drawn = []
     for _ in range(12):

@@ -34,7 +34,10 @@ def test_pack_info_verify_ls_cat_unpack(tmp_path, edge_tree, packed, capsys):
     assert main(["ls", str(packed)]) == 0
     assert "link_to_dir -> class_b/deep" in capsys.readouterr().out
     assert main(["unpack", str(packed), str(tmp_path / "out")]) == 0
-    assert subprocess.run(["diff", "-r", "--no-dereference", os.fsdecode(edge_tree), str(tmp_path / "out")]).returncode == 0
+    assert (
+        subprocess.run(["diff", "-r", "--no-dereference", os.fsdecode(edge_tree), str(tmp_path / "out")]).returncode
+        == 0
+    )
 
 
 def test_cat_writes_exact_bytes(packed, edge_tree):
@@ -123,8 +126,9 @@ def test_logging_options_go_before_or_after_the_command(tmp_path, edge_tree, cap
 def test_stats_lines_say_what_their_numbers_are():
     from blockfs.cli.mount_commands import _epochs_line, _shared_note
 
-    line = _epochs_line([{"files": 79, "hit_rate": 0.0}, {"files": 79, "hit_rate": 0.5},
-                         {"files": 10, "hit_rate": 0.6}], 79)  # fmt: skip
+    line = _epochs_line(
+        [{"files": 79, "hit_rate": 0.0}, {"files": 79, "hit_rate": 0.5}, {"files": 10, "hit_rate": 0.6}], 79
+    )
     assert line.endswith("per pass over the 79 files: #1 0.0%, #2 50.0%, #3 60.0% (so far: 10 files)")
     assert _epochs_line([{"files": 0, "hit_rate": 0.0}], 79).endswith("no file read yet")
     many = [{"files": 79, "hit_rate": 1.0}] * 10
@@ -152,8 +156,12 @@ sys.exit(main(["mount", sys.argv[1], sys.argv[2], "-q"]))
 def test_mount_command_starts_its_server_without_numpy(tmp_path):
     """A local dataset is opened by the server alone, so the command that starts it need not import NumPy."""
     (tmp_path / "mnt").mkdir()
-    out = subprocess.run([sys.executable, "-c", _MOUNT_UP_TO_THE_SERVER, str(tmp_path / "ds"), str(tmp_path / "mnt")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _MOUNT_UP_TO_THE_SERVER, str(tmp_path / "ds"), str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "heavy: none"
 

@@ -17,17 +17,15 @@ import tarfile
 
 import numpy as np
 import pytest
+from fuzz.treesnap import tree_snapshot
+from treeutil import make_edge_tree
 
 import blockfs
 from blockfs.cli import main
-from blockfs.packing.containers import RecordIOSource, TarSource, WebDatasetSource, open_source, read_record_labels
-from blockfs.errors import FormatError, NotADatasetError, SourceError
 from blockfs.core.unpack import unpack
 from blockfs.core.verify import verify
-
-from treeutil import make_edge_tree
-
-from fuzz.treesnap import tree_snapshot
+from blockfs.errors import FormatError, NotADatasetError, SourceError
+from blockfs.packing.containers import RecordIOSource, TarSource, WebDatasetSource, open_source, read_record_labels
 
 # --- a RecordIO writer, from the format's description (mxnet is not installable here) -------------------
 MAGIC = 0xCED7230A
@@ -68,6 +66,7 @@ def write_recordio(path, payloads: list[bytes], with_idx: bool) -> list[int]:
 
 def recordio_sample(rng: np.random.Generator):
     """(label(s), id, image, expected path) covering every case the reader must handle."""
+
     def image(head: bytes, n: int) -> bytes:
         return head + rng.bytes(n)
 
@@ -109,7 +108,10 @@ def test_recordio_round_trip(tmp_path, with_idx):
         assert full["0.5/16.jpg"] == [0.5] and full["2/12.bin"] == [2.0]
         assert ds.metadata["source"]["indexed"] is with_idx and ds.metadata["pack"]["labels"] == "source"
         assert set(json.loads((tmp_path / "p" / "labels.json").read_text())["labels"]) == {
-            "3/14.jpg", "4/15.png", "0.5/16.jpg"}
+            "3/14.jpg",
+            "4/15.png",
+            "0.5/16.jpg",
+        }
     # Issue 23: the labels are the dataset's data too; blockfs.json names them by their digest.
     labels = tmp_path / "p" / "labels.json"
     labels.write_text(labels.read_text().replace("9.5", "9.25"))
@@ -193,8 +195,18 @@ COMPRESSION_NAMES = {"": "none", "gz": "gzip", "bz2": "bzip2", "xz": "xz"}
 
 
 def _gnu_tar(src, archive, compression: str, fmt: str) -> None:
-    subprocess.run(["tar", f"--format={fmt}", "-C", os.fsdecode(src), f"-c{COMPRESSIONS[compression]}f",
-                    os.fsdecode(archive), "."], check=True)
+    subprocess.run(
+        [
+            "tar",
+            f"--format={fmt}",
+            "-C",
+            os.fsdecode(src),
+            f"-c{COMPRESSIONS[compression]}f",
+            os.fsdecode(archive),
+            ".",
+        ],
+        check=True,
+    )
 
 
 @pytest.mark.parametrize("compression,fmt", [("", "pax"), ("gz", "gnu"), ("bz2", "pax"), ("xz", "gnu")])
@@ -240,16 +252,19 @@ def test_tar_member_semantics(tmp_path, caplog):
     """What `tar x` does: later members win, ".." is refused, "/" dropped, parents made, hard links shared."""
     ns = _info("ns.txt", b"ns")
     ns[0].pax_headers = {"mtime": "1600000000.123456789"}
-    _tar_with([
-        _info("a/b/c.txt", b"first"),
-        _info("a/b/c.txt", b"second"),
-        _info("../evil", b"x"),
-        _info("/abs/file", b"abs", mode=0o4755),
-        _info("a/hard", type=tarfile.LNKTYPE, linkname="a/b/c.txt"),
-        _info("fifo", type=tarfile.FIFOTYPE),
-        _info("weird", b"unknown type", type=b"Z"),
-        ns,
-    ], tmp_path / "t.tar")
+    _tar_with(
+        [
+            _info("a/b/c.txt", b"first"),
+            _info("a/b/c.txt", b"second"),
+            _info("../evil", b"x"),
+            _info("/abs/file", b"abs", mode=0o4755),
+            _info("a/hard", type=tarfile.LNKTYPE, linkname="a/b/c.txt"),
+            _info("fifo", type=tarfile.FIFOTYPE),
+            _info("weird", b"unknown type", type=b"Z"),
+            ns,
+        ],
+        tmp_path / "t.tar",
+    )
     result = blockfs.pack(tmp_path / "t.tar", tmp_path / "p")
     assert result.skipped_special == ["../evil", "fifo"]
     with blockfs.open_dataset(tmp_path / "p") as ds:
@@ -271,8 +286,7 @@ def test_sparse_members(tmp_path, workers):
             f.truncate(3 << 20)
             f.seek((1 << 20) + i)
             f.write(np.random.default_rng(i).bytes(100_000))
-    subprocess.run(["tar", "--sparse", "-C", str(tmp_path / "src"), "-cf", str(tmp_path / "s.tar"), *names],
-                   check=True)
+    subprocess.run(["tar", "--sparse", "-C", str(tmp_path / "src"), "-cf", str(tmp_path / "s.tar"), *names], check=True)
     blockfs.pack(tmp_path / "s.tar", tmp_path / "p", block_size=1 << 20, workers=workers, order="directory")
     with blockfs.open_dataset(tmp_path / "p") as ds:
         assert ds.n_blocks == 4
@@ -446,8 +460,7 @@ def test_webdataset_round_trip(tmp_path, how):
     if how == "cli":
         assert main(["pack", *paths, str(dest), "--block-size", "2KiB"]) == 0
     else:
-        spec = {"list": paths, "glob": str(tmp_path / "shard-*"),
-                "braces": str(tmp_path / "shard-{000..001}.tar")}[how]
+        spec = {"list": paths, "glob": str(tmp_path / "shard-*"), "braces": str(tmp_path / "shard-{000..001}.tar")}[how]
         if how == "braces":
             expected = {k: v for k, v in expected.items() if "_2_" not in k and "/2/" not in k}
         assert isinstance(open_source(spec), WebDatasetSource)

@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from treeutil import make_class_tree
 
 import blockfs
-from treeutil import make_class_tree
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError
@@ -147,7 +147,8 @@ def test_xattrs_give_live_stats_and_the_socket_addresses(control, packed):
     assert control.getxattr(CTL, protocol.PREFETCH_XATTR) == b"\0p"
     assert control.getxattr(CTL, protocol.SHARE_XATTR) == b"\0s"
     assert sorted(control.listxattr(CTL)) == sorted(
-        [protocol.STATS_XATTR, protocol.PREFETCH_XATTR, protocol.SHARE_XATTR])
+        [protocol.STATS_XATTR, protocol.PREFETCH_XATTR, protocol.SHARE_XATTR]
+    )
     assert control.listxattr(CTL + b"/stats.json") == []
 
 
@@ -253,8 +254,9 @@ def _as_nobody(root: Path, rels: list[str]) -> dict:
 
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)  # opened as root: the mount point's parents may be 0700
     try:
-        done = subprocess.run([sys.executable, "-c", NOBODY_READS, str(fd), *rels], pass_fds=(fd,),
-                              capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", NOBODY_READS, str(fd), *rels], pass_fds=(fd,), capture_output=True, text=True
+        )
     finally:
         os.close(fd)
     assert done.returncode == 0, done.stderr
@@ -286,8 +288,16 @@ def test_under_allow_other_another_user_cannot_read_a_private_files_bytes_throug
     control = protocol.DEFAULT_CONTROL
     private_files = [f"{control}/{protocol.INDEX_FILE}", f"{control}/{protocol.BLOCKS_DIR}/00000000"]
     with mounted(tmp_path / "packed", tmp_path / "mnt", "--allow-other") as m:
-        seen = _as_nobody(m.path, ["open/public.txt", "secret.txt", f"{control}/{protocol.METADATA_FILE}",
-                                   f"{control}/{protocol.STATS_FILE}", *private_files])  # fmt: skip
+        seen = _as_nobody(
+            m.path,
+            [
+                "open/public.txt",
+                "secret.txt",
+                f"{control}/{protocol.METADATA_FILE}",
+                f"{control}/{protocol.STATS_FILE}",
+                *private_files,
+            ],
+        )
         assert seen["open/public.txt"] == 0 and seen["secret.txt"] == errno.EACCES
         assert seen[f"{control}/{protocol.METADATA_FILE}"] == 0 and seen[f"{control}/{protocol.STATS_FILE}"] == 0
         assert all(seen[rel] == errno.EACCES for rel in private_files), seen

@@ -22,44 +22,123 @@ from blockfs.storage.credentials import is_credential
 SECRET = "Sup3rS3cretValue+/="
 
 S3 = [
-    "access_key_id", "aws_access_key_id", "AWS_ACCESS_KEY_ID",
-    "secret_access_key", "aws_secret_access_key", "AWS_SECRET_ACCESS_KEY", "Aws_Secret_Access_Key",
-    "session_token", "aws_session_token", "AWS_SESSION_TOKEN", "aws_token", "AWS_TOKEN", "token",
-    "sse_customer_key_base64", "aws_sse_customer_key_base64", "AWS_SSE_CUSTOMER_KEY_BASE64",
-    "aws_security_token", "AWS_SECURITY_TOKEN",  # boto3's older name for the session token
-    "key", "secret", "password",  # fsspec / s3fs
-]  # fmt: skip
-GCS = [
-    "service_account_key", "google_service_account_key", "GOOGLE_SERVICE_ACCOUNT_KEY",
-    "bearer_token", "google_bearer_token", "GOOGLE_BEARER_TOKEN",
-]  # fmt: skip
-AZURE = [
-    "account_key", "access_key", "master_key", "azure_storage_account_key", "AZURE_STORAGE_ACCOUNT_KEY",
-    "azure_storage_access_key", "AZURE_STORAGE_ACCESS_KEY", "azure_storage_master_key", "AZURE_STORAGE_MASTER_KEY",
-    "sas_key", "sas_token", "azure_storage_sas_key", "AZURE_STORAGE_SAS_KEY", "azure_storage_sas_token",
-    "AZURE_STORAGE_SAS_TOKEN", "azure_storage_token", "AZURE_STORAGE_TOKEN",
-    "client_secret", "azure_client_secret", "AZURE_CLIENT_SECRET", "azure_storage_client_secret",
-    "AZURE_STORAGE_CLIENT_SECRET", "fabric_session_token", "azure_fabric_session_token",
-    "AZURE_FABRIC_SESSION_TOKEN", "encryption_key", "azure_storage_encryption_key",
-    "AZURE_STORAGE_ENCRYPTION_KEY", "AZURE_ENCRYPTION_KEY",
-]  # fmt: skip
-SPELLINGS = [("s3://bucket/ds", k) for k in S3] + [("gs://bucket/ds", k) for k in GCS] + [
-    ("az://container/ds", k) for k in AZURE
+    "access_key_id",
+    "aws_access_key_id",
+    "AWS_ACCESS_KEY_ID",
+    "secret_access_key",
+    "aws_secret_access_key",
+    "AWS_SECRET_ACCESS_KEY",
+    "Aws_Secret_Access_Key",
+    "session_token",
+    "aws_session_token",
+    "AWS_SESSION_TOKEN",
+    "aws_token",
+    "AWS_TOKEN",
+    "token",
+    "sse_customer_key_base64",
+    "aws_sse_customer_key_base64",
+    "AWS_SSE_CUSTOMER_KEY_BASE64",
+    "aws_security_token",
+    "AWS_SECURITY_TOKEN",  # boto3's older name for the session token
+    "key",
+    "secret",
+    "password",  # fsspec / s3fs
 ]
+GCS = [
+    "service_account_key",
+    "google_service_account_key",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "bearer_token",
+    "google_bearer_token",
+    "GOOGLE_BEARER_TOKEN",
+]
+AZURE = [
+    "account_key",
+    "access_key",
+    "master_key",
+    "azure_storage_account_key",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "azure_storage_access_key",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "azure_storage_master_key",
+    "AZURE_STORAGE_MASTER_KEY",
+    "sas_key",
+    "sas_token",
+    "azure_storage_sas_key",
+    "AZURE_STORAGE_SAS_KEY",
+    "azure_storage_sas_token",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "azure_storage_token",
+    "AZURE_STORAGE_TOKEN",
+    "client_secret",
+    "azure_client_secret",
+    "AZURE_CLIENT_SECRET",
+    "azure_storage_client_secret",
+    "AZURE_STORAGE_CLIENT_SECRET",
+    "fabric_session_token",
+    "azure_fabric_session_token",
+    "AZURE_FABRIC_SESSION_TOKEN",
+    "encryption_key",
+    "azure_storage_encryption_key",
+    "AZURE_STORAGE_ENCRYPTION_KEY",
+    "AZURE_ENCRYPTION_KEY",
+]
+SPELLINGS = (
+    [("s3://bucket/ds", k) for k in S3]
+    + [("gs://bucket/ds", k) for k in GCS]
+    + [("az://container/ds", k) for k in AZURE]
+)
 
 # Keys in obstore's configurations that are not credentials: names, switches, endpoints, and paths to
 # files that hold one (where a credential belongs).  A key obstore adds must be placed on one side.
 NOT_CREDENTIALS = {
-    "aws_endpoint_url_s3", "bucket", "checksum_algorithm", "conditional_put", "container_credentials_relative_uri",
-    "container_credentials_full_uri", "container_authorization_token_file", "copy_if_not_exists", "default_region",
-    "disable_tagging", "disable_bulk_delete", "endpoint", "imdsv1_fallback", "metadata_endpoint", "region",
-    "request_payer", "role_arn", "role_session_name", "s3_express", "server_side_encryption", "skip_signature",
-    "sse_bucket_key_enabled", "sse_kms_key_id", "sts_endpoint", "unsigned_payload", "virtual_hosted_style_request",
-    "web_identity_token_file", "service_account", "base_url", "application_credentials", "account_name",
-    "client_id", "credential_type", "tenant_id", "authority_host", "use_emulator", "use_fabric_endpoint",
-    "msi_endpoint", "object_id", "msi_resource_id", "federated_token_file", "use_azure_cli", "container_name",
-    "fabric_token_service_url", "fabric_workload_host", "fabric_cluster_identifier",
-}  # fmt: skip
+    "aws_endpoint_url_s3",
+    "bucket",
+    "checksum_algorithm",
+    "conditional_put",
+    "container_credentials_relative_uri",
+    "container_credentials_full_uri",
+    "container_authorization_token_file",
+    "copy_if_not_exists",
+    "default_region",
+    "disable_tagging",
+    "disable_bulk_delete",
+    "endpoint",
+    "imdsv1_fallback",
+    "metadata_endpoint",
+    "region",
+    "request_payer",
+    "role_arn",
+    "role_session_name",
+    "s3_express",
+    "server_side_encryption",
+    "skip_signature",
+    "sse_bucket_key_enabled",
+    "sse_kms_key_id",
+    "sts_endpoint",
+    "unsigned_payload",
+    "virtual_hosted_style_request",
+    "web_identity_token_file",
+    "service_account",
+    "base_url",
+    "application_credentials",
+    "account_name",
+    "client_id",
+    "credential_type",
+    "tenant_id",
+    "authority_host",
+    "use_emulator",
+    "use_fabric_endpoint",
+    "msi_endpoint",
+    "object_id",
+    "msi_resource_id",
+    "federated_token_file",
+    "use_azure_cli",
+    "container_name",
+    "fabric_token_service_url",
+    "fabric_workload_host",
+    "fabric_cluster_identifier",
+}
 
 
 @pytest.mark.parametrize(("url", "key"), SPELLINGS, ids=[k for _, k in SPELLINGS])
@@ -81,8 +160,19 @@ def test_the_scrub_masks_every_credential_spelling(url, key, monkeypatch):
     assert SECRET not in repr(StorageOptions({key: SECRET}))  # a repr in a log line
 
 
-@pytest.mark.parametrize("key", ["service_account_path", "google_service_account", "web_identity_token_file",
-                                 "endpoint", "region", "anon", "sse_kms_key_id", "client_id"])  # fmt: skip
+@pytest.mark.parametrize(
+    "key",
+    [
+        "service_account_path",
+        "google_service_account",
+        "web_identity_token_file",
+        "endpoint",
+        "region",
+        "anon",
+        "sse_kms_key_id",
+        "client_id",
+    ],
+)
 def test_paths_and_settings_are_not_credentials_and_pass_the_helper(key):
     assert not is_credential(key)
     assert f"{key}=/etc/blockfs/x" in blockfs_argv("gs://b/ds", "/mnt/x", [f"storage.{key}=/etc/blockfs/x"])
@@ -100,8 +190,11 @@ def test_every_key_of_obstores_configuration_is_placed_on_one_side(kind):
     assert not [k for k in keys if is_credential(k) and k in NOT_CREDENTIALS]
 
 
-@pytest.mark.parametrize(("url", "key"), [s for s in SPELLINGS if s[1] not in ("key", "secret", "password")],
-                         ids=[k for _, k in SPELLINGS if k not in ("key", "secret", "password")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [s for s in SPELLINGS if s[1] not in ("key", "secret", "password")],
+    ids=[k for _, k in SPELLINGS if k not in ("key", "secret", "password")],
+)
 def test_every_listed_spelling_is_one_obstore_or_boto3_takes(url, key):
     """The list is not made up: obstore knows each key (fsspec's ``key``/``secret``/``password`` are
     blockfs's aliases; boto3's security token and the environment's AZURE_ENCRYPTION_KEY are not obstore's

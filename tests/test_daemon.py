@@ -11,14 +11,14 @@ import sys
 import time
 
 import pytest
+from capability import has_fuse, require
+from mountutil import release
+from polling import wait_until
 
 import blockfs
 from blockfs.errors import MountError
 from blockfs.serve import daemon as process
 from blockfs.storage.owned import UnsafeDirectoryError
-from polling import wait_until
-from capability import has_fuse, require
-from mountutil import release
 
 
 @pytest.fixture
@@ -99,8 +99,12 @@ def test_a_background_mount_logs_in_private_and_not_through_the_old_temp_name(tm
     tag = "".join(c if c.isalnum() else "_" for c in str(mnt).strip("/"))[-80:]
     os.symlink(target, temp / f"blockfs-{os.getuid()}-{tag}.log")  # where the log used to go, predictably
     env = dict(os.environ, TMPDIR=str(temp))
-    done = subprocess.run([sys.executable, "-m", "blockfs", "mount", str(tmp_path / "packed"), str(mnt)],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "blockfs", "mount", str(tmp_path / "packed"), str(mnt)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     try:
         assert done.returncode == 0, done.stderr
         assert (mnt / "a.txt").read_bytes() == b"hello\n"
@@ -124,8 +128,10 @@ def test_umount_of_a_server_that_does_not_answer_stops_waiting_and_unmounts_lazi
     bin_dir.mkdir()
     for tool in ("fusermount3", "fusermount", "umount"):
         script = bin_dir / tool
-        script.write_text(f'#!/bin/sh\necho "{tool} $1" >> "{calls}"\n'
-                          f'case "$1" in -uz|-l) touch "{detached}"; exit 0;; esac\nexec sleep 60\n')  # fmt: skip
+        script.write_text(
+            f'#!/bin/sh\necho "{tool} $1" >> "{calls}"\n'
+            f'case "$1" in -uz|-l) touch "{detached}"; exit 0;; esac\nexec sleep 60\n'
+        )
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setattr(process, "UNMOUNT_WAIT_S", 0.5)
@@ -135,7 +141,13 @@ def test_umount_of_a_server_that_does_not_answer_stops_waiting_and_unmounts_lazi
     monkeypatch.setattr(process, "mount_entry", lambda path: None if detached.exists() else live)
     assert cli.main(["umount", mnt]) == 0
     out, err = capsys.readouterr()
-    assert out.strip().splitlines() == [f"unmounted {mnt} lazily: its serving process did not answer, so the mount "
-                                        "is detached and goes once nothing uses it"] and not err, (out, err)  # fmt: skip
+    assert (
+        out.strip().splitlines()
+        == [
+            f"unmounted {mnt} lazily: its serving process did not answer, so the mount "
+            "is detached and goes once nothing uses it"
+        ]
+        and not err
+    ), (out, err)
     # One plain unmount waited on; no other plain one after it; the lazy one last.
     assert calls.read_text().splitlines() == ["fusermount3 -u", "fusermount3 -uz"]

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from fuzz.indexutil import edit_metadata
 
 import blockfs
 from blockfs.core.dataset import PackedDataset, read_metadata
@@ -21,7 +22,6 @@ from blockfs.errors import (
     NotASymlinkError,
     UnsupportedVersionError,
 )
-from fuzz.indexutil import edit_metadata
 
 
 @pytest.fixture
@@ -61,9 +61,7 @@ def test_read_metadata_refuses_unreadable_foreign_and_newer_metadata(packed):
 def test_read_metadata_returns_what_pack_wrote(packed, edge_tree):
     meta = read_metadata(str(packed))
     assert meta["format"] == "blockfs" and meta["classes"] == ["class_a", "class_b", "class_c", "empty_dir"]
-    assert meta["n_files"] == sum(
-        not os.path.islink(os.path.join(d, f)) for d, _, fs in os.walk(edge_tree) for f in fs
-    )
+    assert meta["n_files"] == sum(not os.path.islink(os.path.join(d, f)) for d, _, fs in os.walk(edge_tree) for f in fs)
 
 
 # --- opening: index and metadata must be one pack's -------------------------------------------------------
@@ -93,8 +91,13 @@ def test_stat_listdir_readlink_and_read_answer_as_the_tree(packed, edge_tree):
         st = ds.stat("class_a/one.txt")
         real = os.lstat(os.path.join(edge_tree, b"class_a/one.txt"))
         assert (st.kind, st.kind_name, st.size, st.mode, st.mtime_ns, st.nlink) == (
-            KIND_FILE, "file", real.st_size, real.st_mode, real.st_mtime_ns, real.st_nlink,
-        )  # fmt: skip
+            KIND_FILE,
+            "file",
+            real.st_size,
+            real.st_mode,
+            real.st_mtime_ns,
+            real.st_nlink,
+        )
         assert ds.stat("/class_a/one.txt") == st == ds.stat(b"class_a/one.txt")  # str, bytes, leading "/"
         assert ds.stat("class_c/hardlink_to_one").ino == st.ino
         assert ds.stat("").kind == ds.stat("/").kind == KIND_DIR

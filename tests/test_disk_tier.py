@@ -10,10 +10,10 @@ import os
 import subprocess
 
 import pytest
+from capability import require
 
 from blockfs.storage.disk_tier import DiskTier
 from blockfs.storage.owned import UnsafeDirectoryError
-from capability import require
 
 KEY = "0123456789abcdef0123"
 OTHER_KEY = "fedcba9876543210fedc"
@@ -162,8 +162,9 @@ def tiny_tmpfs(where, size: str):
     """A tmpfs of ``size`` at ``where``, always unmounted."""
     require(os.geteuid() == 0, "root (to mount a tmpfs)")
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], capture_output=True, text=True
+    )
     require(done.returncode == 0, f"mount -t tmpfs ({done.stderr.strip()})")
     try:
         yield where
@@ -211,8 +212,9 @@ def test_the_command_line_refuses_another_users_directory_in_one_line(s3, tmp_pa
     disk = tmp_path / "disk"
     disk.mkdir()
     os.chown(disk, NOBODY, NOBODY)
-    done = subprocess.run([sys.executable, "-m", "blockfs", "plan", url, "--disk-cache", str(disk)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "blockfs", "plan", url, "--disk-cache", str(disk)], capture_output=True, text=True
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert str(disk) in done.stderr and f"uid {NOBODY}" in done.stderr
     assert os.listdir(disk) == []

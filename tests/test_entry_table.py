@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tracemalloc
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -88,10 +88,18 @@ def test_children_listed_out_of_order_are_sorted(tmp_path):
 
 def test_a_path_listed_twice_is_refused(tmp_path):
     cols = IndexColumns(
-        paths=[b"", b"a", b"a"], kind=np.array([KIND_DIR, KIND_FILE, KIND_FILE]), mode=np.zeros(3),
-        mtime_ns=np.zeros(3), size=np.zeros(3), block=np.array([-1, 0, 0]), slot=np.array([0, 0, 1]),
-        label=np.full(3, -1), crc=np.zeros(3), link_targets={}, hardlink_of={},
-    )  # fmt: skip
+        paths=[b"", b"a", b"a"],
+        kind=np.array([KIND_DIR, KIND_FILE, KIND_FILE]),
+        mode=np.zeros(3),
+        mtime_ns=np.zeros(3),
+        size=np.zeros(3),
+        block=np.array([-1, 0, 0]),
+        slot=np.array([0, 0, 1]),
+        label=np.full(3, -1),
+        crc=np.zeros(3),
+        link_targets={},
+        hardlink_of={},
+    )
     with pytest.raises(ValueError, match="listed twice"):
         write_index(tmp_path / "index.bfi", cols, np.array([2]), np.array([100]))
 

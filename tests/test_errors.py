@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from capability import has_fuse, require
+from mountutil import mounted, release
+from polling import wait_until
 
 import blockfs
 from blockfs.cli import main
 from blockfs.serve.fuse.libfuse_messages import distill
-from capability import has_fuse, require
-from mountutil import mounted, release
-from polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,13 +48,30 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 # --- libfuse ------------------------------------------------------------------------------------------
 @pytest.mark.fuse
-@pytest.mark.parametrize("route, says", [("kernel", "mount option 'no_such_opt' is not one the kernel route takes"),
-                                         ("mfusepy", "libfuse does not know the option 'no_such_opt'")])
+@pytest.mark.parametrize(
+    "route, says",
+    [
+        ("kernel", "mount option 'no_such_opt' is not one the kernel route takes"),
+        ("mfusepy", "libfuse does not know the option 'no_such_opt'"),
+    ],
+)
 def test_a_bad_fuse_option_is_one_line_and_the_plan_is_printed_once(packed, tmp_path, route, says):
     require(has_fuse(), "/dev/fuse")
     (tmp_path / "mnt").mkdir()
-    command = [sys.executable, "-m", "blockfs", "mount", str(packed), str(tmp_path / "mnt"), "-o", "no_such_opt",
-               "--log", str(tmp_path / "log"), "--fuse", route]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "mount",
+        str(packed),
+        str(tmp_path / "mnt"),
+        "-o",
+        "no_such_opt",
+        "--log",
+        str(tmp_path / "log"),
+        "--fuse",
+        route,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     try:
         assert done.returncode == 2
@@ -87,11 +104,12 @@ def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
     import stat
     import tempfile
 
+    from polling import wait_until
+
     import blockfs.cli.mount_commands  # noqa: F401  (everything the child runs, imported before the fork)
     import blockfs.serve.fuse.libfuse_adapter
     import blockfs.serve.server  # noqa: F401
     from blockfs.serve.daemon import is_mounted
-    from polling import wait_until
 
     require(has_fuse() and os.geteuid() == 0, "/dev/fuse and root (to become nobody)")
     blockfs.serve.fuse.libfuse_adapter.load_binding("mfusepy")  # the binding, loaded (and kept) before the fork
@@ -116,8 +134,18 @@ def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-                status = main(["mount", str(base / "p"), str(base / "mnt"), "--foreground", "--allow-other",
-                               "--cache-size", "1MiB", "--no-mlock"])  # fmt: skip
+                status = main(
+                    [
+                        "mount",
+                        str(base / "p"),
+                        str(base / "mnt"),
+                        "--foreground",
+                        "--allow-other",
+                        "--cache-size",
+                        "1MiB",
+                        "--no-mlock",
+                    ]
+                )
             finally:
                 sys.stderr.flush()
                 os._exit(status)
@@ -161,8 +189,17 @@ def no_cloud_credentials(monkeypatch, tmp_path):
 def test_s3_without_credentials_says_which_variables_and_options_to_set(capsys, no_cloud_credentials):
     needs_obstore()
     # A closed local port as the metadata service: what a machine outside EC2 ends with, without waiting.
-    err = one_line_error(capsys, ["info", "s3://bucket/ds", "--storage-option", "metadata_endpoint=http://127.0.0.1:9",
-                                  "--storage-option", "region=us-east-1"])  # fmt: skip
+    err = one_line_error(
+        capsys,
+        [
+            "info",
+            "s3://bucket/ds",
+            "--storage-option",
+            "metadata_endpoint=http://127.0.0.1:9",
+            "--storage-option",
+            "region=us-east-1",
+        ],
+    )
     assert "no S3 credentials found" in err and "AWS_ACCESS_KEY_ID" in err and "anon=true" in err
 
 
@@ -243,8 +280,12 @@ def _eight_mib(root: Path) -> Path:
 
 
 def _pack_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "blockfs", "pack", *args, "--block-size", "1MiB"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "blockfs", "pack", *args, "--block-size", "1MiB"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])  # threads; forked processes
@@ -252,7 +293,10 @@ def test_a_pack_that_fills_the_disk_says_so_in_one_line_and_removes_what_it_wrot
     src = _eight_mib(tmp_path / "src")
     (small_disk / "mine").mkdir()  # a destination the user made: emptied, not removed
     new, mine = small_disk / "new", small_disk / "mine"
-    for dest, removed in ((new, f"removed '{new}', which it had created"), (mine, f"removed what it wrote in '{mine}'")):
+    for dest, removed in (
+        (new, f"removed '{new}', which it had created"),
+        (mine, f"removed what it wrote in '{mine}'"),
+    ):
         done = _pack_cli(str(src), str(dest), "--workers", workers)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert f"no space left on the device of '{dest}': the pack needs about 8.00 MiB, and 4.00 MiB" in done.stderr
@@ -270,7 +314,10 @@ def test_a_failed_pack_beside_files_it_did_not_write_keeps_them_and_info_says_wh
     (dest / "NOTES").write_text("the user's")
     done = _pack_cli(str(src), str(dest), "--force")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert f"left its marker '{dest}/.blockfs-packing', saying why it failed, beside what '{dest}' held before" in done.stderr
+    assert (
+        f"left its marker '{dest}/.blockfs-packing', saying why it failed, beside what '{dest}' held before"
+        in done.stderr
+    )
     assert sorted(os.listdir(dest)) == [".blockfs-packing", "NOTES"] and (dest / "NOTES").read_text() == "the user's"
     err = one_line_error(capsys, ["info", str(dest)])
     assert "an unfinished pack (it failed: no space left on the device" in err and "run 'blockfs pack' again" in err
@@ -294,8 +341,11 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, worker
     command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", workers]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),
-                   "the pack to write its first blocks", timeout=60)  # fmt: skip
+        wait_until(
+            lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),
+            "the pack to write its first blocks",
+            timeout=60,
+        )
         assert proc.poll() is None, "the pack finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -307,17 +357,32 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, worker
 
 
 # --- a typo in a command or flag; a path that starts with '-' (issue 28) -----------------------------
-@pytest.mark.parametrize("argv, usage, says", [
-    (["mount", "ds", "mnt", "--cache-sise", "8GiB"], "usage: blockfs mount [OPTIONS] dest mountpoint",
-     "blockfs mount: error: unrecognized argument --cache-sise (did you mean --cache-size?)"),
-    (["pack", "src", "ds", "--block-szie=1MiB"], "usage: blockfs pack [OPTIONS] SOURCE [SOURCE ...] dest",
-     "blockfs pack: error: unrecognized argument --block-szie=1MiB (did you mean --block-size?)"),
-    (["-v", "mout", "ds", "mnt"], "usage: blockfs [OPTIONS] COMMAND",
-     "blockfs: error: unknown command 'mout' (did you mean mount?)"),
-    (["ls", "ds", "-four"], "usage: blockfs ls [OPTIONS] dest [path]",
-     "blockfs ls: error: unrecognized argument -four; a path that begins with '-' goes after '--': "
-     "blockfs ls ... -- -four, or write it as ./-four"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, usage, says",
+    [
+        (
+            ["mount", "ds", "mnt", "--cache-sise", "8GiB"],
+            "usage: blockfs mount [OPTIONS] dest mountpoint",
+            "blockfs mount: error: unrecognized argument --cache-sise (did you mean --cache-size?)",
+        ),
+        (
+            ["pack", "src", "ds", "--block-szie=1MiB"],
+            "usage: blockfs pack [OPTIONS] SOURCE [SOURCE ...] dest",
+            "blockfs pack: error: unrecognized argument --block-szie=1MiB (did you mean --block-size?)",
+        ),
+        (
+            ["-v", "mout", "ds", "mnt"],
+            "usage: blockfs [OPTIONS] COMMAND",
+            "blockfs: error: unknown command 'mout' (did you mean mount?)",
+        ),
+        (
+            ["ls", "ds", "-four"],
+            "usage: blockfs ls [OPTIONS] dest [path]",
+            "blockfs ls: error: unrecognized argument -four; a path that begins with '-' goes after '--': "
+            "blockfs ls ... -- -four, or write it as ./-four",
+        ),
+    ],
+)
 def test_a_typo_gets_the_commands_usage_line_and_the_closest_spelling(capsys, argv, usage, says):
     assert main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
@@ -361,8 +426,18 @@ def test_mount_warns_in_one_line_of_a_cache_smaller_than_one_block(tmp_path, six
     require(has_fuse(), "/dev/fuse")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    command = [sys.executable, "-m", "blockfs", "mount", str(sixteen_kib_blocks), str(mnt), "--cache-size", "4KiB",
-               "--log", str(tmp_path / "log")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "mount",
+        str(sixteen_kib_blocks),
+        str(mnt),
+        "--cache-size",
+        "4KiB",
+        "--log",
+        str(tmp_path / "log"),
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -505,8 +580,20 @@ def test_the_training_example_counts_the_samples_it_reads(torch_module, tmp_path
     (tmp_path / "src" / "README.txt").write_text("not a sample")  # outside the class directories: label -1
     blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
     with mounted(tmp_path / "p", tmp_path / "mnt") as m:
-        done = subprocess.run([sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(m.path),
-                               "--epochs", "1", "--batch-size", "8"], capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "examples" / "train_block_loader.py"),
+                str(m.path),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr
     first, epoch = done.stdout.splitlines()[0], done.stdout.splitlines()[1]
     assert first.startswith("32 images in 2 classes") and "(left out, as ImageFolder does: 1 outside them)" in first
@@ -528,7 +615,9 @@ def test_any_failed_pack_says_what_it_left_and_info_why(tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(DirectorySource, "read_into", refused)
-    with pytest.raises(PackError, match=r"fix its permissions or pass --skip-unreadable; the failed pack left its marker"):
+    with pytest.raises(
+        PackError, match=r"fix its permissions or pass --skip-unreadable; the failed pack left its marker"
+    ):
         blockfs.pack(tmp_path / "src", tmp_path / "p", force=True, workers=1)
     assert sorted(os.listdir(tmp_path / "p")) == [".blockfs-packing", "NOTES"]
     with pytest.raises(NotADatasetError, match=r"unfinished pack \(it failed: cannot read 'c/a.txt'"):

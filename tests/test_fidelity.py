@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_loader import make_fake_mount
 
 import blockfs
 from blockfs.core.dataset import PackedDataset
 from blockfs.loader.epochplan import plan_epoch
 from blockfs.loader.order import BlockLayout, batch_class_entropy, global_shuffled_order
-from test_loader import make_fake_mount
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import make_dataset as md  # noqa: E402
@@ -50,9 +50,17 @@ def default_plan(packed: Path, *, seed: int, epoch: int, num_workers: int = 0, r
         layout = BlockLayout(*ds.layout)
         labels = np.array(ds.labels, dtype=np.int64)
     plan = plan_epoch(
-        layout, batch_size=BATCH, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-        num_workers=num_workers, blocks_in_flight=DEFAULT_BLOCKS_IN_FLIGHT, drop_last=False, reuse=False,
-    )  # fmt: skip
+        layout,
+        batch_size=BATCH,
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        num_workers=num_workers,
+        blocks_in_flight=DEFAULT_BLOCKS_IN_FLIGHT,
+        drop_last=False,
+        reuse=False,
+    )
     return plan, labels
 
 
@@ -78,8 +86,11 @@ def test_the_source_tree_is_sorted_by_class(packs):
     assert len(classes_per_block) == FILES // FILES_PER_BLOCK
 
 
-@pytest.mark.parametrize("sharding", [{}, {"num_workers": 2}, {"rank": 1, "world_size": 2, "num_workers": 2}],
-                         ids=["one-process", "2-workers", "rank-1-of-2"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sharding",
+    [{}, {"num_workers": 2}, {"rank": 1, "world_size": 2, "num_workers": 2}],
+    ids=["one-process", "2-workers", "rank-1-of-2"],
+)
 @pytest.mark.parametrize("order, mixes", [("shuffled", True), ("directory", False)])
 def test_default_order_mixes_classes_like_a_global_shuffle(packs, order, mixes, sharding):
     """The default pack passes the guard; a directory-order pack (one class per block) fails it."""

@@ -14,13 +14,13 @@ import sys
 
 import numpy as np
 import pytest
+from fuzz.indexutil import edit_metadata, patch_array, resign, rewrite_toc
 
 import blockfs
 from blockfs import cli
 from blockfs.core.index import KIND_FILE, PackedIndex
 from blockfs.core.verify import verify
 from blockfs.errors import CorruptBlockError, FormatError, IndexFormatError, UnsupportedVersionError
-from fuzz.indexutil import edit_metadata, patch_array, resign, rewrite_toc
 
 # A hung read loop must fail the test, not hang the suite.
 CLI_TIMEOUT_S = 120
@@ -187,7 +187,9 @@ def test_index_versions_other_than_this_one_name_the_fix(packed):
     raw = bytearray((packed / "index.bfi").read_bytes())
     raw[8:10] = (0).to_bytes(2, "little")
     (packed / "index.bfi").write_bytes(bytes(raw))
-    with pytest.raises(IndexFormatError, match="older than this blockfs reads .*pack the source again with 'blockfs pack'"):
+    with pytest.raises(
+        IndexFormatError, match="older than this blockfs reads .*pack the source again with 'blockfs pack'"
+    ):
         PackedIndex(packed / "index.bfi")
     raw[8:10] = (7).to_bytes(2, "little")
     (packed / "index.bfi").write_bytes(bytes(raw))

@@ -18,22 +18,22 @@ from pathlib import Path
 
 import pytest
 from capability import has_fuse, require
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from fuzz.indexutil import entry_of, rewrite_index
 from fuzz.invariant import TIER_CASES, check_readers
-from mountutil import mounted
 from fuzz.mutations import (
     FAMILIES,
     Pristine,
     fresh_copy,
     make_pristine,
     mutate_block_data,
-    mutate_block_foreign,  # fmt: skip
+    mutate_block_foreign,
     mutate_block_header,
     mutate_block_length,
     remove_tree,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mountutil import mounted
 
 from blockfs import cli
 from blockfs.core import digest as dg
@@ -117,8 +117,11 @@ def test_the_invariant_sees_wrong_bytes_tracebacks_and_writes_outside_out(pristi
         monkeypatch.setattr(PackedDataset, "read_pieces", escapes)
         problems = check_readers(pristine, dest, _fresh_work(work, "c"), authentic=True)[0]
         assert not any("outside OUT" in p for p in problems)  # b is not next to c's OUT
-        monkeypatch.setattr(PackedDataset, "read_pieces",
-                            lambda self, e: ((work / "d" / "sentinel" / "x").write_bytes(b""), real_pieces(self, e))[1])
+        monkeypatch.setattr(
+            PackedDataset,
+            "read_pieces",
+            lambda self, e: ((work / "d" / "sentinel" / "x").write_bytes(b""), real_pieces(self, e))[1],
+        )
         problems = check_readers(pristine, dest, _fresh_work(work, "d"), authentic=True)[0]
         assert any("outside OUT" in p for p in problems), problems
     finally:
@@ -158,6 +161,7 @@ def _intact_file(p: Pristine, damaged: set[int]) -> bytes:
 
 def _read_all_in_threads(p: Pristine, read, threads: int = 8, passes: int = 3) -> dict[str, int]:
     """Read every file ``passes`` times from ``threads`` threads: each read is the exact bytes or EIO."""
+
     def one(rel: bytes) -> str:
         try:
             data = read(rel)
@@ -184,9 +188,10 @@ def _eio_lines(log: str, damaged: set[int]) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_assembled_mount_answers_exact_bytes_or_eio_under_block_damage(pristine, tmp_path, seed, route, caplog):
     """Both adapters, called as the kernel calls them: every file's exact bytes or EIO, one log line a block."""
+    from kernelcalls import KernelCalls
+
     from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
-    from kernelcalls import KernelCalls
 
     dest = fresh_copy(pristine, tmp_path)
     damaged, steps = _damage_blocks(pristine, dest, seed)
@@ -360,7 +365,6 @@ def test_mutation_index_arrays_resigned_307_keeps_the_invariant(pristine, tmp_pa
     steps = FAMILIES["index-arrays-resigned"].mutate(dest, random.Random("0:index-arrays-resigned:307"), pristine)
     assert steps[0] == "size[12] 450 -> 0", steps  # the mutation that found it
     assert check_readers(pristine, dest, tmp_path, authentic=False)[0] == []
-
 
 
 @pytest.mark.fuse

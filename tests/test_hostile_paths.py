@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from fuzz.indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from treeutil import make_edge_tree
 
 from blockfs import open_dataset
 from blockfs.cli import main
@@ -22,8 +24,6 @@ from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError, SourceError
 from blockfs.packing.packer import pack
 from blockfs.packing.sources import DirectorySource
-from treeutil import make_edge_tree
-from fuzz.indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 
 
 @pytest.fixture
@@ -121,8 +121,11 @@ def test_unpack_does_not_follow_a_symlink_that_appears_under_out(hostile, monkey
 
 @pytest.mark.parametrize(
     "moved, new_parent, why",
-    [(b"b/y", b"a", "not a name inside its parent"), (b"c/d/z", b"c", "not a name inside its parent"),
-     (b"a/x", b"s", "not a directory")],
+    [
+        (b"b/y", b"a", "not a name inside its parent"),
+        (b"c/d/z", b"c", "not a name inside its parent"),
+        (b"a/x", b"s", "not a directory"),
+    ],
 )
 def test_open_refuses_an_entry_not_named_inside_its_parent(hostile, moved, new_parent, why):
     def reparent(arrays):
@@ -196,7 +199,9 @@ COLUMNS = ("parent", "child_start", "child_count", "ino", "kind", "block", "path
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(COLUMNS), st.integers(0, 1 << 16), st.integers(0, 60)), min_size=1, max_size=3))
+@given(
+    st.lists(st.tuples(st.sampled_from(COLUMNS), st.integers(0, 1 << 16), st.integers(0, 60)), min_size=1, max_size=3)
+)
 def test_tree_check_agrees_with_a_plain_loop_on_random_damage(edge_arrays, changes):
     a = {k: v.copy() for k, v in edge_arrays.items()}
     n = a["kind"].size
@@ -223,8 +228,13 @@ def test_tree_check_agrees_with_a_plain_loop_on_random_damage(edge_arrays, chang
 @pytest.fixture
 def racy(tmp_path):
     """SRC with d/x, d/y, e/z, and a secret directory beside it (same filesystem: it can be hard-linked)."""
-    for rel, data in (("src/d/x", b"public x"), ("src/d/y", b"public y"), ("src/e/z", b"public z"),
-                      ("secret/x", b"SECRET x"), ("secret/y", b"SECRET y")):
+    for rel, data in (
+        ("src/d/x", b"public x"),
+        ("src/d/y", b"public y"),
+        ("src/e/z", b"public z"),
+        ("secret/x", b"SECRET x"),
+        ("secret/y", b"SECRET y"),
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
     return tmp_path
@@ -275,8 +285,14 @@ def test_pack_reads_nothing_swapped_in_after_the_walk(racy, swap, workers, use_o
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["threads", "forked"])
 def test_skip_unreadable_leaves_swapped_files_out(racy, workers):
-    pack(_SwapAfterWalk(racy, _dir_to_symlink, True), racy / "ds", files_per_block=1, workers=workers,
-         fsync=False, skip_unreadable=True)
+    pack(
+        _SwapAfterWalk(racy, _dir_to_symlink, True),
+        racy / "ds",
+        files_per_block=1,
+        workers=workers,
+        fsync=False,
+        skip_unreadable=True,
+    )
     _nothing_secret_in(racy / "ds")
     with open_dataset(racy / "ds") as ds:
         assert ds.read_entry(ds.lookup("e/z")) == b"public z"

@@ -178,8 +178,11 @@ def test_a_poisoned_disk_tier_copy_is_refused_and_replaced(s3, packed, tmp_path)
 def test_a_wrong_expect_is_refused_in_one_line_naming_both(dest, packed, capsys):
     _, _, name = packed
     wrong = "blake3:" + "ab" * 32
-    for command in (["cat", "--expect", wrong, str(dest), VICTIM], ["verify", "--expect", wrong, str(dest)],
-                    ["unpack", "--expect", wrong, str(dest), str(dest.parent / "out")]):  # fmt: skip
+    for command in (
+        ["cat", "--expect", wrong, str(dest), VICTIM],
+        ["verify", "--expect", wrong, str(dest)],
+        ["unpack", "--expect", wrong, str(dest), str(dest.parent / "out")],
+    ):
         rc, out, err = run_cli(command, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and name in err and wrong in err, command
     with pytest.raises(IdentityError, match=wrong):
@@ -210,7 +213,9 @@ def test_a_dataset_with_no_name_is_refused_under_a_pin_in_words():
 
 def test_pack_and_info_print_the_name_and_packing_is_deterministic(packed, tmp_path, capsys):
     root, _, name = packed
-    rc, out, _ = run_cli(["pack", "--files-per-block", "8", "--no-fsync", str(root / "src"), str(tmp_path / "again")], capsys)
+    rc, out, _ = run_cli(
+        ["pack", "--files-per-block", "8", "--no-fsync", str(root / "src"), str(tmp_path / "again")], capsys
+    )
     assert rc == 0 and f"dataset {name}" in out  # the same files, the same options: the same name
     again = blockfs.pack(root / "src", tmp_path / "threads", files_per_block=8, fsync=False, workers=1)
     assert again.digest == name
@@ -316,7 +321,9 @@ def test_the_loader_pins_the_mounted_dataset_and_its_state_names_it(dest, packed
 
 
 # --- property: no forged byte is served under a pin -------------------------------------------------------
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(rnd=st.randoms(use_true_random=False), what=st.sampled_from(["block", "block-crc-kept", "index", "metadata"]))
 def test_under_a_pin_no_forged_byte_is_served(packed, tmp_path_factory, rnd, what):
     root, contents, name = packed

@@ -138,8 +138,10 @@ def test_subset_layout_keeps_blocks_and_slot_order():
     np.testing.assert_array_equal(sub.block_files, [1, 4, 2])
 
 
-@pytest.mark.parametrize(("kw", "shown"), [(dict(fraction=0.0), "got 0.0"), (dict(fraction=1.5), "got 1.5"),
-                                           (dict(warmup_epochs=0), "got 0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "shown"),
+    [(dict(fraction=0.0), "got 0.0"), (dict(fraction=1.5), "got 1.5"), (dict(warmup_epochs=0), "got 0")],
+)
 def test_config_names_a_bad_value(kw, shown):
     with pytest.raises(ValueError, match=shown):
         ImportanceConfig(**kw)

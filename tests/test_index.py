@@ -8,14 +8,15 @@ import tempfile
 
 import numpy as np
 import pytest
+from fuzz.indexutil import patch_array as _patch
+from fuzz.indexutil import rewrite_toc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blockfs
-from blockfs.errors import IndexFormatError
 from blockfs.core.index import KIND_DIR, PackedIndex
 from blockfs.core.index_checks import find_forbidden_component
-from fuzz.indexutil import patch_array as _patch, rewrite_toc
+from blockfs.errors import IndexFormatError
 
 
 @pytest.fixture
@@ -102,7 +103,9 @@ def test_an_object_dtype_in_the_table_of_contents_is_an_index_format_error(packe
 
 # --- property: any tree packs to an index that answers exactly as the tree does ---------------------------
 NAME_PARTS = [b"a", b"B", b"z", b".", b" ", b"-", b"\n", b"\xff", b"\xc3\x28", "é".encode()]
-names = st.lists(st.sampled_from(NAME_PARTS), min_size=1, max_size=3).map(b"".join).filter(lambda n: n not in (b".", b".."))
+names = (
+    st.lists(st.sampled_from(NAME_PARTS), min_size=1, max_size=3).map(b"".join).filter(lambda n: n not in (b".", b".."))
+)
 # (kind, which existing directory is the parent, name, which existing file a hard link names / content size)
 steps = st.lists(
     st.tuples(st.sampled_from(["file", "dir", "symlink", "hardlink"]), st.integers(0, 50), names, st.integers(0, 300)),
@@ -173,8 +176,12 @@ def _forbidden_by_components(blob: bytes) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(paths=st.lists(st.lists(st.sampled_from([b"a", b".", b"/", b"b."]), min_size=1, max_size=6).map(b"".join), max_size=6),
-       piece=st.sampled_from([1, 2, 3, 5, 1 << 20]))  # fmt: skip
+@given(
+    paths=st.lists(
+        st.lists(st.sampled_from([b"a", b".", b"/", b"b."]), min_size=1, max_size=6).map(b"".join), max_size=6
+    ),
+    piece=st.sampled_from([1, 2, 3, 5, 1 << 20]),
+)
 def test_forbidden_components_are_found_whatever_the_piece_size(paths, piece):
     blob = b"\0\0" + b"".join(p + b"\0" for p in paths)
     found = find_forbidden_component(np.frombuffer(blob, dtype=np.uint8), piece)

@@ -13,14 +13,14 @@ import os
 from pathlib import Path
 
 import pytest
+from capability import has_fuse, require
+from mountutil import mounted
+from polling import wait_until
+from treeutil import make_class_tree
 
 import blockfs
 from blockfs import cli, protocol
 from blockfs.client import control_dir
-from capability import has_fuse, require
-from treeutil import make_class_tree
-from mountutil import mounted
-from polling import wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -133,8 +133,9 @@ def test_files_read_right_after_the_kernel_drops_their_pages(packed, tmp_path):
 def test_every_policy_serves_every_file_right_on_the_kernel_route(packed, tmp_path, policy):
     src, dest = packed
     size = sum((src / n).stat().st_size for n in walk(src))
-    with mounted(dest, tmp_path / "mnt", "--policy", policy, "--cache-size", str(size // 3), "--no-retain",
-                 binding="kernel") as m:  # fmt: skip
+    with mounted(
+        dest, tmp_path / "mnt", "--policy", policy, "--cache-size", str(size // 3), "--no-retain", binding="kernel"
+    ) as m:
         names = walk(m.path)
         assert names == walk(src)
         same_bytes(m.path, src, names[::-1])
@@ -157,8 +158,9 @@ def test_the_kernel_route_applies_fsname_subtype_and_noexec_and_ignores_libfuse_
     from blockfs.serve.daemon import mount_entry
 
     _, dest = packed
-    with mounted(dest, tmp_path / "mnt", "-o", "fsname=imagenet,subtype=bfs,noexec,kernel_cache,max_threads=4",
-                 binding="kernel") as m:  # fmt: skip
+    with mounted(
+        dest, tmp_path / "mnt", "-o", "fsname=imagenet,subtype=bfs,noexec,kernel_cache,max_threads=4", binding="kernel"
+    ) as m:
         assert mount_entry(m.path) == {"fstype": "fuse.bfs", "source": "imagenet"}
         with open("/proc/self/mounts") as f:
             options = next(line.split()[3] for line in f if line.split()[1] == str(m.path)).split(",")
@@ -174,9 +176,10 @@ def test_an_empty_files_check_never_reads_storage_on_a_request_thread(tmp_path):
     Once the header is in memory, both answer at once with the entry."""
     import threading
 
+    from kernelcalls import KernelCalls
+
     from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
-    from kernelcalls import KernelCalls
 
     (tmp_path / "src" / "d").mkdir(parents=True)
     (tmp_path / "src" / "d" / "empty").write_bytes(b"")
@@ -188,9 +191,11 @@ def test_an_empty_files_check_never_reads_storage_on_a_request_thread(tmp_path):
         files = fs.view.ds.store._files
         readers: list[str] = []
         for name in ("pread", "read_into", "size"):
-            def counted(*args, _real=getattr(files, name)):
+
+            def counted(*args, _real=getattr(files, name)):  # noqa: B008 (bound now: one per name)
                 readers.append(threading.current_thread().name)
                 return _real(*args)
+
             setattr(files, name, counted)
         err, d = calls.lookup_path(b"d")
         assert err == 0
@@ -208,9 +213,10 @@ def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tm
     import logging
     import struct
 
+    from kernelcalls import KernelCalls
+
     from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
-    from kernelcalls import KernelCalls
 
     src = tmp_path / "src"
     src.mkdir()
@@ -219,8 +225,10 @@ def test_a_file_the_kernel_will_not_take_keeps_no_other_file_of_its_block_out(tm
         (src / name).write_bytes(bytes([i]) * (1000 + i))
     blockfs.pack(src, tmp_path / "packed", fsync=False)  # one block
     options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with caplog.at_level(logging.DEBUG), assembled(tmp_path / "packed", tmp_path / "mnt", options,
-                                                   route="kernel") as fs:  # fmt: skip
+    with (
+        caplog.at_level(logging.DEBUG),
+        assembled(tmp_path / "packed", tmp_path / "mnt", options, route="kernel") as fs,
+    ):
         calls = KernelCalls(fs)
         nodes = [calls.lookup_path(name.encode())[1] for name in names]
         assert calls.read(names[0].encode()) == (src / names[0]).read_bytes()  # loads the block
@@ -264,9 +272,10 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
 def test_a_lookup_pushes_nothing_its_read_would_outrun(packed, tmp_path):
     # A file looked up (no listing) is read at once: the READ reaches the server before a push from the pusher
     # thread could land, so the lookup queues none (the block's own load still pushes what the kernel holds).
+    from kernelcalls import KernelCalls
+
     from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
-    from kernelcalls import KernelCalls
 
     src, dest = packed
     names = walk(src)
@@ -324,9 +333,10 @@ def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path)
 def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_path):
     # Its pages are in the kernel's cache from the READ's answer: a push when its block loads (or is listed)
     # would copy the same bytes again.  A file only looked up is still pushed (the recording session refuses).
+    from kernelcalls import KernelCalls
+
     from blockfs.serve.mount_options import MountOptions
     from blockfs.serve.server import assembled
-    from kernelcalls import KernelCalls
 
     src, dest = packed
     names = [n for n in walk(src) if (src / n).stat().st_size > 0]

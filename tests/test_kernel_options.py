@@ -8,8 +8,22 @@ from blockfs.serve.fuse import kernel_options as ko
 
 
 def test_what_the_kernel_takes_is_applied():
-    got = ko.parse(["allow_other", "default_permissions", "max_read=131072", "blksize=4096", "fsname=data",
-                    "subtype=bfs", "noexec", "noatime", "nodiratime", "ro", "nosuid", "nodev"])  # fmt: skip
+    got = ko.parse(
+        [
+            "allow_other",
+            "default_permissions",
+            "max_read=131072",
+            "blksize=4096",
+            "fsname=data",
+            "subtype=bfs",
+            "noexec",
+            "noatime",
+            "nodiratime",
+            "ro",
+            "nosuid",
+            "nodev",
+        ]
+    )
     assert got.flags == {"allow_other", "default_permissions"}
     assert got.values == {"max_read": "131072", "blksize": "4096"}
     assert got.names == {"fsname": "data", "subtype": "bfs"}
@@ -22,8 +36,19 @@ def test_each_libfuse_only_setting_is_ignored_not_refused(item):
     assert ko.parse([item, "fsname=x"]).ignored == [item]
 
 
-@pytest.mark.parametrize("items", [["uid=0"], ["direct_io"], ["allow_root"], ["auto_unmount"], ["max_read=lots"],
-                                   ["fsname="], ["allow_other=1"], ["entry_timeout=1", "debug"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "items",
+    [
+        ["uid=0"],
+        ["direct_io"],
+        ["allow_root"],
+        ["auto_unmount"],
+        ["max_read=lots"],
+        ["fsname="],
+        ["allow_other=1"],
+        ["entry_timeout=1", "debug"],
+    ],
+)
 def test_the_rest_is_refused_in_one_line_naming_each(items):
     with pytest.raises(ko.OptionRefused) as refused:
         ko.parse(["fsname=ok", *items])

@@ -14,12 +14,11 @@ import shutil
 import stat
 
 import pytest
+from treeutil import EDGE_MTIME_NS, make_edge_tree
 
 import blockfs
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
-from treeutil import EDGE_MTIME_NS, make_edge_tree
-
 from blockfs.errors import MountError
 from blockfs.serve.fuse import libfuse_adapter as fs_module
 from blockfs.serve.mount_options import MountOptions
@@ -145,7 +144,11 @@ def test_a_damaged_block_fails_its_files_with_eio_and_one_log_line(edge_pack, tm
     with caplog.at_level(logging.ERROR), assembled(tmp_path / "p", tmp_path / "mnt", options, route="mfusepy") as fs:
         for _ in range(3):
             assert errno_of(lambda: fs.read("/class_a/big.bin", 100, 0, None)) == errno.EIO
-        assert fs.view.stats()["errors"] == {"damaged_files_read": 3, "damaged_blocks_reported": [block], "failed_reads": 0}
+        assert fs.view.stats()["errors"] == {
+            "damaged_files_read": 3,
+            "damaged_blocks_reported": [block],
+            "failed_reads": 0,
+        }
         assert fs.read("/class_a/one.txt", 10, 0, None) == b"hello\n"  # the mount stays up
     lines = [r for r in caplog.records if "answering EIO" in r.getMessage()]
     assert len(lines) == 1 and "big.bin" in lines[0].getMessage()

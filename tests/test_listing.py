@@ -21,8 +21,11 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-
 import pytest
+from capability import has_fuse, require
+from kernelcalls import KernelCalls
+from mountutil import mounted
+from polling import wait_until
 
 import blockfs
 from blockfs.core.index import KIND_DIR, KIND_FILE
@@ -31,10 +34,6 @@ from blockfs.serve.daemon import unmount, wait_until_mounted
 from blockfs.serve.fuse import wire
 from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.server import assembled
-from capability import has_fuse, require
-from kernelcalls import KernelCalls
-from mountutil import mounted
-from polling import wait_until
 
 N = 200_000
 MTIME_NS = 1_700_000_000_000_000_001
@@ -85,8 +84,13 @@ def reclaimable(tmp_path_factory) -> Path:
 
 # --- through the mount (CI runs this on both routes: BLOCKFS_FUSE) --------------------------------------
 class _Dirent(ctypes.Structure):
-    _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64), ("d_reclen", ctypes.c_ushort),
-                ("d_type", ctypes.c_ubyte), ("d_name", ctypes.c_char * 256)]  # fmt: skip
+    _fields_ = [
+        ("d_ino", ctypes.c_uint64),
+        ("d_off", ctypes.c_int64),
+        ("d_reclen", ctypes.c_ushort),
+        ("d_type", ctypes.c_ubyte),
+        ("d_name", ctypes.c_char * 256),
+    ]
 
 
 class _Dir:
@@ -164,13 +168,15 @@ def test_kernel_route_asks_the_kernel_for_the_listing_its_option_names(big, tmp_
     options = MountOptions(cache_bytes=1 << 20, prefill=False, lock_memory=False, **extra)
     with assembled(big, tmp_path / "mnt", options, route="kernel") as fs:
         offered = (1 << 32) - 1  # a kernel that offers every flag
-        answer = fs.session.init_answer(memoryview(wire.INIT_IN.pack(wire.KERNEL_MAJOR, wire.KERNEL_MINOR, 1 << 17,
-                                                                     offered)))  # fmt: skip
+        answer = fs.session.init_answer(
+            memoryview(wire.INIT_IN.pack(wire.KERNEL_MAJOR, wire.KERNEL_MINOR, 1 << 17, offered))
+        )
         flags = wire.INIT_OUT.unpack(answer)[3]
         assert fs.view.route.facts["listing"] == (listing or "plain")
     plus, auto = bool(flags & wire.DO_READDIRPLUS), bool(flags & wire.READDIRPLUS_AUTO)
-    assert (plus, auto) == {None: (False, False), "plain": (False, False), "plus": (True, False),
-                            "auto": (True, True)}[listing]  # fmt: skip
+    assert (plus, auto) == {None: (False, False), "plain": (False, False), "plus": (True, False), "auto": (True, True)}[
+        listing
+    ]
     assert flags & wire.NO_OPEN_SUPPORT and flags & wire.NO_OPENDIR_SUPPORT  # the rest unchanged
 
 
@@ -229,7 +235,9 @@ def test_kernel_route_listing_reads_only_the_slice_a_request_covers(kernel, monk
     name_spans = index.name_spans
     monkeypatch.setattr(index, "names", whole_directory)
     monkeypatch.setattr(index, "joined_names", whole_directory)
-    monkeypatch.setattr(index, "name_spans", lambda e, first, stop: spans.append(stop - first) or name_spans(e, first, stop))
+    monkeypatch.setattr(
+        index, "name_spans", lambda e, first, stop: spans.append(stop - first) or name_spans(e, first, stop)
+    )
     got = _list_at(calls, node, N // 2, 4096)
     assert got[0][2] == name_of(N // 2 - 2) and len(got) > 10
     assert spans and max(spans) <= 4096 // (wire.DIRENTPLUS_FIXED + 8)
@@ -334,8 +342,9 @@ def _memory_cgroup(limit: int) -> MemoryCgroup:
 
 
 def _list_and_read_in(group: MemoryCgroup, top: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", LISTER, str(top)], preexec_fn=group.enter, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", LISTER, str(top)], preexec_fn=group.enter, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -364,7 +373,7 @@ class NodeAudit:
                     self.faults.append(("forget past zero", nodeid, count, int(lookups[nodeid - 1])))
                 self.forgotten += count
             elif opcode == wire.BATCH_FORGET:
-                for node, count in zip(*(wire.forgets(body)[k].tolist() for k in ("nodeid", "nlookup"))):
+                for node, count in zip(*(wire.forgets(body)[k].tolist() for k in ("nodeid", "nlookup")), strict=True):
                     if 0 < node <= n and count > lookups[node - 1]:
                         self.faults.append(("batch forget past zero", node, count, int(lookups[node - 1])))
                     self.forgotten += count
@@ -377,7 +386,9 @@ class NodeAudit:
 
 @pytest.mark.fuse
 @pytest.mark.parametrize("binding", ["kernel", "mfusepy"])
-def test_under_memory_pressure_reclaimed_inodes_are_forgotten_and_every_file_still_reads_right(reclaimable, tmp_path, binding):
+def test_under_memory_pressure_reclaimed_inodes_are_forgotten_and_every_file_still_reads_right(
+    reclaimable, tmp_path, binding
+):
     """Issue 30: a listing of 40,000 entries with attributes (READDIRPLUS) inside a memory cgroup of 24 MiB,
     where the kernel holds ~1.2 KB of slab per listed entry (48 MB), so it reclaims most of them and sends FORGET;
     every file is then opened and read (each reclaimed one looked up again) and must read right.  On the
@@ -401,8 +412,11 @@ def test_under_memory_pressure_reclaimed_inodes_are_forgotten_and_every_file_sti
                     wait_until_mounted(mnt, None, 30)
                     got = _list_and_read_in(group, mnt / "big")
                     # The last FORGETs the kernel queued are read by the server's threads a moment later.
-                    held = wait_until(lambda: (n := int(np.count_nonzero(fs._lookups > 0))) < RECLAIMED // 2 and n,
-                                      "most listed nodes forgotten (FORGETs honoured)", timeout=60)  # fmt: skip
+                    held = wait_until(
+                        lambda: (n := int(np.count_nonzero(fs._lookups > 0))) < RECLAIMED // 2 and n,
+                        "most listed nodes forgotten (FORGETs honoured)",
+                        timeout=60,
+                    )
                     requests = dict(fs.session.requests)
                 finally:
                     unmount(mnt)

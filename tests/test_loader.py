@@ -24,15 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import blockfs
-from blockfs.core.dataset import PackedDataset
-from blockfs.errors import FormatError
-from blockfs.loader.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
-from blockfs.core.unpack import unpack
 from capability import has_fuse, require
 from mountutil import mounted
 from polling import wait_until
+
+import blockfs
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.unpack import unpack
+from blockfs.errors import FormatError
+from blockfs.loader.order import batch_class_entropy, block_shuffled_order, global_shuffled_order
 
 pytestmark = pytest.mark.torch
 REPO = Path(__file__).resolve().parent.parent
@@ -97,8 +97,11 @@ def index_of(tiny):
 def test_a_path_that_is_not_a_blockfs_mount_is_refused_by_name(bl, tiny, tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
-    for path, shown in [(plain, "no 'user.blockfs.control' attribute"), (tmp_path / "missing", "not a directory"),
-                        (tiny / "packed", "it is a packed dataset, not its mount")]:  # fmt: skip
+    for path, shown in [
+        (plain, "no 'user.blockfs.control' attribute"),
+        (tmp_path / "missing", "not a directory"),
+        (tiny / "packed", "it is a packed dataset, not its mount"),
+    ]:
         with pytest.raises(FileNotFoundError, match=shown) as raised:
             bl.BlockLoader(path, 8)
         assert str(path) in str(raised.value)
@@ -153,8 +156,9 @@ def test_an_epoch_yields_every_file_once_with_its_bytes_and_label(bl, tiny, work
 
 
 @pytest.mark.parametrize("pickled_below", [0, 1 << 30], ids=["shared-memory", "pickled"])
-def test_batches_cross_from_workers_pickled_or_in_shared_memory_with_the_same_bytes(bl, tiny, monkeypatch,
-                                                                                      pickled_below):  # fmt: skip
+def test_batches_cross_from_workers_pickled_or_in_shared_memory_with_the_same_bytes(
+    bl, tiny, monkeypatch, pickled_below
+):
     from blockfs.loader import batches
 
     monkeypatch.setattr(batches, "PICKLED_BATCH_BYTES", pickled_below)  # forked workers inherit it
@@ -232,8 +236,7 @@ def test_ranks_read_disjoint_blocks_and_the_same_number_of_batches(bl, tiny, dro
     world = 3
     per_rank = []
     for rank in range(world):
-        loader = bl.BlockLoader(tiny / "mnt", 24, rank=rank, world_size=world, num_workers=workers,
-                                drop_last=drop_last)  # fmt: skip
+        loader = bl.BlockLoader(tiny / "mnt", 24, rank=rank, world_size=world, num_workers=workers, drop_last=drop_last)
         loader.set_epoch(1)
         per_rank.append(epoch_ids(loader))
     assert len({len(batches) for batches in per_rank}) == 1
@@ -431,6 +434,7 @@ def test_resume_mid_epoch_gives_the_rest_of_the_epoch_exactly(bl, tiny, workers,
 
 def test_resume_under_ddp_restores_each_rank(bl, tiny):
     for rank in range(2):
+
         def make(rank=rank):
             return bl.BlockLoader(tiny / "mnt", 16, rank=rank, world_size=2, num_workers=2, seed=2)
 
@@ -669,7 +673,7 @@ def test_a_file_decode_cannot_read_is_named_by_path_and_id_with_the_cause_chaine
             epoch_ids(loader)
         e = raised.value
         assert isinstance(e, ValueError) and e.sample_id in bad_ids(loader)
-        assert e.path == loader.path(e.sample_id) and e.path.endswith((".png"))
+        assert e.path == loader.path(e.sample_id) and e.path.endswith(".png")
         message = str(e)
         assert "\n" not in message and repr(e.path) in message and f"sample {e.sample_id}" in message
         assert "on_decode_error='skip'" in message
@@ -752,8 +756,25 @@ def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learn
 def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
     out = tmp_path / "ddp.json"
     # The timeout only catches two ranks waiting on each other for ever; it is not a speed claim.
-    run_example("ddp_train.py", tiny / "mnt", "--world-size", "2", "--epochs", "2", "--batch-size", "16",
-                "--workers", "1", "--importance", "0.5", "--warmup", "1", "--out", out, timeout=120)  # fmt: skip
+    run_example(
+        "ddp_train.py",
+        tiny / "mnt",
+        "--world-size",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--workers",
+        "1",
+        "--importance",
+        "0.5",
+        "--warmup",
+        "1",
+        "--out",
+        out,
+        timeout=120,
+    )
     result = json.loads(out.read_text())
     ranks = result["ranks"]
     assert len(ranks) == 2
@@ -771,8 +792,19 @@ def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
 @pytest.mark.slow
 def test_the_ddp_example_trains_on_a_tree_with_a_top_level_readme(bl, with_readme, tmp_path):
     out = tmp_path / "ddp.json"
-    run_example("ddp_train.py", with_readme / "mnt", "--world-size", "2", "--epochs", "1", "--batch-size", "8",
-                "--out", out, timeout=120)  # fmt: skip
+    run_example(
+        "ddp_train.py",
+        with_readme / "mnt",
+        "--world-size",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--out",
+        out,
+        timeout=120,
+    )
     ranks = json.loads(out.read_text())["ranks"]
     assert len(set(ranks[0]["ids"][0]) | set(ranks[1]["ids"][0])) == 64
 
@@ -788,6 +820,7 @@ def fuse_ok():
 def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_path, fuse_ok, share):
     extra = () if share else ("--no-share",)
     with mounted(tiny / "packed", tmp_path / "mnt", "--cache-size", "64MiB", *extra) as m:
+
         def make():
             return bl.BlockLoader(m.path, B, num_workers=2, seed=1)
 
@@ -855,10 +888,30 @@ def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny,
 @pytest.mark.slow
 def test_the_training_example_through_a_real_mount(bl, learnable, tmp_path, fuse_ok):
     with mounted(learnable / "packed", tmp_path / "mnt", "--cache-size", "64MiB") as m:
-        run_example("train_block_loader.py", m.path, "--epochs", "3", "--seed", "1", "--workers", "2",
-                    "--out", tmp_path / "mount.json")  # fmt: skip
-    run_example("train_block_loader.py", learnable / "mnt", "--epochs", "3", "--seed", "1", "--workers", "2",
-                "--out", tmp_path / "fake.json")  # fmt: skip
+        run_example(
+            "train_block_loader.py",
+            m.path,
+            "--epochs",
+            "3",
+            "--seed",
+            "1",
+            "--workers",
+            "2",
+            "--out",
+            tmp_path / "mount.json",
+        )
+    run_example(
+        "train_block_loader.py",
+        learnable / "mnt",
+        "--epochs",
+        "3",
+        "--seed",
+        "1",
+        "--workers",
+        "2",
+        "--out",
+        tmp_path / "fake.json",
+    )
     mount, fake = (json.loads((tmp_path / name).read_text()) for name in ("mount.json", "fake.json"))
     assert mount["losses"] == fake["losses"]  # the same bytes, labels and order through either
     assert mount["final_accuracy"] > 0.4

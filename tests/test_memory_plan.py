@@ -170,9 +170,7 @@ def test_threshold_keeps_every_file_under_a_threshold_that_fits(sizes, budget, s
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    sizes=size_lists, budget=st.integers(0, 20_000), strategy=st.sampled_from(["most-files", "threshold"])
-)
+@given(sizes=size_lists, budget=st.integers(0, 20_000), strategy=st.sampled_from(["most-files", "threshold"]))
 def test_expected_hit_rates_are_rates_and_favour_files(sizes, budget, strategy):
     plan = make_memory_plan(sizes, budget, strategy=strategy)
     assert 0 <= plan.expected_byte_hit_rate <= plan.expected_file_hit_rate + 1e-12 <= 1 + 1e-12

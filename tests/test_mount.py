@@ -24,19 +24,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capability import has_fuse, has_torch, require
+from mountutil import BINDINGS, mounted, release
+from polling import wait_until
+from treeutil import make_edge_tree
 
 import blockfs
 from blockfs import cli
 from blockfs.cli.output import human
+from blockfs.client import control_dir, read_stats
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
-from blockfs.client import control_dir, read_stats
 from blockfs.serve.daemon import is_mounted
-from capability import has_fuse, has_torch, require
-from treeutil import make_edge_tree
-from mountutil import BINDINGS, mounted, release
-from polling import wait_until
 
 pytestmark = pytest.mark.fuse
 REPO = Path(__file__).resolve().parent.parent
@@ -398,8 +398,9 @@ def test_memory_stays_within_budget_and_cache_once_hits_budget_over_dataset(tmp_
     budget = total // 3
     src = str(tmp_path / "src")
     names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
-    with mounted(tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "none",
-                 "--no-retain") as m:  # fmt: skip  (blocks only; tests/test_retain.py covers retention)
+    with mounted(
+        tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--open-mode", "none", "--no-retain"
+    ) as m:  # (blocks only; tests/test_retain.py covers retention)
         for name in names[:50]:  # warm up the interpreter's own allocations
             (m.path / name).read_bytes()
         baseline = m.rss_bytes()
@@ -623,8 +624,9 @@ def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
     blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=64 << 10, fsync=False)
     block_bytes = [os.path.getsize(p) for p in PackedDataset(tmp_path / "p").store.block_paths]
     budget = sum(block_bytes[b] for b in (5, 2, 7)) + 100  # room for the first three announced
-    with mounted(tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--no-prefill",
-                 "--readahead", "0", "--no-retain") as m:
+    with mounted(
+        tmp_path / "p", tmp_path / "mnt", "--cache-size", str(budget), "--no-prefill", "--readahead", "0", "--no-retain"
+    ) as m:
         view = BlockfsMount(m.path)
         try:
             address = os.getxattr(control_dir(m.path), "user.blockfs.prefetch")
@@ -665,7 +667,9 @@ def test_announced_blocks_are_loaded_in_the_announced_order(tmp_path):
             assert counters["prefetch_loads"] == 3 and counters["block_loads"] == 3  # 0 and 1 did not fit
             before = counters["block_bytes_read"]
             for rel in PackedDataset(tmp_path / "p").files_in_block(2):  # served from memory now
-                assert (Path(m.path) / os.fsdecode(rel)).read_bytes() == (tmp_path / "src" / os.fsdecode(rel)).read_bytes()
+                assert (Path(m.path) / os.fsdecode(rel)).read_bytes() == (
+                    tmp_path / "src" / os.fsdecode(rel)
+                ).read_bytes()
             after = read_stats(m.path)["counters"]
             assert after["block_bytes_read"] == before and after["file_reads"] == counters["file_reads"]
         finally:
@@ -716,8 +720,20 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
     shutil.copytree(tiny / "packed", tmp_path / "packed")
     (tmp_path / "mnt").mkdir()
     try:
-        args = ["mount", "packed", "mnt", "--memory-fraction", "0.01", "--open-mode", "keep_cache",
-                "--no-share", "--readahead", "0", "--log", "mount.log"]  # fmt: skip
+        args = [
+            "mount",
+            "packed",
+            "mnt",
+            "--memory-fraction",
+            "0.01",
+            "--open-mode",
+            "keep_cache",
+            "--no-share",
+            "--readahead",
+            "0",
+            "--log",
+            "mount.log",
+        ]
         assert cli.main(args) == 0
         budget = capsys.readouterr().out.split("memory plan: cache ")[1].split(" (")[0]
         stats = read_stats(tmp_path / "mnt")
@@ -797,4 +813,3 @@ def test_training_script_gives_identical_losses_on_the_mount(tmp_path):
     # before the script read it (the kernel route; which of the two wins for a file is a race).
     pushed = stats.get("page_cache", {}).get("files_pushed", 0)
     assert stats["counters"]["files_served"] + pushed >= 192
-

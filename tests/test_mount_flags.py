@@ -10,8 +10,7 @@ import typing
 
 import pytest
 
-from blockfs.cli import build_parser
-from blockfs.cli import mount_flags
+from blockfs.cli import build_parser, mount_flags
 from blockfs.cli.mount_commands import _budget, _mount_options
 from blockfs.cli.mount_helper import blockfs_argv
 from blockfs.core.location import StorageOptions
@@ -125,8 +124,12 @@ def test_plan_takes_the_memory_and_nodes_flags():
 def _with_field(monkeypatch, name: str, cli: Flag | None, default: object) -> type:
     """MountOptions with one more field (declared by ``cli``, or undeclared), as the cli and helper see it."""
     meta = {CLI: cli} if cli is not None else {}
-    cls = dataclasses.make_dataclass("MountOptions", [(name, type(default), dataclasses.field(default=default,
-                                     metadata=meta))], bases=(MountOptions,), frozen=True)  # fmt: skip
+    cls = dataclasses.make_dataclass(
+        "MountOptions",
+        [(name, type(default), dataclasses.field(default=default, metadata=meta))],
+        bases=(MountOptions,),
+        frozen=True,
+    )
     monkeypatch.setattr(options, "MountOptions", cls)
     monkeypatch.setattr(mount_flags, "MountOptions", cls)
     return cls

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from capability import has_fuse, require
+from mountutil import release
+from treeutil import make_class_tree
 
 import blockfs
 from blockfs import cli
@@ -13,9 +16,6 @@ from blockfs.client import read_stats
 from blockfs.core.dataset import PackedDataset
 from blockfs.serve.cache import memory_plan as plan_module
 from blockfs.serve.cache.mount_plan import make_mount_plan, retains
-from capability import has_fuse, require
-from treeutil import make_class_tree
-from mountutil import release
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,9 @@ def packed(tmp_path_factory):
 
 @pytest.mark.fuse
 @pytest.mark.parametrize("binding", ["kernel", "mfusepy"])
-def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(packed, tmp_path, monkeypatch, capsys,
-                                                                            binding):  # fmt: skip
+def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(
+    packed, tmp_path, monkeypatch, capsys, binding
+):
     require(has_fuse(), "/dev/fuse")
     monkeypatch.setenv("BLOCKFS_FUSE", binding)  # the serving process's route
 
@@ -41,7 +42,9 @@ def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(pac
     mnt.mkdir()
     budget = json.loads((packed / "blockfs.json").read_text())["file_bytes"] // 3  # does not fit: files retained
     try:
-        assert cli.main(["mount", str(packed), str(mnt), "--cache-size", str(budget), "--log", str(tmp_path / "log")]) == 0
+        assert (
+            cli.main(["mount", str(packed), str(mnt), "--cache-size", str(budget), "--log", str(tmp_path / "log")]) == 0
+        )
         out = capsys.readouterr().out
         served = read_stats(mnt)["plan"]
     finally:

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from capability import has_fuse, require
+from mountutil import mounted
+from treeutil import make_class_tree
 
 import blockfs
-from capability import has_fuse, require
-from treeutil import make_class_tree
-from mountutil import mounted
 
 HERE = Path(__file__).resolve().parent
 EPOCHS = 3
@@ -35,9 +35,17 @@ def run_ranks(mounts: list[Path], partition: str, tmp_path: Path) -> list[dict]:
     procs = []
     for rank in range(4):
         node, local = divmod(rank, 2)
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(local), LOCAL_WORLD_SIZE="2",
-                   GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="4",
+            LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE="2",
+            GROUP_RANK=str(node),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        )
         out = tmp_path / f"{partition}-{rank}.json"
         command = [sys.executable, str(HERE / "multinode_rank.py"), str(mounts[node]), partition, str(EPOCHS), str(out)]
         procs.append((subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out))
@@ -62,15 +70,20 @@ def test_each_node_caches_its_own_part(s3, tmp_path, torch_module, partition):
         n_files = len(ds.file_ids)
     budget = str(int(dataset * 0.6))  # about half the dataset (a node's part, with room for imbalance)
     args = ["--cache-size", budget, "--no-retain", "--open-mode", "none", "--nodes", "2", "--partition-seed", "0"]
-    with mounted(url, tmp_path / "mnt0", *args, "--node-rank", "0") as m0, \
-         mounted(url, tmp_path / "mnt1", *args, "--node-rank", "1") as m1:  # fmt: skip
+    with (
+        mounted(url, tmp_path / "mnt0", *args, "--node-rank", "0") as m0,
+        mounted(url, tmp_path / "mnt1", *args, "--node-rank", "1") as m1,
+    ):
         results = run_ranks([m0.path, m1.path], partition, tmp_path)
     for epoch in range(EPOCHS):
         per_rank = [r["samples"][epoch] for r in results]
         assert len({len(ids) for ids in per_rank}) == 1
         assert len(set().union(*map(set, per_rank))) == n_files
     # Bytes each mount fetched in epochs 2 and 3 (the stats are cumulative, read after each epoch).
-    later = [[b - a for a, b in itertools.pairwise(seen)] for seen in (results[0]["remote_bytes"], results[2]["remote_bytes"])]
+    later = [
+        [b - a for a, b in itertools.pairwise(seen)]
+        for seen in (results[0]["remote_bytes"], results[2]["remote_bytes"])
+    ]
     if partition == "node":  # each node's part fits its budget: nothing more to fetch
         assert max(map(max, later)) <= 0.05 * dataset, (later, dataset)
     else:  # every node reads half of all blocks, of which its budget holds ~60 %: ~0.4 of the dataset in all,

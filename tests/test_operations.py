@@ -13,28 +13,45 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from capability import has_fuse, require
+from mountutil import release, serve_command
+from polling import wait_until
 
 import blockfs
 from blockfs.cli import mount_helper
 from blockfs.cli.mount_helper import blockfs_argv
 from blockfs.serve.daemon import is_mounted
-from capability import has_fuse, require
-from mountutil import release, serve_command
-from polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 HELPER = Path("/sbin/mount.fuse.blockfs")
 
 
 def test_mount_options_become_blockfs_options():
-    argv = blockfs_argv("/d", "/m", ["ro,_netdev,nofail,x-systemd.automount,cache_size=1GiB,allow_other",
-                                     "storage.endpoint=http://h:9,max_read=131072,no_prefill,defaults"])  # fmt: skip
-    assert argv == ["mount", "--cache-size=1GiB", "--allow-other", "--storage-option", "endpoint=http://h:9",
-                    "--no-prefill", "-o", "max_read=131072", "--", "/d", "/m"]  # fmt: skip
+    argv = blockfs_argv(
+        "/d",
+        "/m",
+        [
+            "ro,_netdev,nofail,x-systemd.automount,cache_size=1GiB,allow_other",
+            "storage.endpoint=http://h:9,max_read=131072,no_prefill,defaults",
+        ],
+    )
+    assert argv == [
+        "mount",
+        "--cache-size=1GiB",
+        "--allow-other",
+        "--storage-option",
+        "endpoint=http://h:9",
+        "--no-prefill",
+        "-o",
+        "max_read=131072",
+        "--",
+        "/d",
+        "/m",
+    ]
     with pytest.raises(ValueError, match="write it as cache_size=VALUE"):
         blockfs_argv("/d", "/m", ["cache_size"])
     with pytest.raises(ValueError, match="foreground"):
@@ -44,12 +61,15 @@ def test_mount_options_become_blockfs_options():
             blockfs_argv("/d", "/m", [secret])
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["/d", "/m", "-o", "help"], "option 'help' is not a mount option"),
-    (["/d", "/m", "-o", "ro,version"], "option 'version' is not a mount option"),
-    (["/d", "/m", "-o", "cache_size=1GiB,no_such_thing=1"], "option 'no_such_thing=1' is not a mount option"),
-    (["/d", "/m", "-o", "--help"], "option '--help' is not a mount option"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["/d", "/m", "-o", "help"], "option 'help' is not a mount option"),
+        (["/d", "/m", "-o", "ro,version"], "option 'version' is not a mount option"),
+        (["/d", "/m", "-o", "cache_size=1GiB,no_such_thing=1"], "option 'no_such_thing=1' is not a mount option"),
+        (["/d", "/m", "-o", "--help"], "option '--help' is not a mount option"),
+    ],
+)
 def test_the_helper_refuses_what_is_not_a_mount_option_in_one_line(argv, says, capsys):
     """Issue 29, 6: ``-o help`` became ``blockfs mount --help``, which printed usage and exited 0 — mount(8)
     and systemd took that for a mount."""
@@ -96,7 +116,7 @@ def helper_installed(tmp_path: Path) -> Iterator[None]:
     if HELPER.exists() or HELPER.is_symlink():
         pytest.fail(f"{HELPER} exists already: this test installs its own and would replace it")
     script = tmp_path / "mount.fuse.blockfs"
-    script.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m blockfs.cli.mount_helper \"$@\"\n")
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m blockfs.cli.mount_helper "$@"\n')
     script.chmod(0o755)
     HELPER.symlink_to(script)
     try:
@@ -111,9 +131,13 @@ def test_mount_t_fuse_blockfs_mounts_and_umount_unmounts(dataset, tmp_path):
     mnt.mkdir()
     with helper_installed(tmp_path):
         try:
-            done = subprocess.run(["mount", "-t", "fuse.blockfs", str(dataset), str(mnt), "-o",
-                                   "ro,cache_size=16MiB,_netdev"], capture_output=True, text=True, timeout=120,
-                                  env=own_tmp(tmp_path))  # fmt: skip
+            done = subprocess.run(
+                ["mount", "-t", "fuse.blockfs", str(dataset), str(mnt), "-o", "ro,cache_size=16MiB,_netdev"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=own_tmp(tmp_path),
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             assert (mnt / "cat" / "7.txt").read_text() == "file 7\n"
             with open("/proc/self/mounts") as f:
@@ -136,8 +160,13 @@ def test_the_readme_fstab_line_mounts(dataset, tmp_path):
     fstab.write_text(line.replace("/data/imagenet.blockfs", str(dataset)).replace("/mnt/imagenet", str(mnt)) + "\n")
     with helper_installed(tmp_path):
         try:
-            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
-                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
+            done = subprocess.run(
+                ["mount", "--fstab", str(fstab), str(mnt)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=own_tmp(tmp_path),
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             assert sorted(os.listdir(mnt / "cat"))[:2] == ["0.txt", "1.txt"]
         finally:
@@ -158,12 +187,21 @@ def test_the_readme_fstab_line_for_a_remote_dataset_mounts(s3, tmp_path):
     mnt = tmp_path / "imagenet-s3"
     mnt.mkdir()
     fstab = tmp_path / "fstab"
-    fstab.write_text(line.replace("s3://my-bucket/imagenet.blockfs", url).replace("/mnt/imagenet-s3", str(mnt))
-                     .replace("/var/cache/blockfs", str(tmp_path / "disk")) + "\n")  # fmt: skip
+    fstab.write_text(
+        line.replace("s3://my-bucket/imagenet.blockfs", url)
+        .replace("/mnt/imagenet-s3", str(mnt))
+        .replace("/var/cache/blockfs", str(tmp_path / "disk"))
+        + "\n"
+    )
     with helper_installed(tmp_path):
         try:
-            done = subprocess.run(["mount", "--fstab", str(fstab), str(mnt)], capture_output=True, text=True,
-                                  timeout=120, env=own_tmp(tmp_path))  # fmt: skip
+            done = subprocess.run(
+                ["mount", "--fstab", str(fstab), str(mnt)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=own_tmp(tmp_path),
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             assert (mnt / "cat" / "a.txt").read_text() == "remote a\n"
             assert any((tmp_path / "disk").iterdir())  # disk_cache= reached the mount
@@ -181,8 +219,13 @@ def test_a_foreground_mount_tells_systemd_it_is_ready_once_it_answers(dataset, t
         systemd.bind(address)
         systemd.settimeout(60)
         log = tmp_path / "log"
-        proc = subprocess.Popen(serve_command(dataset, mnt, log), env=dict(os.environ, NOTIFY_SOCKET=address),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            serve_command(dataset, mnt, log),
+            env=dict(os.environ, NOTIFY_SOCKET=address),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             message = systemd.recv(4096).decode()
             assert message.splitlines()[0] == "READY=1", message
@@ -249,12 +292,21 @@ def test_the_container_entrypoint_mounts_runs_and_unmounts(dataset, tmp_path):
     """examples/container/entrypoint.sh as the container runs it (no docker engine here: the script alone)."""
     require(has_fuse(), "/dev/fuse")
     mnt = tmp_path / "dataset"
-    env = dict(os.environ, BLOCKFS_MOUNT=str(mnt), BLOCKFS_MOUNT_OPTIONS="--cache-size 16MiB --log " + str(tmp_path / "log"),
-               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+    env = dict(
+        os.environ,
+        BLOCKFS_MOUNT=str(mnt),
+        BLOCKFS_MOUNT_OPTIONS="--cache-size 16MiB --log " + str(tmp_path / "log"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     script = REPO / "examples" / "container" / "entrypoint.sh"
     try:
-        done = subprocess.run(["sh", str(script), str(dataset), "sh", "-c", f"cat {mnt}/cat/5.txt; exit 3"],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        done = subprocess.run(
+            ["sh", str(script), str(dataset), "sh", "-c", f"cat {mnt}/cat/5.txt; exit 3"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert done.returncode == 3 and "file 5\n" in done.stdout, done.stdout + done.stderr  # its status, passed on
         assert not is_mounted(mnt)
     finally:
@@ -268,12 +320,21 @@ def _container_check(tmp_path: Path, docker: str | None, dockerd: bool = False) 
     bin_dir.mkdir(parents=True)
     for tool in ("dirname", "mktemp", "rm", "tee", "grep", "sed", "tail", "cat"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    fakes = {"id": "echo 0"} | ({"docker": docker} if docker is not None else {}) | ({"dockerd": "exit 1"} if dockerd else {})
+    fakes = (
+        {"id": "echo 0"}
+        | ({"docker": docker} if docker is not None else {})
+        | ({"dockerd": "exit 1"} if dockerd else {})
+    )
     for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    return subprocess.run(["/bin/bash", str(REPO / "tools" / "check_container.sh")], capture_output=True, text=True,
-                          timeout=60, env={"PATH": str(bin_dir), "TMPDIR": str(tmp_path)})  # fmt: skip
+    return subprocess.run(
+        ["/bin/bash", str(REPO / "tools" / "check_container.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bin_dir), "TMPDIR": str(tmp_path)},
+    )
 
 
 def test_the_container_check_names_the_packages_it_needs_and_shows_the_build_step_by_step(tmp_path):

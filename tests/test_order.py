@@ -51,10 +51,7 @@ def rank_outputs(layout, world_size, num_workers, drop_last, name="block_shuffle
     """order[rank][worker] for every rank and worker of one epoch."""
     order = get_order(name)
     kw = dict(seed=7, epoch=2, world_size=world_size, num_workers=num_workers, drop_last=drop_last)
-    return [
-        [order(layout, rank=r, worker=w, **kw) for w in range(num_workers)]
-        for r in range(world_size)
-    ]
+    return [[order(layout, rank=r, worker=w, **kw) for w in range(num_workers)] for r in range(world_size)]
 
 
 # --- one rank, one worker -------------------------------------------------------------------------------
@@ -168,7 +165,7 @@ def test_few_blocks_repeat_or_drop_at_most_world_size_minus_one_samples_per_epoc
             np.concatenate(
                 [block_shuffled_order(layout, rank=r, worker=w, **kw) for r in range(world_size) for w in range(2)]
             ).tolist()
-        )  # fmt: skip
+        )
         repeats = sum(reads.values()) - len(reads)
         left_out = n - len(reads)
         assert (repeats, left_out) == ((0, n % world_size) if drop_last else (-n % world_size, 0))
@@ -181,9 +178,7 @@ def test_workers_split_their_rank_into_whole_blocks(layout, world_size, num_work
     rank = data.draw(st.integers(0, world_size - 1))
     kw = dict(seed=5, epoch=4, rank=rank, world_size=world_size, drop_last=drop_last)
     whole = block_shuffled_order(layout, **kw)
-    parts = [
-        block_shuffled_order(layout, worker=w, num_workers=num_workers, **kw) for w in range(num_workers)
-    ]
+    parts = [block_shuffled_order(layout, worker=w, num_workers=num_workers, **kw) for w in range(num_workers)]
     assert Counter(np.concatenate(parts).tolist()) == Counter(whole.tolist())
     owner = block_of(layout)
     worker_blocks = [set(owner[p].tolist()) for p in parts]

@@ -20,20 +20,19 @@ import blockfs
 import blockfs.packing.packer  # noqa: F401  (the package's `pack` attribute is the function)
 from blockfs.core import format as fmt
 from blockfs.core.index import KIND_DIR, KIND_FILE
+from blockfs.core.unpack import unpack
+from blockfs.core.verify import summary, verify
 from blockfs.errors import CorruptBlockError, NotADatasetError, PackError, SourceError, UnsupportedVersionError
 from blockfs.packing import writer as writer_module
 from blockfs.packing.destination import LocalDestination
 from blockfs.packing.plan import plan_blocks
 from blockfs.packing.sources import DirectorySource, Source, SourceEntry
-from blockfs.core.unpack import unpack
-from blockfs.core.verify import summary, verify
 
 pack_module = sys.modules["blockfs.packing.packer"]
 
-from treeutil import make_edge_tree
-
 from fuzz.treesnap import tree_snapshot
 from polling import wait_until
+from treeutil import make_edge_tree
 
 
 def _imagefolder_tree(root, classes=("cat", "dog", "eel"), per_class=30, size=500):
@@ -236,6 +235,7 @@ def test_killed_pack_leaves_nothing_that_opens_and_a_rerun_succeeds(tmp_path, wo
     )
     proc = subprocess.Popen([sys.executable, "-c", slow, str(src), str(dest), str(tmp_path / "pids")])
     try:
+
         def started() -> bool:
             if workers > 1:  # every worker is inside a block
                 return len(os.listdir(tmp_path / "pids")) == workers

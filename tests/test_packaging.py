@@ -13,7 +13,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from capability import has_fuse, require
 from mountutil import release
 
@@ -76,8 +75,16 @@ def test_pip_install_of_the_wheel_in_a_fresh_venv_runs_the_quick_start(wheel, tm
     run(blockfs_cmd, "pack", tmp_path / "src", tmp_path / "ds.blockfs", cwd=tmp_path, env=env)
     (tmp_path / "mnt").mkdir()
     try:
-        run(blockfs_cmd, "mount", tmp_path / "ds.blockfs", tmp_path / "mnt", "--log", tmp_path / "log", cwd=tmp_path,
-            env=env)  # fmt: skip
+        run(
+            blockfs_cmd,
+            "mount",
+            tmp_path / "ds.blockfs",
+            tmp_path / "mnt",
+            "--log",
+            tmp_path / "log",
+            cwd=tmp_path,
+            env=env,
+        )
         assert (tmp_path / "mnt" / "cats" / "tom.txt").read_text() == "meow\n"
         assert "files served" in run(blockfs_cmd, "stats", tmp_path / "mnt", env=env).stdout
         run(blockfs_cmd, "umount", tmp_path / "mnt", env=env)

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from test_order import block_of, layouts
 
 from blockfs.loader.order import BlockLayout, block_shuffled_order, partition_blocks
-from test_order import block_of, layouts
 
 
 def node_outputs(layout, nodes, local, num_workers, drop_last, epoch, seed=3):
     """Everything each rank reads in ``epoch`` (its workers concatenated), ranks in order."""
-    kw = dict(seed=seed, epoch=epoch, world_size=nodes * local, num_workers=num_workers, drop_last=drop_last,
-              nodes=nodes)  # fmt: skip
+    kw = dict(
+        seed=seed, epoch=epoch, world_size=nodes * local, num_workers=num_workers, drop_last=drop_last, nodes=nodes
+    )
     return [
         np.concatenate([block_shuffled_order(layout, rank=r, worker=w, **kw) for w in range(num_workers)])
         for r in range(nodes * local)
@@ -47,8 +48,9 @@ def test_the_partition_is_fixed_covering_and_deterministic(layout, nodes, seed):
 
 @settings(max_examples=150)
 @given(layouts(), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.booleans())
-def test_node_ranks_read_only_their_part_the_same_every_epoch_with_equal_counts(layout, nodes, local, workers,
-                                                                               drop_last):  # fmt: skip
+def test_node_ranks_read_only_their_part_the_same_every_epoch_with_equal_counts(
+    layout, nodes, local, workers, drop_last
+):
     assume(enough(layout, nodes, local))
     owner = block_of(layout)
     node_of = partition_blocks(layout, nodes, seed=3)

@@ -20,6 +20,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from capability import has_fuse, require
+from mountutil import mounted, release
+from polling import wait_until
+from s3server import _free_port
+from treeutil import make_class_tree
 
 import blockfs
 from blockfs.client import read_stats
@@ -29,11 +34,6 @@ from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.peers import read_secret
 from blockfs.storage.peer_tier import AUTH_HEADER, block_path, rendezvous_owners
 from blockfs.storage.remote_blocks import HEAD_BYTES
-from capability import has_fuse, require
-from mountutil import mounted, release
-from polling import wait_until
-from s3server import _free_port
-from treeutil import make_class_tree
 
 pytestmark = pytest.mark.fuse
 SECRET = "peer-test-secret-7Hq2"
@@ -114,9 +114,12 @@ def test_three_nodes_fetch_each_block_from_the_store_once_then_never(url, tree, 
     budget = str(int(sum(len(d) for d in want.values()) * 0.6))  # together 1.8 datasets; alone 0.6 of one
     bound = store_bytes_bound(tree, 3)
     with contextlib.ExitStack() as stack:
-        nodes = [stack.enter_context(mounted(url, tmp_path / f"n{rank}", "--cache-size", budget, "--no-retain",
-                                             *peer_args(peers, rank)))  # fmt: skip
-                 for rank in range(3)]
+        nodes = [
+            stack.enter_context(
+                mounted(url, tmp_path / f"n{rank}", "--cache-size", budget, "--no-retain", *peer_args(peers, rank))
+            )
+            for rank in range(3)
+        ]
         for m in nodes:  # epoch 1: every node reads every file
             assert read_all(m.path, list(want)) == want
         first = [read_stats(m.path)["storage"] for m in nodes]
@@ -129,7 +132,7 @@ def test_three_nodes_fetch_each_block_from_the_store_once_then_never(url, tree, 
         served = [read_stats(m.path)["counters"]["bytes_served"] for m in nodes]
         for m in nodes:
             assert read_all(m.path, list(want), uncached=True) == want
-        assert all(read_stats(m.path)["counters"]["bytes_served"] > n for m, n in zip(nodes, served))
+        assert all(read_stats(m.path)["counters"]["bytes_served"] > n for m, n in zip(nodes, served, strict=True))
         second = [read_stats(m.path)["storage"] for m in nodes]
         assert [s["remote"]["bytes"] for s in second] == [s["remote"]["bytes"] for s in first]
         assert not any(SECRET in m.log_text() or SECRET in json.dumps(read_stats(m.path)) for m in nodes)
@@ -153,8 +156,13 @@ class FakePeer:
                     return
                 data = Path(fmt.block_path(blocks, block)).read_bytes()
                 start = fmt.decode_header(data, "block").data_start  # every file's bytes flipped, the header not
-                body = {"flipped": lambda: data[:start] + bytes(x ^ 1 for x in data[start:]), "short": lambda: data[: len(data) // 2],
-                        "other": lambda: Path(fmt.block_path(other, block)).read_bytes()[: len(data)].ljust(len(data), b"\0")}[fake.mode]()  # fmt: skip
+                body = {
+                    "flipped": lambda: data[:start] + bytes(x ^ 1 for x in data[start:]),
+                    "short": lambda: data[: len(data) // 2],
+                    "other": lambda: (
+                        Path(fmt.block_path(other, block)).read_bytes()[: len(data)].ljust(len(data), b"\0")
+                    ),
+                }[fake.mode]()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -192,8 +200,13 @@ def test_a_bad_peer_costs_a_timeout_then_the_store_and_is_avoided(url, tree, oth
         theirs = owned_files(tree, peers, 1)
         assert theirs, "the fake peer owns no block: choose other ports"
         want = expected(tree)
-        with mounted(url, tmp_path / "mnt", "--cache-size", "0", *peer_args(peers, 0, "--peer-timeout", "0.5",
-                                                                          "--peer-backoff", "60")) as m:  # fmt: skip
+        with mounted(
+            url,
+            tmp_path / "mnt",
+            "--cache-size",
+            "0",
+            *peer_args(peers, 0, "--peer-timeout", "0.5", "--peer-backoff", "60"),
+        ) as m:
             assert read_all(m.path, theirs) == {n: want[n] for n in theirs}
             s = read_stats(m.path)["storage"]["peers"]["by_peer"][fake.address]
             assert s["avoided"] and s[{"flipped": "rejected", "other": "rejected"}.get(mode, "errors")] >= 1
@@ -245,9 +258,18 @@ def test_the_endpoint_serves_only_whole_blocks_of_its_dataset_to_the_job(url, tr
             "two ranges": _get(me, path, headers={"Range": "bytes=0-1,5-9"}),
         }
         statuses = {why: status for why, (status, _body) in refused.items()}
-        assert statuses == {"no secret": 401, "a wrong secret": 401, "another dataset": 404, "a path": 404,
-                            "a path in the dataset": 404, "a block out of range": 404, "a negative block": 404,
-                            "another node's block": 404, "a range past the block": 416, "two ranges": 416}  # fmt: skip
+        assert statuses == {
+            "no secret": 401,
+            "a wrong secret": 401,
+            "another dataset": 404,
+            "a path": 404,
+            "a path in the dataset": 404,
+            "a block out of range": 404,
+            "a negative block": 404,
+            "another node's block": 404,
+            "a range past the block": 416,
+            "two ranges": 416,
+        }
         assert not any(block[:64] in body for _status, body in refused.values())
         served = read_stats(m.path)["storage"]["peers"]["served"]
         assert served["refused"] == len(refused) and served["blocks_served"] == 2
@@ -261,6 +283,7 @@ def test_a_peer_killed_mid_epoch_then_back_is_used_again(url, tree, tmp_path):
     want = expected(tree)
     args = ("--cache-size", "0", "--peer-timeout", "0.5", "--peer-backoff", "0.2")
     with mounted(url, tmp_path / "a", *peer_args(peers, 0, *args)) as a:
+
         def from_b() -> int:
             return read_stats(a.path)["storage"]["peers"]["by_peer"][peers[1]]["fetches"]
 
@@ -305,8 +328,22 @@ def test_plan_says_what_the_nodes_hold_together_and_what_the_store_serves(tree):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "blockfs", "plan", os.fspath(tree / "packed"), "--cache-size", "1MiB",
-                           "--no-retain", "--peers", "a:1,b:1,c:1"], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "blockfs",
+            "plan",
+            os.fspath(tree / "packed"),
+            "--cache-size",
+            "1MiB",
+            "--no-retain",
+            "--peers",
+            "a:1,b:1,c:1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     line = next(t for t in done.stdout.splitlines() if t.startswith("peers:"))
     assert "3 nodes hold" in line and "(100%)" in line and "0 B per epoch after" in line, line

@@ -8,11 +8,11 @@ import os
 import random
 
 import pytest
+from s3server import SECRET, upload_tree
 
 import blockfs
 from blockfs.core import format as fmt
 from blockfs.errors import BlockReadError, CorruptBlockError, NotADatasetError
-from s3server import SECRET, upload_tree
 
 FILES = 240
 
@@ -183,8 +183,9 @@ def test_a_repacked_url_never_meets_the_old_copies(s3, local_pack, tmp_path):
 
 
 def test_announced_blocks_memory_will_not_hold_are_fetched_into_the_disk_tier(url, tmp_path):
-    from blockfs.serve.cache.block_cache import BlockCache
     from polling import wait_until
+
+    from blockfs.serve.cache.block_cache import BlockCache
 
     with blockfs.open_dataset(url, disk_cache=tmp_path / "d", disk_cache_size=1 << 30) as ds:
         cache = BlockCache(ds.store, 0, "cache-once", readahead=0, lock_memory=False, n_files=10, share=False)
@@ -238,8 +239,9 @@ def test_a_small_disk_tier_still_copies_blocks_an_evicting_memory_policy_may_dro
             cache.close()
 
 
-def test_a_disk_tier_that_holds_the_dataset_copies_memory_blocks_too_so_a_reopen_reads_nothing_remote(url, local_pack,
-                                                                                                   tmp_path):  # fmt: skip
+def test_a_disk_tier_that_holds_the_dataset_copies_memory_blocks_too_so_a_reopen_reads_nothing_remote(
+    url, local_pack, tmp_path
+):
     cache_dir = tmp_path / "d"
     with blockfs.open_dataset(url, disk_cache=cache_dir, disk_cache_size=1 << 30) as ds:
         assert ds.store.files.copies_memory_blocks

@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import pytest
+from s3server import ACCESS_KEY, SECRET, closed_port, refusing_s3
 
 from blockfs.cli import main
 from blockfs.storage.remote import (
@@ -17,7 +18,6 @@ from blockfs.storage.remote import (
     EndpointUnreachableError,
     RemoteStore,
 )
-from s3server import ACCESS_KEY, SECRET, closed_port, refusing_s3
 
 
 @pytest.fixture
@@ -58,8 +58,12 @@ def test_refused_credentials_are_one_line_naming_what_to_check(capsys, s3_env, s
         assert "<?xml" not in err and "Debug source" not in err
         assert not list(scratch.iterdir())
         # -v: the store's own words too, as a debug line, still without the secret
-        verbose = subprocess.run([sys.executable, "-m", "blockfs", "-v", "info", "s3://bucket/ds"],
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+        verbose = subprocess.run(
+            [sys.executable, "-m", "blockfs", "-v", "info", "s3://bucket/ds"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert verbose.returncode == 2
         assert "DEBUG: GET s3://bucket/ds/blockfs.json failed: " in verbose.stderr
         assert "InvalidAccessKeyId</Code>" in verbose.stderr and SECRET not in verbose.stderr
@@ -109,7 +113,17 @@ def test_packing_to_a_store_that_refuses_is_missing_or_unreachable_is_one_line_e
         assert "the S3 store refused the credentials (LIST: 403, InvalidAccessKeyId)" in err
     endpoint = f"http://127.0.0.1:{closed_port()}"
     # The listing's stream, failed, must not be read again as an empty listing (then 30 s of HEADs).
-    err = failing(capsys, ["pack", str(tree), "s3://bucket/ds", "--storage-option", f"endpoint={endpoint}",
-                           "--storage-option", "connect_timeout=0.5"])  # fmt: skip
+    err = failing(
+        capsys,
+        [
+            "pack",
+            str(tree),
+            "s3://bucket/ds",
+            "--storage-option",
+            f"endpoint={endpoint}",
+            "--storage-option",
+            "connect_timeout=0.5",
+        ],
+    )
     assert f"cannot reach {endpoint} for s3://bucket/ds: connection refused" in err
     assert not list(scratch.iterdir())  # no staging directory left behind

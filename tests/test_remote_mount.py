@@ -11,14 +11,14 @@ import sys
 import time
 
 import pytest
-
-import blockfs
-from blockfs.client import control_dir, read_stats
 from capability import has_fuse, require
-from treeutil import make_edge_tree
 from mountutil import mounted
 from polling import wait_until
 from s3server import SECRET, upload_tree
+from treeutil import make_edge_tree
+
+import blockfs
+from blockfs.client import control_dir, read_stats
 
 pytestmark = pytest.mark.fuse
 
@@ -181,7 +181,9 @@ def test_the_loader_reads_a_remote_mount_as_a_local_one(s3, tmp_path, torch_modu
     blockfs.pack(src, tmp_path / "packed", files_per_block=16, fsync=False)
     bucket = s3.new_bucket()
     upload_tree(s3, bucket, "ds", tmp_path / "packed")
-    with mounted(f"s3://{bucket}/ds", tmp_path / "mnt", "--cache-size", "1MiB", "--disk-cache", str(tmp_path / "d")) as m:
+    with mounted(
+        f"s3://{bucket}/ds", tmp_path / "mnt", "--cache-size", "1MiB", "--disk-cache", str(tmp_path / "d")
+    ) as m:
         seen = 0
         with BlockLoader(m.path, 8, num_workers=0, device="cpu") as loader:  # closed before the unmount
             for samples, labels, ids in loader:
@@ -220,8 +222,20 @@ def test_a_background_mount_keeps_its_secrets_out_of_its_command_line_and_enviro
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    command = [sys.executable, "-m", "blockfs", "mount", url, str(mnt), "--no-prefill", "--log", str(tmp_path / "log"),
-               "--storage-option", f"key={ACCESS_KEY}", f"--storage-opt=secret={SECRET}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "mount",
+        url,
+        str(mnt),
+        "--no-prefill",
+        "--log",
+        str(tmp_path / "log"),
+        "--storage-option",
+        f"key={ACCESS_KEY}",
+        f"--storage-opt=secret={SECRET}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     try:
@@ -276,11 +290,17 @@ def test_umount_of_a_killed_remote_mount_removes_its_fetched_directory_and_nothi
         if os.geteuid() == 0:
             os.chown(theirs, 65534, 65534)  # another user's, under this mount point's name
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split(
-            ")")[-1].split()[0] in ("Z", "X"), "the server to die")  # fmt: skip
+        wait_until(
+            lambda: (
+                not os.path.exists(f"/proc/{pid}/stat")
+                or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] in ("Z", "X")
+            ),
+            "the server to die",
+        )
         assert (tmp / fetched[0]).is_dir()  # what the killed server could not remove
-        done = subprocess.run([sys.executable, "-m", "blockfs", "umount", str(mnt)], capture_output=True, text=True,
-                              env=env)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "blockfs", "umount", str(mnt)], capture_output=True, text=True, env=env
+        )
         assert done.returncode == 0, done.stderr
         assert not is_mounted(mnt)
         left = sorted(os.listdir(tmp))

@@ -14,11 +14,11 @@ import threading
 
 import numpy as np
 import pytest
-from treeutil import make_class_tree
 from fuzz.treesnap import tree_snapshot
 from polling import wait_until
 from s3server import SECRET
 from test_containers import record_payload, recordio_sample, write_recordio
+from treeutil import make_class_tree
 
 import blockfs
 from blockfs.core import format as fmt
@@ -31,8 +31,9 @@ from blockfs.storage.remote import RemoteError, RemoteStore
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "blockfs", *args], capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "blockfs", *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def download(s3, bucket: str, prefix: str, to) -> dict[str, bytes]:
@@ -62,7 +63,11 @@ def snapshot(ds) -> dict[str, tuple]:
     for e in range(ds.index.n_entries):
         st = ds.stat_entry(e)
         path = os.fsdecode(ds.path_of(e))
-        body = ds.read_entry(e) if st.kind_name == "file" else (ds.index.link_target(e) if st.kind_name == "symlink" else b"")
+        body = (
+            ds.read_entry(e)
+            if st.kind_name == "file"
+            else (ds.index.link_target(e) if st.kind_name == "symlink" else b"")
+        )
         out[path] = (st.kind, st.mode, st.size, st.mtime_ns, st.label, st.nlink, body)
     return out
 
@@ -245,8 +250,19 @@ def test_a_killed_pack_leaves_nothing_that_opens_and_a_rerun_replaces_it(s3, tmp
     bucket = s3.new_bucket()
     client = s3.client()
     staging = tmp_path / "staging"  # a killed pack cannot remove its staging directory: keep it in tmp_path
-    pack = [sys.executable, "-m", "blockfs", "pack", str(big), "--files-per-block", "1", "--workers", "1",
-            "--staging", str(staging)]  # fmt: skip
+    pack = [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "pack",
+        str(big),
+        "--files-per-block",
+        "1",
+        "--workers",
+        "1",
+        "--staging",
+        str(staging),
+    ]
 
     # A pack into a new prefix, killed once its first block is up.
     _kill_once([*pack, f"s3://{bucket}/fresh"], lambda: s3.keys(bucket, "fresh/blocks/"), "a first block")
@@ -272,8 +288,13 @@ def test_a_killed_pack_leaves_nothing_that_opens_and_a_rerun_replaces_it(s3, tmp
     # The rerun needs no --force (the marker says the pack is ours), and leaves only its own blocks.
     blockfs.pack(small, url, files_per_block=5)
     keys = s3.keys(bucket, "ds/")
-    assert keys == ["ds/blockfs.json", "ds/blocks/00000000.blk", "ds/blocks/00000001.blk",
-                    "ds/blocks/00000002.blk", "ds/index.bfi"]  # fmt: skip
+    assert keys == [
+        "ds/blockfs.json",
+        "ds/blocks/00000000.blk",
+        "ds/blocks/00000001.blk",
+        "ds/blocks/00000002.blk",
+        "ds/index.bfi",
+    ]
     with blockfs.open_dataset(url) as ds:
         files = {path: data for path, (data, _label) in files_and_labels(ds).items()}
     assert files == local_files(small)

@@ -9,10 +9,10 @@ import os
 import threading
 
 import pytest
-
-from blockfs.storage.urls import redact, scrub
-from blockfs.storage.remote import RemoteConfigError, RemoteError, RemoteStore, parse_options
 from s3server import SECRET
+
+from blockfs.storage.remote import RemoteConfigError, RemoteError, RemoteStore, parse_options
+from blockfs.storage.urls import redact, scrub
 
 
 @pytest.fixture

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import blockfs
-from blockfs.serve.cache.uncached import FILE_BUFFER_BYTES
-from blockfs.core.dataset import PackedDataset
-from blockfs.core.format import BLOCKS_DIR
-from blockfs.client import read_stats
-from blockfs.serve.cache.retain import plan_dataset, unique_files
 from capability import has_fuse, require
 from mountutil import mounted, release
+
+import blockfs
+from blockfs.client import read_stats
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.format import BLOCKS_DIR
+from blockfs.serve.cache.retain import plan_dataset, unique_files
+from blockfs.serve.cache.uncached import FILE_BUFFER_BYTES
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -58,18 +58,20 @@ def test_retained_files_survive_their_blocks_and_memory_stays_in_budget(packed, 
     total = json.loads((dest / "blockfs.json").read_text())["file_bytes"]
     budget = total // 4
     names = _names(src)
-    planned = json.loads(subprocess.run(
-        [sys.executable, "-m", "blockfs", "plan", str(dest), "--cache-size", str(budget), "--json"],
-        check=True, capture_output=True, text=True,
-    ).stdout)  # fmt: skip
+    planned = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "blockfs", "plan", str(dest), "--cache-size", str(budget), "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     with PackedDataset(dest) as ds:
         plan, (blocks, slots, _sizes) = plan_dataset(ds.index.arrays, budget)
         a = ds.index.arrays
         retained_keys = set(zip(blocks[plan.retained].tolist(), slots[plan.retained].tolist(), strict=True))
         is_retained = {
-            name: (int(a["block"][e]), int(a["slot"][e])) in retained_keys
-            for name in names
-            for e in [ds.lookup(name)]
+            name: (int(a["block"][e]), int(a["slot"][e])) in retained_keys for name in names for e in [ds.lookup(name)]
         }
     assert 0 < sum(is_retained.values()) < len(names)
     # Work on a copy of the blocks: the test destroys them.
@@ -120,10 +122,26 @@ def test_foreground_mount_with_relative_paths_serves_after_chdir(packed, tmp_pat
     log = tmp_path / "mnt.log"
     rel_dest = os.path.relpath(packed / "p", tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "blockfs", "mount", rel_dest, "mnt", "--foreground", "--log", str(log),
-         "--cache-size", "0", "--open-mode", "none"],
-        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "blockfs",
+            "mount",
+            rel_dest,
+            "mnt",
+            "--foreground",
+            "--log",
+            str(log),
+            "--cache-size",
+            "0",
+            "--open-mode",
+            "none",
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         from blockfs.serve.daemon import wait_until_mounted
 
@@ -140,11 +158,15 @@ def test_preload_when_everything_fits_serves_the_first_epoch_from_memory(packed,
     require(has_fuse(), "needs FUSE")
     dest, src = packed / "p", packed / "src"
     total = json.loads((dest / "blockfs.json").read_text())["file_bytes"]
-    with mounted(dest, tmp_path / "mnt", "--cache-size", str(2 * total), "--preload", "--no-prefill",
-                 "--open-mode", "none") as m:  # fmt: skip
+    with mounted(
+        dest, tmp_path / "mnt", "--cache-size", str(2 * total), "--preload", "--no-prefill", "--open-mode", "none"
+    ) as m:
         before = read_stats(m.path)
         assert before["plan"]["fits"] and before["retained"] is None
-        assert before["cache"]["used_bytes"] == before["dataset"]["block_bytes"] or before["counters"]["block_loads"] == before["dataset"]["blocks"]
+        assert (
+            before["cache"]["used_bytes"] == before["dataset"]["block_bytes"]
+            or before["counters"]["block_loads"] == before["dataset"]["blocks"]
+        )
         for name in _names(src)[:100]:
             (m.path / name).read_bytes()
         after = read_stats(m.path)["counters"]

@@ -9,11 +9,11 @@ import stat
 import threading
 
 import pytest
+from capability import has_fuse, require
+from polling import wait_until
 
 from blockfs.serve.fuse import wire
 from blockfs.serve.fuse.session import DEFERRED, MountFailed, Session
-from capability import has_fuse, require
-from polling import wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -22,9 +22,11 @@ DATA = b"hello from the kernel protocol\n"
 
 def tiny_fs(session_box: list, slow: threading.Event) -> dict:
     """/ (node 1) holding "f" (node 2, DATA) and "slow" (node 3, answered once ``slow`` is set)."""
-    attrs = {1: wire.attr(1, 0, stat.S_IFDIR | 0o555, 2, 0, 0, 0),
-             2: wire.attr(2, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0),
-             3: wire.attr(3, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0)}  # fmt: skip
+    attrs = {
+        1: wire.attr(1, 0, stat.S_IFDIR | 0o555, 2, 0, 0, 0),
+        2: wire.attr(2, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0),
+        3: wire.attr(3, len(DATA), stat.S_IFREG | 0o444, 1, 0, 0, 0),
+    }
     names = {b"f": 2, b"slow": 3}
 
     def lookup(nodeid, body, unique):
@@ -39,7 +41,9 @@ def tiny_fs(session_box: list, slow: threading.Event) -> dict:
     def read(nodeid, body, unique):
         _fh, offset, size, _ = wire.READ_IN.unpack_from(body)
         if nodeid == 3:  # answered later, from another thread, once the test says so
-            threading.Thread(target=lambda: (slow.wait(30), session_box[0].reply(unique, DATA[offset:offset + size]))).start()
+            threading.Thread(
+                target=lambda: (slow.wait(30), session_box[0].reply(unique, DATA[offset : offset + size]))
+            ).start()
             return DEFERRED
         return DATA[offset : offset + size]
 
@@ -100,7 +104,7 @@ class Span:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, part: slice) -> "Span":
+    def __getitem__(self, part: slice) -> Span:
         lo, hi, _ = part.indices(self.n)
         return Span(self.start + lo, max(0, hi - lo))
 

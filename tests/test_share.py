@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import mmap
 import gc
+import mmap
 import os
 import random
 
 import numpy as np
 import pytest
-
-import blockfs
 from polling import wait_until
 from treeutil import make_class_tree
+
+import blockfs
 from blockfs.core import format as fmt
-from blockfs.serve.cache.block_cache import BlockCache, NotShared
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import KIND_FILE
 from blockfs.loader.shared_blocks import SharedBlocks
+from blockfs.serve.cache.block_cache import BlockCache, NotShared
 from blockfs.serve.control.share import ShareServer
 
 
@@ -211,7 +211,9 @@ def test_out_of_descriptors_blocks_are_cached_unshared(packed, monkeypatch):
     import blockfs.serve.cache.block_memory
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    monkeypatch.setattr(blockfs.serve.cache.block_memory, "FDS_KEPT_FREE", soft - blockfs.serve.cache.block_memory.FDS_PER_MEMFD)  # room for one
+    monkeypatch.setattr(
+        blockfs.serve.cache.block_memory, "FDS_KEPT_FREE", soft - blockfs.serve.cache.block_memory.FDS_PER_MEMFD
+    )  # room for one
     with PackedDataset(packed) as ds:
         cache = BlockCache(ds.store, 1 << 30, "cache-once", lock_memory=False)
         ds = ds.reading_through(cache)

@@ -8,14 +8,14 @@ import random
 import shutil
 
 import pytest
+from capability import require
+from fuzz.indexutil import patch_array, resign
 
 import blockfs
 from blockfs.core import format as fmt
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.verify import verify
 from blockfs.errors import BlockReadError, CorruptBlockError, IndexFormatError
-from capability import require
-from fuzz.indexutil import patch_array, resign
 
 FILES = 400
 

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from polling import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -104,7 +103,9 @@ def test_every_test_that_mounts_is_marked_fuse():
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 body = ast.get_source_segment(path.read_text(), node) or ""
-                mounts = any(s in body for s in ("mounted(", "has_fuse()", "fuse_ok", '"blockfs", "mount"', 'main(["mount"'))
+                mounts = any(
+                    s in body for s in ("mounted(", "has_fuse()", "fuse_ok", '"blockfs", "mount"', 'main(["mount"')
+                )
                 if mounts and "fuse" not in module_marks | _marks(node.decorator_list):
                     unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == [], "\n".join(unmarked)
@@ -128,8 +129,18 @@ def test_no_module_imports_conftest():
 
 # The one-way order inside blockfs/serve (README, Development): the running mount (server, daemon) on top,
 # then the FUSE adapters, the view they translate, the control directory, the plain modules, the memory tier.
-SERVE_LAYERS = {"server": "mount", "daemon": "mount", "fuse": "fuse", "view": "view", "control": "control",
-                "cache": "cache", "errorlog": "base", "mount_options": "base", "notify": "base", "node_attr": "base"}  # fmt: skip
+SERVE_LAYERS = {
+    "server": "mount",
+    "daemon": "mount",
+    "fuse": "fuse",
+    "view": "view",
+    "control": "control",
+    "cache": "cache",
+    "errorlog": "base",
+    "mount_options": "base",
+    "notify": "base",
+    "node_attr": "base",
+}
 SERVE_MAY_IMPORT = {
     "mount": {"fuse", "view", "control", "cache", "base"},
     "fuse": {"view", "base"},
@@ -180,9 +191,15 @@ def test_serve_imports_go_one_way():
 def test_an_import_across_a_forbidden_edge_is_found(tmp_path):
     serve = tmp_path / "serve"
     shutil.copytree(HERE.parent / "blockfs" / "serve", serve, ignore=shutil.ignore_patterns("__pycache__"))
-    for rel, line in [("cache/budget.py", "from ..fuse import wire"), ("control/share.py", "from .. import view"),
-                      ("view.py", "import blockfs.serve.fuse.session"), ("fuse/wire.py", "from ..cache import policies")]:  # fmt: skip
+    for rel, line in [
+        ("cache/budget.py", "from ..fuse import wire"),
+        ("control/share.py", "from .. import view"),
+        ("view.py", "import blockfs.serve.fuse.session"),
+        ("fuse/wire.py", "from ..cache import policies"),
+    ]:
         with open(serve / rel, "a") as f:
             f.write(f"\n{line}\n")
     found = serve_import_violations(serve)
-    assert [f.split(": ")[1] for f in found] == ["cache -> fuse", "control -> view", "fuse -> cache", "view -> fuse"], found
+    assert [f.split(": ")[1] for f in found] == ["cache -> fuse", "control -> view", "fuse -> cache", "view -> fuse"], (
+        found
+    )

@@ -9,10 +9,10 @@ import tarfile
 
 import numpy as np
 import pytest
+from treeutil import make_edge_tree
 
 from blockfs.packing.containers.base import WindowReader
 from blockfs.packing.containers.tarheaders import fast_members
-from treeutil import make_edge_tree
 
 ENCODING = ("utf-8", "surrogateescape")
 FIELDS = ("name", "type", "mode", "size", "mtime", "linkname", "offset", "offset_data")
@@ -90,8 +90,10 @@ def test_a_header_left_to_tarfile_stops_the_fast_path_there(tmp_path):
         f.write(b"x")
     (src / "c_last").write_bytes(b"last")
     archive = tmp_path / "s.tar"
-    subprocess.run(["tar", "--sparse", "--format=gnu", "-C", str(src), "-cf", str(archive),
-                    "a_first", "b_sparse", "c_last"], check=True)
+    subprocess.run(
+        ["tar", "--sparse", "--format=gnu", "-C", str(src), "-cf", str(archive), "a_first", "b_sparse", "c_last"],
+        check=True,
+    )
     fast, rest = _fast(archive)
     reference = _tarfile_members(archive)
     assert [m.name for m in fast] == ["a_first"]

@@ -22,8 +22,16 @@ HELPER_SCRIPTS = ("null_fs", "delay_proxy", "storage_reader", "storage_loaders")
 def test_every_benchmark_and_started_helper_answers_help_from_another_directory(tmp_path):
     scripts = [*sorted(BENCH.glob("bench_*.py")), *(HELPERS / f"{name}.py" for name in HELPER_SCRIPTS)]
     assert len(scripts) > len(HELPER_SCRIPTS), f"no benchmarks found in {BENCH}"
-    started = {script: subprocess.Popen([sys.executable, str(script), "--help"], cwd=tmp_path, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for script in scripts}
+    started = {
+        script: subprocess.Popen(
+            [sys.executable, str(script), "--help"],
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for script in scripts
+    }
     failed = {}
     for script, proc in started.items():
         out, _ = proc.communicate(timeout=300)
@@ -33,9 +41,11 @@ def test_every_benchmark_and_started_helper_answers_help_from_another_directory(
 
 
 def test_the_helpers_package_names_the_layout_and_puts_tools_and_the_checkout_on_sys_path():
-    probe = ("import sys; import helpers; "
-             "print(helpers.TOOLS, helpers.ROOT, str(helpers.TOOLS) in sys.path, str(helpers.ROOT) in sys.path); "
-             "import make_dataset, blockfs; print(make_dataset.__file__, blockfs.__file__)")
+    probe = (
+        "import sys; import helpers; "
+        "print(helpers.TOOLS, helpers.ROOT, str(helpers.TOOLS) in sys.path, str(helpers.ROOT) in sys.path); "
+        "import make_dataset, blockfs; print(make_dataset.__file__, blockfs.__file__)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], cwd=BENCH, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     paths, modules = done.stdout.splitlines()
@@ -68,7 +78,9 @@ def test_tools_import_nothing_from_tests():
                 names = [(node.module or "").split(".")[0]]
             else:
                 continue
-            offenders += [f"{path.relative_to(TOOLS.parent)}:{node.lineno} imports {n}" for n in names if n in test_modules]
+            offenders += [
+                f"{path.relative_to(TOOLS.parent)}:{node.lineno} imports {n}" for n in names if n in test_modules
+            ]
     assert offenders == [], "\n".join(offenders)
 
 

@@ -10,14 +10,14 @@ import random
 import shutil
 
 import pytest
-
-import blockfs
-from blockfs.client import read_stats
-from blockfs.errors import CorruptBlockError
 from capability import has_fuse, require
 from httpserver import serving
 from mountutil import mounted
 from polling import wait_until
+
+import blockfs
+from blockfs.client import read_stats
+from blockfs.errors import CorruptBlockError
 
 FILES = 120
 
@@ -145,8 +145,10 @@ def test_a_local_block_cut_short_then_replaced_by_rename_reads_right_and_is_cach
         os.rename(temp, block)  # what rsync and cp + mv do
         assert read_every_file(m.path, contents) == {}  # at once: the failed reads kept no descriptor
         # and, once the mount looks at the replaced file again, its block is cached like the others
-        wait_until(lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"][
-            "cached_blocks"] == 6, "the replaced block to be cached")  # fmt: skip
+        wait_until(
+            lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"]["cached_blocks"] == 6,
+            "the replaced block to be cached",
+        )
 
 
 def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tmp_path, mode):
@@ -166,8 +168,10 @@ def test_a_damaged_object_restored_in_the_store_is_read_and_cached_anew(tree, tm
             temp = path.with_name("restored")
             temp.write_bytes(whole)
             os.rename(temp, path)  # a new version: another ETag
-            wait_until(lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"][
-                "cached_blocks"] == 6, "the restored block to be cached")  # fmt: skip
+            wait_until(
+                lambda: read_every_file(m.path, contents) == {} and read_stats(m.path)["cache"]["cached_blocks"] == 6,
+                "the restored block to be cached",
+            )
 
 
 def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tree, tmp_path, mode):
@@ -177,7 +181,9 @@ def test_a_full_disk_tier_stops_copying_with_one_log_line_and_bounded_traffic(tr
     _, contents = tree
     disk = tmp_path / "small"
     disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0700", "tmpfs", str(disk)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k,mode=0700", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     require(done.returncode == 0, f"mount -t tmpfs ({done.stderr.strip()})")
     try:
         with serving(served_copy(tree, tmp_path)) as (base, faults):
@@ -210,8 +216,10 @@ def test_metadata_answers_within_a_second_while_40_reads_wait_on_a_store_that_se
     with serving(served_copy(tree, tmp_path)) as (base, faults):
         faults.hold = is_block
         with mounted(f"{base}/packed", tmp_path / "mnt", "--cache-size", "0", *mode) as m:
-            threads = [threading.Thread(target=read_every_file, args=(m.path, {rel: contents[rel]}), daemon=True)
-                       for rel in readers]  # fmt: skip
+            threads = [
+                threading.Thread(target=read_every_file, args=(m.path, {rel: contents[rel]}), daemon=True)
+                for rel in readers
+            ]
             try:
                 for t in threads:
                     t.start()
@@ -270,8 +278,12 @@ def test_a_store_that_sends_nothing_never_freezes_lookups_or_listings_of_empty_f
             kernel_route = read_stats(m.path)["mount"]["binding"] == "kernel"
             d = os.path.join(m.path, "d")
             sizes: dict[str, int] = {}
-            waiting = [threading.Thread(target=lambda n=n: sizes.__setitem__(n, os.stat(os.path.join(d, n)).st_size),
-                                        daemon=True) for n in ("empty0", "empty1", "empty2")]  # fmt: skip
+            waiting = [
+                threading.Thread(
+                    target=lambda n=n: sizes.__setitem__(n, os.stat(os.path.join(d, n)).st_size), daemon=True
+                )
+                for n in ("empty0", "empty1", "empty2")
+            ]
             answers: dict[str, object] = {}
             try:
                 for t in waiting:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from fuzz.indexutil import entry_of, rewrite_index
+from fuzz.treesnap import tree_snapshot
+from treeutil import make_edge_tree
 
 from blockfs import open_dataset
 from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError
 from blockfs.packing.packer import pack
-from treeutil import make_edge_tree
-from fuzz.treesnap import tree_snapshot
-from fuzz.indexutil import entry_of, rewrite_index
 
 N_FILES = 16
 

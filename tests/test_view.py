@@ -11,18 +11,18 @@ import stat
 
 import numpy as np
 import pytest
+from polling import wait_until
+from treeutil import make_edge_tree
 
 import blockfs
 from blockfs import protocol
 from blockfs.core.dataset import PackedDataset
 from blockfs.errors import CorruptBlockError, EntryNotFoundError
+from blockfs.serve import view as view_module
 from blockfs.serve.cache.block_cache import BlockCache
 from blockfs.serve.control import control_dir
-from blockfs.serve import view as view_module
 from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.view import ROOT, Attr, MountView, Route
-from polling import wait_until
-from treeutil import make_edge_tree
 
 CTL = os.fsencode(protocol.DEFAULT_CONTROL)
 
@@ -54,7 +54,9 @@ def view(packed):
 
 def test_nodes_of_both_layers_are_looked_up_by_path_and_by_name(view):
     n = view.n_entries
-    assert view.lookup(b"/") == ROOT and view.lookup(b"/class_a/one.txt") == view.child(view.lookup(b"/class_a"), b"one.txt")
+    assert view.lookup(b"/") == ROOT and view.lookup(b"/class_a/one.txt") == view.child(
+        view.lookup(b"/class_a"), b"one.txt"
+    )
     assert view.lookup(b"/" + CTL) == view.child(ROOT, CTL) == n  # the control directory's first node
     stats = view.lookup(b"/" + CTL + b"/stats.json")
     assert stats > n and view.child(n, b"stats.json") == stats
@@ -81,10 +83,10 @@ def test_listings_in_bulk_match_the_one_by_one_answers(view, packed):
     _, src = packed
     d = view.lookup(b"/class_b")
     whole = view.listing(d)
-    names = [whole.table[s : s + k].tobytes() for s, k in zip(whole.start.tolist(), whole.length.tolist())]
+    names = [whole.table[s : s + k].tobytes() for s, k in zip(whole.start.tolist(), whole.length.tolist(), strict=True)]
     assert sorted(names) == sorted(os.listdir(os.path.join(src, b"class_b")))
     assert view.child_names(d) == b"".join(name + b"\0" for name in names) and view.n_children(d) == len(names)
-    for node, name, row in zip(whole.nodes.tolist(), names, whole.attrs):
+    for node, name, row in zip(whole.nodes.tolist(), names, whole.attrs, strict=True):
         assert view.child(d, name) == node and tuple(row.tolist()) == tuple(view.attr(node))
     part = view.listing(d, 1, 3)
     assert part.nodes.tolist() == whole.nodes[1:3].tolist() and np.array_equal(part.attrs, whole.attrs[1:3])
@@ -94,7 +96,9 @@ def test_listings_in_bulk_match_the_one_by_one_answers(view, packed):
 def test_the_control_layer_lists_by_node_too(view):
     ctl = view.lookup(b"/" + CTL)
     listed = view.listing(ctl)
-    names = [listed.table[s : s + k].tobytes() for s, k in zip(listed.start.tolist(), listed.length.tolist())]
+    names = [
+        listed.table[s : s + k].tobytes() for s, k in zip(listed.start.tolist(), listed.length.tolist(), strict=True)
+    ]
     assert names == [b"blocks", b"index.bfi", b"metadata.json", b"stats.json"]
     assert [view.child(ctl, name) for name in names] == listed.nodes.tolist()
     assert listed.attrs["ino"].tolist() == [view.attr(node).ino for node in listed.nodes.tolist()]
@@ -130,15 +134,19 @@ def test_errors_become_errno_values_with_the_error_log_told(view, caplog):
         assert view.report(RuntimeError("a bug"), "read of node 5") == errno.EIO
     said = [r for r in caplog.records if r.name == "blockfs.serve.view"]
     assert [r.getMessage() for r in said] == ["unexpected error in read of node 5; answering EIO"] and said[0].exc_info
-    for call, expected in [(lambda: view.readlink(view.lookup(b"/class_a/one.txt")), errno.EINVAL),
-                           (lambda: view.getxattr(view.lookup(b"/class_a"), "user.x"), errno.ENODATA),
-                           (lambda: view.read(view.lookup(b"/class_a"), 0, 1), errno.EISDIR)]:  # fmt: skip
+    for call, expected in [
+        (lambda: view.readlink(view.lookup(b"/class_a/one.txt")), errno.EINVAL),
+        (lambda: view.getxattr(view.lookup(b"/class_a"), "user.x"), errno.ENODATA),
+        (lambda: view.read(view.lookup(b"/class_a"), 0, 1), errno.EISDIR),
+    ]:
         with pytest.raises(Exception) as raised:
             call()
         assert view.report(raised.value) == expected
 
 
-@pytest.mark.parametrize("mode, keeps_files", [("enosys", True), ("keep_cache", True), ("none", False), ("targets", True)])
+@pytest.mark.parametrize(
+    "mode, keeps_files", [("enosys", True), ("keep_cache", True), ("none", False), ("targets", True)]
+)
 def test_one_keep_pages_decision_by_open_mode(packed, mode, keeps_files):
     v, ds, cache = make_view(packed[0], open_mode=mode)
     try:

@@ -47,8 +47,10 @@ def test_notify_store_header_counts_the_data_that_follows():
     assert wire.NOTIFY_STORE_OUT.unpack_from(head, wire.OUT_HEADER.size) == (9, 4096, 100, 0)
 
 
-@pytest.mark.parametrize("mode, size", [(stat.S_IFREG | 0o444, 513), (stat.S_IFREG | 0o444, 0),
-                                        (stat.S_IFDIR | 0o555, 4096), (stat.S_IFLNK | 0o777, 9)])
+@pytest.mark.parametrize(
+    "mode, size",
+    [(stat.S_IFREG | 0o444, 513), (stat.S_IFREG | 0o444, 0), (stat.S_IFDIR | 0o555, 4096), (stat.S_IFLNK | 0o777, 9)],
+)
 def test_an_entry_packed_at_once_is_the_entry_of_its_attributes(mode, size):
     """wire.entry (a LOOKUP's answer in one pack) is entry_out(attr(...)) byte for byte."""
     fields = (77, size, mode, 2, 1_700_000_000_123_456_789, 1000, 1001)
@@ -95,11 +97,19 @@ def test_records_packed_a_reply_at_a_time_are_the_ones_packed_one_by_one():
     rows["entry"]["entry_valid"] = rows["entry"]["attr_valid"] = 9
     rows["entry"]["attr"] = wire.attr_rows(ino, size, mode, nlink, mtime, 7, 8)
     one_by_one = [
-        wire.direntplus(wire.entry_out(int(ino[i]) + 1, wire.attr(int(ino[i]), int(size[i]), int(mode[i]), int(nlink[i]),
-                                                                  int(mtime[i]), 7, 8), 9),
-                        int(ino[i]), int(nxt[i]), names[i], int(mode[i]))
+        wire.direntplus(
+            wire.entry_out(
+                int(ino[i]) + 1,
+                wire.attr(int(ino[i]), int(size[i]), int(mode[i]), int(nlink[i]), int(mtime[i]), 7, 8),
+                9,
+            ),
+            int(ino[i]),
+            int(nxt[i]),
+            names[i],
+            int(mode[i]),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     assert wire.records(rows, table, start, length) == b"".join(one_by_one)
     assert wire.record_ends(length, plus=True)[-1] == sum(map(len, one_by_one))
 

@@ -33,7 +33,7 @@ def make_edge_tree(root: str | os.PathLike, *, special: bool = False) -> bytes:
     put(b"class_b/with space.txt", b"space")
     put(b"class_b/new\nline.txt", b"newline")
     put(b"class_b/-leading-dash", b"dash", 0o600)
-    put("class_b/日本語.txt".encode(), "unicode".encode())
+    put("class_b/日本語.txt".encode(), b"unicode")
     put(b"class_b/deep/er/est/file.dat", os.urandom(3000), 0o755)
     put(b"top_level_file", b"no class", 0o444)
     os.makedirs(os.path.join(root, b"empty_dir"))

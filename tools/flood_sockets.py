@@ -64,8 +64,10 @@ def announcements_under_flood(seconds: float, log: io.StringIO) -> None:
     idle.close()
     server.close()
     text = log.getvalue()
-    print(f"refused {server.refusals.refused:,} connections in {seconds:g} s: {text.count(chr(10))} log lines "
-          f"({len(text)} bytes); slowest own-user announcement {slowest * 1000:.1f} ms")
+    print(
+        f"refused {server.refusals.refused:,} connections in {seconds:g} s: {text.count(chr(10))} log lines "
+        f"({len(text)} bytes); slowest own-user announcement {slowest * 1000:.1f} ms"
+    )
 
 
 def share_connections(n: int = 3000) -> None:
@@ -82,8 +84,10 @@ def share_connections(n: int = 3000) -> None:
     for s in socks[-100:]:  # the newest are open and answered
         s.send(b"1")
         assert s.recv(100).startswith(b"no ")
-    print(f"{n:,} share connections: {threading.active_count() - before} threads added, "
-          f"{server.open_connections():,} kept open")
+    print(
+        f"{n:,} share connections: {threading.active_count() - before} threads added, "
+        f"{server.open_connections():,} kept open"
+    )
     for s in socks:
         s.close()
     server.close()

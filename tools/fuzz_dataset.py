@@ -38,8 +38,9 @@ from fuzz.mutations import (  # noqa: E402
 from blockfs.core.digest import name_of  # noqa: E402
 
 
-def one(p: Pristine, family: str, seed: int, i: int, scratch: Path,
-        expect: str | None = None) -> tuple[list[str], list[str], dict[str, int]]:  # fmt: skip
+def one(
+    p: Pristine, family: str, seed: int, i: int, scratch: Path, expect: str | None = None
+) -> tuple[list[str], list[str], dict[str, int]]:
     """Apply mutation ``i`` of ``family`` to a fresh copy and run the readers: (steps, violations, tally)."""
     work = Path(tempfile.mkdtemp(dir=scratch))
     try:
@@ -58,10 +59,17 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", choices=sorted(FAMILIES), action="append", help="only these (repeatable)")
     ap.add_argument("--only", type=int, help="run only mutation number ONLY (of each chosen family), verbosely")
-    ap.add_argument("--tier", action="store_true", help="fuzz the disk tier and fetched bytes instead: bits "
-                    f"flipped in transit, damaged or replaced tier copies ({', '.join(TIER_CASES)})")
-    ap.add_argument("--pinned", action="store_true",
-                    help="every reader pins the pristine pack's name (--expect): any success must be exact")
+    ap.add_argument(
+        "--tier",
+        action="store_true",
+        help="fuzz the disk tier and fetched bytes instead: bits "
+        f"flipped in transit, damaged or replaced tier copies ({', '.join(TIER_CASES)})",
+    )
+    ap.add_argument(
+        "--pinned",
+        action="store_true",
+        help="every reader pins the pristine pack's name (--expect): any success must be exact",
+    )
     args = ap.parse_args()
     if args.tier:
         return _run_tier(args)
@@ -86,8 +94,10 @@ def _run(p: Pristine, families: list[str], args: argparse.Namespace, scratch: Pa
     per_family = max(1, args.mutations // len(families))
     started = time.monotonic()
     violations = 0
-    print(f"{per_family} mutations per family, seed {args.seed}; {p.readers} reader runs per mutation: info, plan, "
-          f"ls x{len(p.dirs)}, cat x{len(p.files)}, verify, unpack")  # fmt: skip
+    print(
+        f"{per_family} mutations per family, seed {args.seed}; {p.readers} reader runs per mutation: info, plan, "
+        f"ls x{len(p.dirs)}, cat x{len(p.files)}, verify, unpack"
+    )
     print(f"{'family':<22} {'mutations':>9} {'exact/ok':>9} {'errors':>8} {'violations':>10} {'seconds':>8}")
     for family in families:
         t0 = time.monotonic()
@@ -99,11 +109,17 @@ def _run(p: Pristine, families: list[str], args: argparse.Namespace, scratch: Pa
                 totals[k] = totals.get(k, 0) + v
             if problems:
                 bad += 1
-                print(f"VIOLATION {family} #{i} (reproduce: --seed {args.seed} --family {family} --only {i}): "
-                      f"{'; '.join(steps)}\n    " + "\n    ".join(problems[:5]), flush=True)  # fmt: skip
+                print(
+                    f"VIOLATION {family} #{i} (reproduce: --seed {args.seed} --family {family} --only {i}): "
+                    f"{'; '.join(steps)}\n    " + "\n    ".join(problems[:5]),
+                    flush=True,
+                )
         violations += bad
-        print(f"{family:<22} {per_family:>9} {totals['exact']:>9} {totals['error']:>8} {bad:>10} "
-              f"{time.monotonic() - t0:>8.1f}", flush=True)  # fmt: skip
+        print(
+            f"{family:<22} {per_family:>9} {totals['exact']:>9} {totals['error']:>8} {bad:>10} "
+            f"{time.monotonic() - t0:>8.1f}",
+            flush=True,
+        )
     total = per_family * len(families)
     print(f"{total} mutations, {violations} broke the invariant, {time.monotonic() - started:.0f} s")
     return 1 if violations else 0
@@ -122,7 +138,7 @@ def _run_tier(args: argparse.Namespace) -> int:
         p = make_pristine(scratch / "pristine")
         for case, check in TIER_CASES.items():
             t0, bad = time.monotonic(), 0
-            for i in ([args.only] if args.only is not None else range(per_case)):
+            for i in [args.only] if args.only is not None else range(per_case):
                 work = Path(tempfile.mkdtemp(dir=scratch))
                 try:
                     problems = check(p, work, random.Random(f"{args.seed}:{case}:{i}"))
@@ -130,11 +146,17 @@ def _run_tier(args: argparse.Namespace) -> int:
                     remove_tree(work)
                 if problems:
                     bad += 1
-                    print(f"VIOLATION {case} #{i} (reproduce: --tier --seed {args.seed} --only {i}):\n    "
-                          + "\n    ".join(problems[:5]), flush=True)  # fmt: skip
+                    print(
+                        f"VIOLATION {case} #{i} (reproduce: --tier --seed {args.seed} --only {i}):\n    "
+                        + "\n    ".join(problems[:5]),
+                        flush=True,
+                    )
             violations += bad
-            print(f"{case:<16} {per_case if args.only is None else 1:>7} cases {bad:>5} violations "
-                  f"{time.monotonic() - t0:>7.1f} s", flush=True)  # fmt: skip
+            print(
+                f"{case:<16} {per_case if args.only is None else 1:>7} cases {bad:>5} violations "
+                f"{time.monotonic() - t0:>7.1f} s",
+                flush=True,
+            )
     print(f"{violations} cases broke the invariant, {time.monotonic() - started:.0f} s")
     return 1 if violations else 0
 

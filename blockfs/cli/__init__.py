@@ -8,17 +8,16 @@ import logging
 import os
 import select
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import BlockfsError
 from ..packing.options import ORDERS
-
 from .dataset_args import add_expect_argument, add_storage_arguments
 from .mistakes import commands, unknown_command, unrecognized, usage_line
+from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 from .mount_flags import add_flags
 from .output import log_level
-from .mount_commands import AUTO_CACHE_FRACTION, cmd_mount, cmd_plan, cmd_stats, cmd_umount
 
 log = logging.getLogger("blockfs")
 
@@ -35,11 +34,16 @@ def _dataset_command(name: str) -> Callable[[argparse.Namespace], int]:
 
     return run
 
+
 def _memory_arguments(p: argparse.ArgumentParser) -> None:
     """The memory budget and retention options, shared by ``plan`` and ``mount`` so both plan alike."""
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--cache-size", default="auto", help="memory for retained files and cached blocks, "
-                        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)")
+    budget.add_argument(
+        "--cache-size",
+        default="auto",
+        help="memory for retained files and cached blocks, "
+        f"e.g. 8GiB, or auto ({AUTO_CACHE_FRACTION * 100:.0f}%% of MemAvailable; the default)",
+    )
     budget.add_argument("--memory-fraction", type=float, help="the budget as this fraction of MemAvailable now")
     add_flags(p, "memory")
     add_flags(p.add_argument_group("multi-node training with BlockLoader(partition='node')"), "nodes")
@@ -69,12 +73,21 @@ def _logging_arguments(p: argparse.ArgumentParser, top: bool) -> None:
     default to nothing, so that ``blockfs -v mount`` keeps what was given before."""
     default = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
     g = p.add_argument_group("logging")
-    g.add_argument("-v", "--verbose", action="store_true", default=default(False),
-                   help="debug logging, tracebacks on errors (--log-level debug)")
-    g.add_argument("-q", "--quiet", action="store_true", default=default(False),
-                   help="only warnings and errors (--log-level warning); mount prints no plan")
-    g.add_argument("--log-level", choices=LOG_LEVELS, default=default(None),
-                   help="what is logged (default info)")
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="debug logging, tracebacks on errors (--log-level debug)",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default(False),
+        help="only warnings and errors (--log-level warning); mount prints no plan",
+    )
+    g.add_argument("--log-level", choices=LOG_LEVELS, default=default(None), help="what is logged (default info)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,27 +99,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = _CommandParsers(parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND"))
 
     p = sub.add_parser("pack", help="pack a directory tree into blocks plus an index")
-    p.add_argument("src", nargs="+", metavar="SOURCE",
-                   help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, WebDataset shards "
-                        "(several files, a quoted glob or a {000..009} range), or a URL prefix of objects")
+    p.add_argument(
+        "src",
+        nargs="+",
+        metavar="SOURCE",
+        help="directory, tar (.tar/.gz/.bz2/.xz), MXNet RecordIO .rec, WebDataset shards "
+        "(several files, a quoted glob or a {000..009} range), or a URL prefix of objects",
+    )
     p.add_argument("dest", help="new directory for the packed dataset, or a URL (s3://, gs://, az://)")
     p.add_argument("--block-size", default="64MiB", help="target bytes per block (default 64MiB)")
     p.add_argument("--files-per-block", type=int, default=None, help="at most this many files per block")
-    p.add_argument("--labels", default="dirname",
-                   help="dirname (ImageFolder: first directory level), none, or a CSV file of path,label")
-    p.add_argument("--order", choices=ORDERS, default="shuffled",
-                   help="files go to blocks in a seeded random order (default) or in directory order")
+    p.add_argument(
+        "--labels",
+        default="dirname",
+        help="dirname (ImageFolder: first directory level), none, or a CSV file of path,label",
+    )
+    p.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="shuffled",
+        help="files go to blocks in a seeded random order (default) or in directory order",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled order (default 0)")
-    p.add_argument("--workers", type=int, default=None, help="parallel block writers, forked processes on Linux (default: cores)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="parallel block writers, forked processes on Linux (default: cores)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing packed dataset at DEST")
     p.add_argument("--follow-symlinks", action="store_true", help="pack what links point to, not the links")
     p.add_argument("--skip-unreadable", action="store_true", help="list and skip unreadable files instead of stopping")
-    p.add_argument("--skip-damaged", action="store_true",
-                   help="pack around damaged records or tar members (listing them) instead of stopping")
+    p.add_argument(
+        "--skip-damaged",
+        action="store_true",
+        help="pack around damaged records or tar members (listing them) instead of stopping",
+    )
     p.add_argument("--no-fsync", action="store_true", help="do not fsync blocks (faster; unsafe on power loss)")
     add_storage_arguments(p)
-    p.add_argument("--staging", metavar="DIR", help="a URL DEST: where finished blocks wait for their upload "
-                   "(default: the temp directory; a few blocks at a time)")
+    p.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="a URL DEST: where finished blocks wait for their upload "
+        "(default: the temp directory; a few blocks at a time)",
+    )
     p.set_defaults(func=_dataset_command("cmd_pack"))
 
     p = sub.add_parser("info", help="counts, bytes, blocks and labels of a packed dataset")
@@ -122,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_expect_argument(p)
     p.set_defaults(func=_dataset_command("cmd_verify"))
 
-    p = sub.add_parser("upgrade", help="add the digests that name a dataset packed before them (blocks are not rewritten)")
+    p = sub.add_parser(
+        "upgrade", help="add the digests that name a dataset packed before them (blocks are not rewritten)"
+    )
     p.add_argument("dest", help="a packed dataset directory")
     p.set_defaults(func=_dataset_command("cmd_upgrade"))
 
@@ -162,8 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, "cache")
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted or interrupted")
     add_flags(p, "fuse")
-    p.add_argument("--log", help="log file (default for a background mount: one in a private directory, "
-                   "$XDG_RUNTIME_DIR/blockfs, /run/blockfs for root, else ~/.cache/blockfs/logs)")
+    p.add_argument(
+        "--log",
+        help="log file (default for a background mount: one in a private directory, "
+        "$XDG_RUNTIME_DIR/blockfs, /run/blockfs for root, else ~/.cache/blockfs/logs)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
@@ -234,8 +272,10 @@ def main(argv: Sequence[str] | None = None, wording: Callable[[str], str] | None
         return 2
     args, extras = parser.parse_known_args(argv)
     if extras:
-        print(usage_line(commands(parser)[args.command]) + "\n" + unrecognized(parser, args.command, extras),
-              file=sys.stderr)  # fmt: skip
+        print(
+            usage_line(commands(parser)[args.command]) + "\n" + unrecognized(parser, args.command, extras),
+            file=sys.stderr,
+        )
         return 2
     args.argv = argv  # a background mount re-runs it in the serving process
     args.verbose = args.verbose or args.log_level == "debug"

@@ -20,16 +20,24 @@ DISK_AUTO_FRACTION = 0.5  # --disk-cache-size auto: this share of the free space
 
 def add_storage_arguments(p: argparse.ArgumentParser, disk_tier: bool = False) -> None:
     g = p.add_argument_group("remote datasets (s3://, gs://, az://, http(s)://)")
-    g.add_argument("--storage-option", action="append", metavar="KEY=VALUE", default=[],
-                   help="for the object store: endpoint, region, access_key_id, secret_access_key, anon ... "
-                        "(fsspec spellings work: endpoint_url, key, secret); blockfs's own: part_size, "
-                        "concurrency, retry_timeout (seconds). Credentials are best left to the standard "
-                        "environment variables and profiles")  # fmt: skip
+    g.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="for the object store: endpoint, region, access_key_id, secret_access_key, anon ... "
+        "(fsspec spellings work: endpoint_url, key, secret); blockfs's own: part_size, "
+        "concurrency, retry_timeout (seconds). Credentials are best left to the standard "
+        "environment variables and profiles",
+    )
     if disk_tier:
         g.add_argument("--disk-cache", metavar="DIR", help="keep fetched blocks on this local disk, across mounts")
-        g.add_argument("--disk-cache-size", metavar="SIZE|auto", default="auto",
-                       help=f"bytes the disk tier may hold (auto: {DISK_AUTO_FRACTION * 100:.0f}%% of the free space "
-                            "under DIR)")  # fmt: skip
+        g.add_argument(
+            "--disk-cache-size",
+            metavar="SIZE|auto",
+            default="auto",
+            help=f"bytes the disk tier may hold (auto: {DISK_AUTO_FRACTION * 100:.0f}%% of the free space under DIR)",
+        )
 
 
 def add_expect_argument(p: argparse.ArgumentParser) -> None:
@@ -52,12 +60,14 @@ def storage_options(args: argparse.Namespace) -> StorageOptions:
     disk = getattr(args, "disk_cache", None)
     size = disk_cache_size(disk, args.disk_cache_size) if disk else 0
     fetched = getattr(args, "fetched_dir", None)  # a background mount's: what the starting command fetched
-    return StorageOptions(parse_options(getattr(args, "storage_option", None)), disk, size, fetched,
-                          remove_fetched=fetched is not None)  # fmt: skip
+    return StorageOptions(
+        parse_options(getattr(args, "storage_option", None)), disk, size, fetched, remove_fetched=fetched is not None
+    )
 
 
-def open_from_args(args: argparse.Namespace, keep_fetched_in: str | None = None, *,
-                   remembered: bool = False) -> PackedDataset:  # fmt: skip
+def open_from_args(
+    args: argparse.Namespace, keep_fetched_in: str | None = None, *, remembered: bool = False
+) -> PackedDataset:
     """The dataset the command names.  ``keep_fetched_in``: a remote dataset's metadata and index are
     fetched into this directory and left there (for the serving process ``mount`` starts).  ``remembered``:
     an index that passed every check before is not checked again (its digest is), as a mount does."""

@@ -12,13 +12,12 @@ import sys
 import time
 
 from ..core.dataset import PackedDataset
-from .dataset_args import open_from_args
 from ..core.index import KIND_DIR, KIND_SYMLINK
 from ..packing.packer import PackOptions, pack
 from ..sizes import parse_size
 from ..storage.remote import parse_options
+from .dataset_args import open_from_args
 from .output import human, plural, progress_bar, terminal_bar
-
 
 log = logging.getLogger("blockfs")
 
@@ -60,8 +59,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     tty = sys.stderr.isatty()
     try:
-        result = pack(src, args.dest, options, storage_options=storage, progress=progress if tty else None,
-                      listing=listing if tty else None)  # fmt: skip
+        result = pack(
+            src,
+            args.dest,
+            options,
+            storage_options=storage,
+            progress=progress if tty else None,
+            listing=listing if tty else None,
+        )
     finally:
         for shown in (listed, bar):
             if shown is not None:
@@ -87,15 +92,29 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"dataset      {info['path']}")
-    print(f"name         {info['digest']}" + ("" if info["digests"] else
-          f" (no digests: checked against accidents only; 'blockfs upgrade {info['path']}' adds them)"))
-    print(f"files        {info['files']:,} ({human(info['file_bytes'])}), {info['directories']:,} directories, {info['symlinks']:,} symlinks")
-    print(f"blocks       {info['blocks']:,} ({human(info['block_bytes'])}); size min/median/max "
-          f"{human(info['block_size_min'])} / {human(info['block_size_median'])} / {human(info['block_size_max'])}; "
-          f"median {info['files_per_block_median']:,} files per block")
-    print(f"headers      {human(info['header_bytes'])} ({info['header_bytes'] / max(info['files'], 1):.1f} bytes per file)")
+    print(
+        f"name         {info['digest']}"
+        + (
+            ""
+            if info["digests"]
+            else f" (no digests: checked against accidents only; 'blockfs upgrade {info['path']}' adds them)"
+        )
+    )
+    print(
+        f"files        {info['files']:,} ({human(info['file_bytes'])}), {info['directories']:,} directories, {info['symlinks']:,} symlinks"
+    )
+    print(
+        f"blocks       {info['blocks']:,} ({human(info['block_bytes'])}); size min/median/max "
+        f"{human(info['block_size_min'])} / {human(info['block_size_median'])} / {human(info['block_size_max'])}; "
+        f"median {info['files_per_block_median']:,} files per block"
+    )
+    print(
+        f"headers      {human(info['header_bytes'])} ({info['header_bytes'] / max(info['files'], 1):.1f} bytes per file)"
+    )
     p = info["pack"]
-    print(f"packed with  block size {human(p['block_size'])}, order {p['order']}, seed {p['seed']}, labels {p['labels']}")
+    print(
+        f"packed with  block size {human(p['block_size'])}, order {p['order']}, seed {p['seed']}, labels {p['labels']}"
+    )
     labels = info["labels"]
     print(f"labels       {len(labels)} distinct")
     for name, count in list(labels.items())[:20]:

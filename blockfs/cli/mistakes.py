@@ -31,8 +31,9 @@ def usage_line(sub: argparse.ArgumentParser) -> str:
         if action.option_strings or action.help == argparse.SUPPRESS:
             continue
         name = action.metavar or action.dest
-        positionals.append(f"[{name}]" if action.nargs == "?" else f"{name} [{name} ...]" if action.nargs == "+"
-                           else str(name))  # fmt: skip
+        positionals.append(
+            f"[{name}]" if action.nargs == "?" else f"{name} [{name} ...]" if action.nargs == "+" else str(name)
+        )
     return f"usage: {sub.prog} [OPTIONS] {' '.join(positionals)}  ('{sub.prog} --help' lists the options)"
 
 

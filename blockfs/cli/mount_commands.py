@@ -12,14 +12,12 @@ import sys
 import time
 from typing import Any
 
-
 from ..serve.mount_options import MountOptions
+from ..sizes import parse_size
 from ..storage.urls import absolute, is_remote, redact
 from .dataset_args import open_from_args, storage_options
 from .mount_flags import flag_value, mount_options
-from ..sizes import parse_size
 from .output import human, log_level, plural, progress_bar
-
 
 log = logging.getLogger("blockfs")
 
@@ -54,9 +52,15 @@ def _mount_plan(args: argparse.Namespace, size: int, ds) -> Any:
     from ..serve.cache.mount_plan import make_mount_plan
 
     return make_mount_plan(
-        ds, size, strategy=args.retain_strategy, threshold=flag_value(args, "retain_threshold"), retain=args.retain,
-        policy=getattr(args, "policy", "cache-once"), nodes=args.nodes, partition_seed=args.partition_seed,
-    )  # fmt: skip
+        ds,
+        size,
+        strategy=args.retain_strategy,
+        threshold=flag_value(args, "retain_threshold"),
+        retain=args.retain,
+        policy=getattr(args, "policy", "cache-once"),
+        nodes=args.nodes,
+        partition_seed=args.partition_seed,
+    )
 
 
 def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list[str]:
@@ -81,7 +85,11 @@ def _warnings(size: int, why: str, plan, disk: dict | None, policy: str) -> list
         said.append(
             f"--cache-size {human(size)} is smaller than one block ({human(plan.block_bytes)}): no block can be "
             "cached, so every file is read from storage alone, one request per file"
-            + (f" (from the 2nd epoch, the {plan.retained_files:,} retained files excepted)" if plan.retained_files else "")
+            + (
+                f" (from the 2nd epoch, the {plan.retained_files:,} retained files excepted)"
+                if plan.retained_files
+                else ""
+            )
             + f"; give --cache-size of at least {human(plan.block_bytes)}, or pack with a smaller --block-size"
         )
     if disk is not None and disk["budget_bytes"] < disk["one_block_bytes"]:
@@ -137,9 +145,11 @@ def _peer_lines(args: argparse.Namespace, report: dict[str, Any]) -> str:
     plan = _plan_of(report)
     per_node = 0 if plan.per_file_requests else plan.block_cache_bytes  # blocks are shared; retained files not
     held = min(dataset, n * per_node)
-    return (f"\npeers:            {n} nodes hold {human(held)} of the dataset's {human(dataset)} in memory together "
-            f"({held / max(1, dataset):.0%}); the store serves about {human(dataset)} in epoch 1 (each block once "
-            f"for the cluster) and {human(dataset - held)} per epoch after")  # fmt: skip
+    return (
+        f"\npeers:            {n} nodes hold {human(held)} of the dataset's {human(dataset)} in memory together "
+        f"({held / max(1, dataset):.0%}); the store serves about {human(dataset)} in epoch 1 (each block once "
+        f"for the cluster) and {human(dataset - held)} per epoch after"
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -150,8 +160,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = _plan_of(report)
     warnings = _warnings(size, why, plan, report["disk_tier"], getattr(args, "policy", "cache-once"))
     if args.json:
-        print(json.dumps(report["plan"] | {"budget_from": why, "disk_tier": report["disk_tier"], "warnings": warnings},
-                         indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                report["plan"] | {"budget_from": why, "disk_tier": report["disk_tier"], "warnings": warnings}, indent=2
+            )
+        )
     else:
         print(f"budget from:      {why}")
         print(_describe(report, _node_lines(args, size, report) + _peer_lines(args, report)))
@@ -176,10 +189,13 @@ def _plan_line(meta: dict, size: int, why: str, policy: str, distinct: int | Non
     """The mount's one-line plan.  ``distinct``: the files the plan counts (hard links once), said beside
     the paths when they differ, so this line and the plan's table below agree."""
     dataset, files = int(meta["file_bytes"]), int(meta["n_files"])
-    counted = f"{files:,} files" + (f" ({distinct:,} distinct: hard links share one)"
-                                    if distinct is not None and distinct != files else "")  # fmt: skip
-    head = (f"memory plan: cache {human(size)} ({why}), policy {policy}; dataset {human(dataset)} in "
-            f"{counted}, {plural(int(meta['n_blocks']), 'block')}: ")
+    counted = f"{files:,} files" + (
+        f" ({distinct:,} distinct: hard links share one)" if distinct is not None and distinct != files else ""
+    )
+    head = (
+        f"memory plan: cache {human(size)} ({why}), policy {policy}; dataset {human(dataset)} in "
+        f"{counted}, {plural(int(meta['n_blocks']), 'block')}: "
+    )
     if policy == "none":
         return head + "no caching, every read goes to storage"
     if dataset <= size:
@@ -257,16 +273,19 @@ def cmd_mount(args: argparse.Namespace) -> int:
         # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
         timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
         on_report = lambda raw: _print_plan(args, size, why, json.loads(raw))  # noqa: E731
-        pid = mnt.start_background(command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args),
-                                   on_report=on_report)  # fmt: skip
+        pid = mnt.start_background(
+            command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args), on_report=on_report
+        )
     except BaseException:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
         raise
     if not args.quiet:
         shown = redact(args.dest) if is_remote(args.dest) else args.dest
-        print(f"mounted {shown} at {args.mountpoint} (pid {pid}, log {log_path}); "
-              f"stop with: {_program()} umount {args.mountpoint}")  # fmt: skip
+        print(
+            f"mounted {shown} at {args.mountpoint} (pid {pid}, log {log_path}); "
+            f"stop with: {_program()} umount {args.mountpoint}"
+        )
     return 0
 
 
@@ -285,9 +304,11 @@ def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
     if args.log:
         stream = open(open_log(args.log), "a", encoding="utf-8", errors="backslashreplace")  # never via a link
         logging.basicConfig(
-            handlers=[logging.StreamHandler(stream)], level=log_level(args),
-            force=True, format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
-        )  # fmt: skip
+            handlers=[logging.StreamHandler(stream)],
+            level=log_level(args),
+            force=True,
+            format="%(asctime)s blockfs[%(process)d]: %(levelname)s: %(message)s",
+        )
     options = _mount_options(args, size)
     bar = progress_bar(1, "B", "preload") if args.preload else None
 
@@ -329,8 +350,10 @@ def cmd_umount(args: argparse.Namespace) -> int:
     from ..serve.daemon import unmount
 
     if unmount(args.mountpoint):
-        print(f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
-              "and goes once nothing uses it")  # fmt: skip
+        print(
+            f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
+            "and goes once nothing uses it"
+        )
     else:
         print(f"unmounted {args.mountpoint}")
     return 0
@@ -348,8 +371,11 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
         f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
         + _shared_note(k.get("blocks_shared", 0))
-        + ("; reads the kernel answers from pushed pages (below) reach no counter here"
-           if (s.get("page_cache") or {}).get("files_pushed") else ""),
+        + (
+            "; reads the kernel answers from pushed pages (below) reach no counter here"
+            if (s.get("page_cache") or {}).get("files_pushed")
+            else ""
+        ),
         f"hits       files {k['file_hit_rate']:.1%} ({k['file_hits']:,} hit, {k['file_misses']:,} missed); "
         f"reads {k['block_hit_rate']:.1%} ({k['block_hits']:,} hit, {k['block_misses']:,} missed)",
         f"storage    {human(k['bytes_from_storage'])} read: {plural(k['block_loads'], 'whole block')} "
@@ -366,8 +392,10 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     storage = s.get("storage") or {}
     remote = storage.get("remote")
     if remote:
-        lines.append(f"remote     {remote['requests']:,} requests, {human(remote['bytes'])} fetched; "
-                     f"{remote['retries']:,} retried, {remote['failures']:,} failed")  # fmt: skip
+        lines.append(
+            f"remote     {remote['requests']:,} requests, {human(remote['bytes'])} fetched; "
+            f"{remote['retries']:,} retried, {remote['failures']:,} failed"
+        )
     tier = storage.get("disk_tier")
     if tier:
         lines.append(
@@ -378,35 +406,54 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         )
     peers = storage.get("peers")
     if peers:
-        by = ", ".join(f"{addr} {human(p['bytes'])}" + (" (avoided now)" if p["avoided"] else "")
-                       for addr, p in peers["by_peer"].items())  # fmt: skip
+        by = ", ".join(
+            f"{addr} {human(p['bytes'])}" + (" (avoided now)" if p["avoided"] else "")
+            for addr, p in peers["by_peer"].items()
+        )
         served = peers.get("served") or {}
-        lines.append(f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('blocks_served', 0):,} blocks "
-                     f"({human(served.get('bytes_served', 0))}) served to them, {served.get('refused', 0):,} requests "
-                     "refused")  # fmt: skip
+        lines.append(
+            f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('blocks_served', 0):,} blocks "
+            f"({human(served.get('bytes_served', 0))}) served to them, {served.get('refused', 0):,} requests "
+            "refused"
+        )
     if remote or peers:
         below = [f"disk {human(tier['disk_bytes'])}"] if tier else []
         below += [f"peers {human(peers['bytes'])}"] if peers else []
-        lines.append(f"sources    memory answered {k['block_hits']:,} of {k['reads']:,} reads; below it: "
-                     + ", ".join([*below, f"the store {human(remote['bytes']) if remote else '0 B'}"]))
+        lines.append(
+            f"sources    memory answered {k['block_hits']:,} of {k['reads']:,} reads; below it: "
+            + ", ".join([*below, f"the store {human(remote['bytes']) if remote else '0 B'}"])
+        )
     pushed = s.get("page_cache")
     if pushed:
-        lines.append(f"page cache {pushed['files_pushed']:,} files ({human(pushed['bytes_pushed'])}) pushed into the "
-                     f"kernel's page cache as their blocks loaded; {pushed['pushes_skipped']:,} skipped "
-                     "(the kernel had dropped the file)")  # fmt: skip
+        lines.append(
+            f"page cache {pushed['files_pushed']:,} files ({human(pushed['bytes_pushed'])}) pushed into the "
+            f"kernel's page cache as their blocks loaded; {pushed['pushes_skipped']:,} skipped "
+            "(the kernel had dropped the file)"
+        )
     requests = s.get("requests") or {}
     if requests:
         top = sorted(requests.items(), key=lambda kv: -kv[1])[:6]
-        lines.append("requests   " + ", ".join(f"{n:,} {name}" for name, n in top)
-                     + ("; ioctl: the terminal check (isatty) programs make of each file they open — Python's "
-                        "open() makes one or more — answered at once, no data read" if "ioctl" in dict(top) else ""))
+        lines.append(
+            "requests   "
+            + ", ".join(f"{n:,} {name}" for name, n in top)
+            + (
+                "; ioctl: the terminal check (isatty) programs make of each file they open — Python's "
+                "open() makes one or more — answered at once, no data read"
+                if "ioctl" in dict(top)
+                else ""
+            )
+        )
     errors = s.get("errors", {})
     if errors.get("damaged_files_read"):
-        lines.append(f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
-                     f"{errors['damaged_blocks_reported']}")  # fmt: skip
+        lines.append(
+            f"errors     {errors['damaged_files_read']:,} reads failed (EIO); damaged blocks "
+            f"{errors['damaged_blocks_reported']}"
+        )
     if errors.get("failed_reads"):
-        lines.append(f"failed     {errors['failed_reads']:,} reads failed on I/O errors (EIO, retried by the "
-                     "next read; not damage)")  # fmt: skip
+        lines.append(
+            f"failed     {errors['failed_reads']:,} reads failed on I/O errors (EIO, retried by the "
+            "next read; not damage)"
+        )
     if previous is not None and seconds > 0:
         p = previous["counters"]
         files = (k["files_served"] - p["files_served"]) / seconds
@@ -424,8 +471,7 @@ def _route(m: dict) -> str:
 def _shared_note(blocks: int) -> str:
     if not blocks:
         return ""
-    return (f"; {blocks:,} blocks mapped by BlockLoaders, whose reads of them skip FUSE and are not "
-            "counted here")  # fmt: skip
+    return f"; {blocks:,} blocks mapped by BlockLoaders, whose reads of them skip FUSE and are not counted here"
 
 
 def _epochs_line(epochs: list[dict], n_files: int, shown: int = 6) -> str:
@@ -457,8 +503,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
             return 0
         previous, last = s, now
         time.sleep(args.interval)
-
-
 
 
 def _program() -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..serve.fuse.kernel_options import is_fuse_option
 from ..storage.credentials import WHERE_FROM, is_credential
@@ -30,11 +30,39 @@ from .mount_flags import not_in_fstab
 __all__ = ["blockfs_argv", "main"]
 
 # mount(8)'s and systemd's options, which they act on themselves; blockfs is read-only whatever is asked.
-MOUNT_OWN = frozenset({
-    "ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
-    "dev", "nodev", "suid", "nosuid", "exec", "sync", "async", "atime", "relatime",
-    "norelatime", "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "silent", "loud",
-})  # fmt: skip  # not noexec, noatime: the FUSE mount applies them (they go to -o)
+MOUNT_OWN = frozenset(
+    {
+        "ro",
+        "rw",
+        "defaults",
+        "auto",
+        "noauto",
+        "user",
+        "nouser",
+        "users",
+        "owner",
+        "group",
+        "_netdev",
+        "nofail",
+        "dev",
+        "nodev",
+        "suid",
+        "nosuid",
+        "exec",
+        "sync",
+        "async",
+        "atime",
+        "relatime",
+        "norelatime",
+        "strictatime",
+        "nodiratime",
+        "diratime",
+        "lazytime",
+        "nolazytime",
+        "silent",
+        "loud",
+    }
+)  # not noexec, noatime: the FUSE mount applies them (they go to -o)
 MOUNT_OWN_PREFIXES = ("x-", "comment=", "context=", "fscontext=", "defcontext=", "rootcontext=")
 
 
@@ -56,8 +84,8 @@ def _mount_options() -> dict[str, bool]:
 
 def _refuse_credential(name: str, dataset: str) -> ValueError:
     """The refusal of ``storage.KEY`` carrying a credential, saying where the credential goes instead."""
-    from ..storage.urls import is_remote, store_kind
     from ..storage.remote import KIND_NAMES
+    from ..storage.urls import is_remote, store_kind
 
     kinds = [store_kind(dataset)] if is_remote(dataset) and store_kind(dataset) in WHERE_FROM else list(WHERE_FROM)
     where = "; ".join(f"{KIND_NAMES[k]}: {WHERE_FROM[k]}" for k in kinds)
@@ -75,7 +103,7 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str], extra: S
             continue
         name, eq, value = item.partition("=")
         if name.startswith("storage."):
-            key = name[len("storage."):]
+            key = name[len("storage.") :]
             if is_credential(key):
                 raise _refuse_credential(name, dataset)
             argv += ["--storage-option", f"{key}={value}"]
@@ -89,8 +117,10 @@ def blockfs_argv(dataset: str, mountpoint: str, options: Sequence[str], extra: S
         elif is_fuse_option(name):
             fuse.append(item)  # the route mounting it applies, ignores or refuses it (one line each)
         else:
-            raise ValueError(f"option {item!r} is not a mount option of blockfs's: see 'blockfs mount --help' for "
-                             "blockfs's own (written with underscores) and -o for the FUSE ones")  # fmt: skip
+            raise ValueError(
+                f"option {item!r} is not a mount option of blockfs's: see 'blockfs mount --help' for "
+                "blockfs's own (written with underscores) and -o for the FUSE ones"
+            )
     return [*argv, *(["-o", ",".join(fuse)] if fuse else []), *extra, "--", dataset, mountpoint]
 
 
@@ -116,8 +146,11 @@ def in_fstab_words(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mount.fuse.blockfs", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="mount.fuse.blockfs",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dataset", help="the packed dataset (a directory or a URL)")
     p.add_argument("mountpoint")
     p.add_argument("-o", action="append", default=[], metavar="OPTIONS", help="comma-separated options")

@@ -9,21 +9,22 @@ file by the chunks that cover it.  Every mismatch is a :class:`CorruptBlockError
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from ..errors import CorruptBlockError, IndexFormatError
 from . import digest as dg
 from . import format as fmt
-from ..errors import CorruptBlockError, IndexFormatError
 
 
 class IndexChecks:
     """Checks against ``index`` (the index's arrays; digests where the dataset has them).  ``where(b)`` names
     block ``b`` in messages; ``pread(b, size, offset)`` reads for the checks of a piece of a file."""
 
-    def __init__(self, index: Mapping[str, np.ndarray], where: Callable[[int], str],
-                 pread: Callable[[int, int, int], bytes]) -> None:  # fmt: skip
+    def __init__(
+        self, index: Mapping[str, np.ndarray], where: Callable[[int], str], pread: Callable[[int, int, int], bytes]
+    ) -> None:
         self._index = index
         self.where = where
         self._pread = pread
@@ -56,9 +57,13 @@ class IndexChecks:
         wrong = np.flatnonzero(sizes != a["size"][ids])
         if wrong.size:
             k = int(wrong[0])
-            raise CorruptBlockError(self.foreign(
-                block, f"slot {int(slots[k])} holds {int(sizes[k])} bytes, the index says {int(a['size'][ids[k]])} "
-                f"for {self.path(int(ids[k]))}"))  # fmt: skip
+            raise CorruptBlockError(
+                self.foreign(
+                    block,
+                    f"slot {int(slots[k])} holds {int(sizes[k])} bytes, the index says {int(a['size'][ids[k]])} "
+                    f"for {self.path(int(ids[k]))}",
+                )
+            )
         empty = np.ones(head.count, dtype=bool)
         empty[slots] = False  # a slot no entry names held a file the packer could not read: it is empty
         if np.any(head.sizes[empty] != 0):
@@ -212,8 +217,14 @@ class IndexChecks:
                 )
         return bytes(view[start - lo : start - lo + size])
 
-    def read_checking_pieces(self, block: int, head: fmt.BlockHeader, view: memoryview,
-                             read_into: Callable[[int, memoryview, int], None], piece: int) -> np.ndarray:
+    def read_checking_pieces(
+        self,
+        block: int,
+        head: fmt.BlockHeader,
+        view: memoryview,
+        read_into: Callable[[int, memoryview, int], None],
+        piece: int,
+    ) -> np.ndarray:
         """:meth:`check_data` for a data section read (``read_into``) in pieces of ``piece`` bytes: each is
         hashed on a hashing thread while the next is read, and nothing is returned (or raised) before every
         hash has finished with the caller's buffer."""

@@ -67,7 +67,7 @@ class CheckedIndexes:
         self.directory = os.fspath(directory)
 
     @classmethod
-    def default(cls) -> "CheckedIndexes | None":
+    def default(cls) -> CheckedIndexes | None:
         directory = default_directory()
         return cls(directory) if directory else None
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,17 +25,17 @@ from ..errors import (
     NotASymlinkError,
 )
 from . import digest as dg
+from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
 from .index import KIND_DIR, KIND_FILE, KIND_NAMES, KIND_SYMLINK, PackedIndex
 from .index_format import DIGEST_ARRAYS, REPACK
-from .format import INDEX_NAME, METADATA_NAME, NARROW_LIMIT
 from .location import StorageOptions, locate
 
 if TYPE_CHECKING:
-    from .checked_indexes import CheckedIndexes
     from ..storage.disk_tier import DiskTier
+    from .checked_indexes import CheckedIndexes
+from ..errors import IdentityError
 from .metadata import has_digests, read_metadata, read_metadata_bytes  # noqa: F401  (read_metadata: this module's API)
 from .store import BlockStore
-from ..errors import IdentityError
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,14 @@ class PackedDataset:
     starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read.  ``checked``: the
     record of indexes that passed every check (:mod:`.checked_indexes`; a mount's), or None to check always."""
 
-    def __init__(self, location: str | os.PathLike, reader: FileReader | None = None,
-                 storage: StorageOptions | None = None, expect: str | None = None,
-                 checked: CheckedIndexes | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        location: str | os.PathLike,
+        reader: FileReader | None = None,
+        storage: StorageOptions | None = None,
+        expect: str | None = None,
+        checked: CheckedIndexes | None = None,
+    ) -> None:
         self._location = locate(location, storage)
         try:
             self._open(reader, expect, record=checked)
@@ -106,7 +112,9 @@ class PackedDataset:
             self._location.close()
             raise
 
-    def _open(self, reader: FileReader | None, expect: str | None = None, *, record: CheckedIndexes | None = None) -> None:
+    def _open(
+        self, reader: FileReader | None, expect: str | None = None, *, record: CheckedIndexes | None = None
+    ) -> None:
         self.root = self._location.root
         self.location = self._location.display
         self.metadata, raw = read_metadata_bytes(self.root, expect, self.location)
@@ -119,12 +127,19 @@ class PackedDataset:
                     f"dataset {self.location} was packed before digests (checked against accidents only, by CRC-32): "
                     f"it cannot be pinned; run 'blockfs upgrade {self.location}' to add them"
                 )
-            log.warning("dataset %s is checked against accidents only (CRC-32, no digests): 'blockfs upgrade %s' "
-                        "adds the digests that prove every byte is this dataset's", self.location, self.location)  # fmt: skip
+            log.warning(
+                "dataset %s is checked against accidents only (CRC-32, no digests): 'blockfs upgrade %s' "
+                "adds the digests that prove every byte is this dataset's",
+                self.location,
+                self.location,
+            )
         n_blocks = self.metadata["n_blocks"]
         self.index = PackedIndex(
-            os.path.join(self.root, INDEX_NAME), n_blocks=n_blocks, crc32=self.metadata["index"]["crc32"],
-            digest=self.metadata["index"].get("blake3"), checked=record,
+            os.path.join(self.root, INDEX_NAME),
+            n_blocks=n_blocks,
+            crc32=self.metadata["index"]["crc32"],
+            digest=self.metadata["index"].get("blake3"),
+            checked=record,
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)
@@ -358,7 +373,7 @@ class PackedDataset:
         """The local-disk tier of a remote dataset (:class:`blockfs.storage.disk_tier.DiskTier`), or None."""
         return self._location.tier
 
-    def reading_through(self, reader: FileReader) -> "PackedDataset":
+    def reading_through(self, reader: FileReader) -> PackedDataset:
         """This open dataset, its files read through ``reader`` (a cache over :attr:`store`, which can only be
         made once the dataset is open): the same index, store and location, closed by this one's
         :meth:`close` (close one of the two, not both)."""
@@ -371,7 +386,7 @@ class PackedDataset:
         self.index.close()
         self._location.close()
 
-    def __enter__(self) -> "PackedDataset":
+    def __enter__(self) -> PackedDataset:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -383,13 +398,21 @@ def _naming(err: CorruptBlockError | BlockReadError, what: str) -> CorruptBlockE
     return type(err)(f"{err} (reading {what})", block=err.block)
 
 
-def open_dataset(location: str | os.PathLike, reader: FileReader | None = None, *,
-                 storage_options: dict | None = None, disk_cache: str | os.PathLike | None = None,
-                 disk_cache_size: int = 0, expect: str | None = None) -> PackedDataset:  # fmt: skip
+def open_dataset(
+    location: str | os.PathLike,
+    reader: FileReader | None = None,
+    *,
+    storage_options: dict | None = None,
+    disk_cache: str | os.PathLike | None = None,
+    disk_cache_size: int = 0,
+    expect: str | None = None,
+) -> PackedDataset:
     """Open the packed dataset at ``location``: a directory written by :func:`blockfs.pack`, or its URL in
     an object store.  For a URL, ``storage_options`` reach it (``endpoint``, ``region``, keys; fsspec's
     spellings work) and ``disk_cache`` keeps fetched blocks on a local disk, up to ``disk_cache_size`` bytes.
     ``expect`` (``"blake3:<hex>"``, as ``blockfs info`` prints) pins the dataset: another is refused, and
     every byte read is checked against the chain of digests that name it."""
-    storage = StorageOptions(dict(storage_options or {}), os.fspath(disk_cache) if disk_cache else None, disk_cache_size)
+    storage = StorageOptions(
+        dict(storage_options or {}), os.fspath(disk_cache) if disk_cache else None, disk_cache_size
+    )
     return PackedDataset(location, reader, storage, expect)

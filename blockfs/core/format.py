@@ -205,9 +205,7 @@ def preamble_fields(buf: bytes | memoryview, where: str) -> tuple[int, int, int]
         raise CorruptBlockError(f"{where}: truncated: {len(buf)} bytes, shorter than a block header")
     pre = np.frombuffer(buf, dtype=PREAMBLE_DTYPE, count=1)[0]
     if bytes(pre["magic"]) != BLOCK_MAGIC:
-        raise CorruptBlockError(
-            f"{where}: not a blockfs block (magic {bytes(buf[:8])!r}, expected {BLOCK_MAGIC!r})"
-        )
+        raise CorruptBlockError(f"{where}: not a blockfs block (magic {bytes(buf[:8])!r}, expected {BLOCK_MAGIC!r})")
     version = int(pre["version"])
     if version > FORMAT_VERSION:
         raise UnsupportedVersionError(
@@ -269,8 +267,7 @@ def decode_header(buf: bytes | memoryview, where: str, file_size: int | None = N
     stored = int.from_bytes(bytes(buf[12:16]), "little")
     if crc != stored:
         raise CorruptBlockError(
-            f"{where}: header checksum mismatch (expected 0x{stored:08x}, got 0x{crc:08x}); "
-            "run 'blockfs verify'"
+            f"{where}: header checksum mismatch (expected 0x{stored:08x}, got 0x{crc:08x}); run 'blockfs verify'"
         )
     pre = np.frombuffer(buf, dtype=PREAMBLE_DTYPE, count=1)[0]
     word = np.dtype("<u8" if wide else "<u4")
@@ -309,9 +306,7 @@ def decode_header(buf: bytes | memoryview, where: str, file_size: int | None = N
 def chunk_crcs_of(data: bytes | memoryview) -> np.ndarray:
     """CRC-32 of each CHUNK_SIZE piece of ``data`` (the WIDE block checksums)."""
     view = memoryview(data)
-    return np.array(
-        [crc32(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)], dtype="<u4"
-    )
+    return np.array([crc32(view[i : i + CHUNK_SIZE]) for i in range(0, len(view), CHUNK_SIZE)], dtype="<u4")
 
 
 def crc_of_crcs(crcs: npt.ArrayLike) -> int:
@@ -341,9 +336,7 @@ def file_crcs_of(header: BlockHeader, data: bytes | bytearray | memoryview) -> n
 def check_data(header: BlockHeader, data: bytes | memoryview, where: str) -> np.ndarray:
     """Verify a whole data section against the header's checksum; return each file's CRC-32."""
     if len(data) != header.data_size:
-        raise CorruptBlockError(
-            f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes"
-        )
+        raise CorruptBlockError(f"{where}: truncated: data section has {len(data)} of {header.data_size} bytes")
     file_crcs = file_crcs_of(header, data)
     crc = crc_of_crcs(file_crcs)
     if crc != header.data_crc:

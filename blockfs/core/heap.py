@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _trim: Callable[[int], int] | None = None
 if sys.platform.startswith("linux"):

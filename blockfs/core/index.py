@@ -18,8 +18,9 @@ from __future__ import annotations
 import itertools
 import os
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 import numpy as np
 
@@ -27,9 +28,8 @@ from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryErr
 from . import digest as dg
 from .heap import give_back
 from .index_checks import check_lengths, validate_arrays
-from .pathtable import CHUNK, PathTable
-from .index_format import REPACK
 from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are imported from here by others)
+    DIGEST_ARRAYS,
     ENTRY_COLUMNS,
     INDEX_MAGIC,
     INDEX_VERSION,
@@ -37,17 +37,18 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     KIND_FILE,
     KIND_NAMES,
     KIND_SYMLINK,
-    DIGEST_ARRAYS,
+    REPACK,
     Deferred,
     array_views,
-    check_crc,
     check_chunk_table,
+    check_crc,
     check_digest,
     check_header,
     read_index_file,
     read_toc,
     write_arrays,
 )
+from .pathtable import CHUNK, PathTable
 
 if TYPE_CHECKING:
     from .checked_indexes import CheckedIndexes
@@ -104,16 +105,29 @@ class PreparedIndex:
         self.order = order  # index position -> position in the IndexColumns it was prepared from
         self.parent = parent  # index position -> index position of its parent directory
 
-    def write(self, f: BinaryIO, crc: np.ndarray | Callable[[], np.ndarray], block_sizes: np.ndarray,
-              digests: Digests | None = None, *, release: bool = False) -> None:  # fmt: skip
+    def write(
+        self,
+        f: BinaryIO,
+        crc: np.ndarray | Callable[[], np.ndarray],
+        block_sizes: np.ndarray,
+        digests: Digests | None = None,
+        *,
+        release: bool = False,
+    ) -> None:
         """Write the index file into ``f`` (a new binary file); ``crc`` is in the order of the prepared columns (or what makes
         it, called at its turn).  Without
         ``digests`` the index is version 1 (tests of the old format).  ``release``: each column of the
         IndexColumns is dropped from it once its array is written (the packer's, used once)."""
         write_arrays(f, self.arrays(crc, block_sizes, digests, release=release))
 
-    def arrays(self, crc: np.ndarray | Callable[[], np.ndarray], block_sizes: np.ndarray, digests: Digests | None = None, *,
-               release: bool = False) -> dict[str, np.ndarray | Deferred]:  # fmt: skip
+    def arrays(
+        self,
+        crc: np.ndarray | Callable[[], np.ndarray],
+        block_sizes: np.ndarray,
+        digests: Digests | None = None,
+        *,
+        release: bool = False,
+    ) -> dict[str, np.ndarray | Deferred]:
         """Every array of the index file, most made only when written (:class:`Deferred`, in the schema's
         order), each column of ``cols`` dropped once used when ``release``."""
         cols, order, n = self.cols, self.order, int(self.order.size)
@@ -246,8 +260,12 @@ class PreparedIndex:
                 memo.clear()
                 return files() if callable(files) else np.asarray(files)[order]
 
-            arrays.update(file_digest=Deferred(n * dg.DIGEST_SIZE, file_digests), block_head_digest=heads,
-                          chunk_digest=chunks, block_chunks=block_chunks)  # fmt: skip
+            arrays.update(
+                file_digest=Deferred(n * dg.DIGEST_SIZE, file_digests),
+                block_head_digest=heads,
+                chunk_digest=chunks,
+                block_chunks=block_chunks,
+            )
         return arrays
 
     def _renumbered(self) -> tuple[dict[int, int], dict[int, bytes]]:
@@ -263,8 +281,9 @@ class PreparedIndex:
 
 
 # --- building an index: one step per table ----------------------------------------------------------
-def prepare_index(cols: IndexColumns, block_counts: np.ndarray,
-                  tree: tuple[np.ndarray, np.ndarray] | None = None) -> PreparedIndex:  # fmt: skip
+def prepare_index(
+    cols: IndexColumns, block_counts: np.ndarray, tree: tuple[np.ndarray, np.ndarray] | None = None
+) -> PreparedIndex:
     """Sort the entries into tree order and find each one's parent (``cols.crc`` is not read), unless
     ``tree`` is :func:`tree_order`'s answer for them already; the other tables are built as the file is
     written."""
@@ -410,16 +429,24 @@ class PackedIndex:
     Changing or truncating the file afterwards cannot reach this object: it never maps the file.
     """
 
-    def __init__(self, path: str | os.PathLike, n_blocks: int | None = None, crc32: int | None = None,
-                 digest: str | None = None, checked: CheckedIndexes | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        n_blocks: int | None = None,
+        crc32: int | None = None,
+        digest: str | None = None,
+        checked: CheckedIndexes | None = None,
+    ) -> None:
         self.file = os.fspath(path)
         where = f"index {self.file}"
         self._buf = read_index_file(self.file, where)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:
-                raise IndexFormatError(f"{where}: blockfs.json records its digest, but it is a version {self.version} "
-                                       f"index, which holds none; {REPACK}")  # fmt: skip
+                raise IndexFormatError(
+                    f"{where}: blockfs.json records its digest, but it is a version {self.version} "
+                    f"index, which holds none; {REPACK}"
+                )
             try:
                 check_digest(self._buf, where, digest)
             except IndexFormatError:
@@ -460,14 +487,24 @@ class PackedIndex:
         self._child_count = view("child_count", "I")
         # What stat needs, one view per column: a stat reads eight of them.
         stat_columns: tuple[tuple[str, _IntFormat], ...] = (
-            ("kind", "B"), ("mode", "I"), ("size", "Q"), ("mtime_ns", "q"), ("ino", "Q"), ("nlink", "I"),
-            ("label", "i"), ("block", "i"),
-        )  # fmt: skip
+            ("kind", "B"),
+            ("mode", "I"),
+            ("size", "Q"),
+            ("mtime_ns", "q"),
+            ("ino", "Q"),
+            ("nlink", "I"),
+            ("label", "i"),
+            ("block", "i"),
+        )
         self._stat_views = tuple(view(name, fmt) for name, fmt in stat_columns)
         # What a read needs: (kind, block, slot, size, crc).
         read_columns: tuple[tuple[str, _IntFormat], ...] = (
-            ("kind", "B"), ("block", "i"), ("slot", "I"), ("size", "Q"), ("crc", "I"),
-        )  # fmt: skip
+            ("kind", "B"),
+            ("block", "i"),
+            ("slot", "I"),
+            ("size", "Q"),
+            ("crc", "I"),
+        )
         self._read_views = tuple(view(name, fmt) for name, fmt in read_columns)
         self._mask = int(self.arrays["hash_start"].size) - 2
         self._paths_start = placed["paths"][0]
@@ -500,7 +537,16 @@ class PackedIndex:
     def stat_fields(self, entry: int) -> tuple[int, ...]:
         """(kind, mode, size, mtime_ns, ino, nlink, label, block) of an entry, as Python ints."""
         kind, mode, size, mtime_ns, ino, nlink, label, block = self._stat_views  # no generator: one per request
-        return kind[entry], mode[entry], size[entry], mtime_ns[entry], ino[entry], nlink[entry], label[entry], block[entry]
+        return (
+            kind[entry],
+            mode[entry],
+            size[entry],
+            mtime_ns[entry],
+            ino[entry],
+            nlink[entry],
+            label[entry],
+            block[entry],
+        )
 
     def read_fields(self, entry: int) -> tuple[int, int, int, int, int]:
         """(kind, block, slot, size, crc) of an entry, as Python ints: what a read needs, one call per read."""
@@ -522,7 +568,9 @@ class PackedIndex:
         table: the children's paths lie back to back there, each its parent's path + "/" + its name
         (checked at open), so one ``replace`` drops the shared prefix and no path is built or split."""
         kids = self.children(entry)
-        table = self._buf[self._paths_start + self._path_off[kids.start] : self._paths_start + self._path_off[kids.stop]]
+        table = self._buf[
+            self._paths_start + self._path_off[kids.start] : self._paths_start + self._path_off[kids.stop]
+        ]
         if entry == 0 or not table:
             return table
         prefix = self.path(entry) + b"/"  # NUL then prefix starts every path: names hold neither NUL nor "/"

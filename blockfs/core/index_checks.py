@@ -53,8 +53,7 @@ def check_lengths(a: dict[str, np.ndarray], where: str, n_blocks: int | None) ->
     nb = a["block_counts"].size
     if n_blocks is not None and n_blocks != nb:
         raise IndexFormatError(
-            f"{where}: lists {nb} blocks, the metadata {n_blocks}: index and blockfs.json are not one pack's; "
-            f"{REPACK}"
+            f"{where}: lists {nb} blocks, the metadata {n_blocks}: index and blockfs.json are not one pack's; {REPACK}"
         )
     expected = {
         "path_offsets": n + 1,
@@ -208,8 +207,11 @@ def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
     too_many = a["block_counts"].astype(np.uint64) * np.uint64(12) > a["block_sizes"].astype(np.uint64)
     if np.any(too_many):
         b = int(np.flatnonzero(too_many)[0])
-        raise _fail(where, f"column 'block_counts' gives block {b} {int(a['block_counts'][b])} slots, more than "
-                           f"its {int(a['block_sizes'][b])} bytes can hold")  # fmt: skip
+        raise _fail(
+            where,
+            f"column 'block_counts' gives block {b} {int(a['block_counts'][b])} slots, more than "
+            f"its {int(a['block_sizes'][b])} bytes can hold",
+        )
     # Blocks that never decrease, with the counts 'block_offsets' gives each, are exactly its blocks.
     blocks = a["block"][members]
     per_block = np.bincount(blocks, minlength=a["block_counts"].size)

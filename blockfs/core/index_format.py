@@ -36,8 +36,9 @@ import json
 import mmap
 import os
 import stat
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, Mapping
+from typing import BinaryIO
 
 import numpy as np
 
@@ -234,8 +235,7 @@ def check_header(buf: mmap.mmap, where: str) -> tuple[int, int]:
     version = int.from_bytes(head[8:10], "little")
     if version > INDEX_VERSION:
         raise UnsupportedVersionError(
-            f"{where}: written by index version {version}; this blockfs reads up to {INDEX_VERSION}: "
-            "upgrade blockfs"
+            f"{where}: written by index version {version}; this blockfs reads up to {INDEX_VERSION}: upgrade blockfs"
         )
     if version < OLDEST_INDEX_VERSION:
         raise IndexFormatError(
@@ -307,7 +307,9 @@ def check_chunk_table(arrays: dict[str, np.ndarray], where: str) -> None:
     """``block_chunks`` runs from 0 to the number of chunk digests, never backwards."""
     starts = arrays["block_chunks"]
     if int(starts[0]) != 0 or int(starts[-1]) != len(arrays["chunk_digest"]) or np.any(starts[1:] < starts[:-1]):
-        raise IndexFormatError(f"{where}: array 'block_chunks' does not divide the chunk digests among the blocks; {REPACK}")
+        raise IndexFormatError(
+            f"{where}: array 'block_chunks' does not divide the chunk digests among the blocks; {REPACK}"
+        )
 
 
 def _check_spec(name: str, spec: object, dtype: np.dtype, data_start: int, size: int, where: str) -> tuple[int, int]:

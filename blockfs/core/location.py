@@ -19,18 +19,17 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 
-from . import digest as dg
-
 from ..errors import NotADatasetError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+from ..storage.chain import compose
 from ..storage.disk_tier import DiskTier
 from ..storage.owned import DIR_FLAGS, read_regular_at, write_file_at
-from ..storage.urls import check_scheme, is_remote, join
+from ..storage.peer_tier import PeerOptions, PeerTier
 from ..storage.remote import RemoteConfigError, RemoteError, RemoteStore
 from ..storage.remote_blocks import RemoteBlockFiles
-from ..storage.chain import compose
-from ..storage.peer_tier import PeerOptions, PeerTier
 from ..storage.tiered import DiskCopies, copies_memory_blocks
+from ..storage.urls import check_scheme, is_remote, join
+from . import digest as dg
 from .format import (
     BLOCKS_DIR,
     INDEX_NAME,
@@ -58,8 +57,16 @@ class StorageOptions:
 class DatasetLocation:
     """A dataset's local directory (``root``) and its blocks' files; ``display`` is what messages show."""
 
-    def __init__(self, display: str, root: str, remote: RemoteStore | None = None, tier: DiskTier | None = None,
-                 temporary: bool = False, peers: PeerOptions | None = None, name: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        display: str,
+        root: str,
+        remote: RemoteStore | None = None,
+        tier: DiskTier | None = None,
+        temporary: bool = False,
+        peers: PeerOptions | None = None,
+        name: str = "",
+    ) -> None:
         self.display = display
         self.root = root
         self.remote = remote
@@ -80,8 +87,12 @@ class DatasetLocation:
         store = RemoteBlockFiles(self.remote, objects, block_sizes)
         disk = None if self.tier is None else DiskCopies(self.tier, n)
         peers = None if self.peers is None else PeerTier(self.peers, self.name, block_sizes)
-        return compose(store, disk=disk, peers=peers,
-                       copies_memory_blocks=self.tier is None or copies_memory_blocks(self.tier, store))  # fmt: skip
+        return compose(
+            store,
+            disk=disk,
+            peers=peers,
+            copies_memory_blocks=self.tier is None or copies_memory_blocks(self.tier, store),
+        )
 
     def close(self) -> None:
         if self.tier is not None:
@@ -123,8 +134,9 @@ def _fetch(remote: RemoteStore, storage: StorageOptions) -> DatasetLocation:
         if e.errno != errno.ENOENT:
             raise
         if remote.exists(PACKING_MARKER):
-            raise NotADatasetError(f"{remote.display} is an unfinished pack (it was interrupted): run 'blockfs pack' "
-                                   "again") from None  # fmt: skip
+            raise NotADatasetError(
+                f"{remote.display} is an unfinished pack (it was interrupted): run 'blockfs pack' again"
+            ) from None
         raise NotADatasetError(
             f"{remote.display} is not a packed dataset (no {join(remote.display, METADATA_NAME)}): check the URL, "
             "or run 'blockfs pack' first"

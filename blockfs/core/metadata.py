@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Callable
+from collections.abc import Callable
 
-from . import digest as dg
 from ..errors import FormatError, NotADatasetError, UnsupportedVersionError
+from . import digest as dg
 from .format import INDEX_NAME, METADATA_NAME, PACKING_MARKER
-from .index_format import REPACK as FIX, short_repr
+from .index_format import REPACK as FIX
+from .index_format import short_repr
 
 METADATA_LIMIT = 64 << 20  # far above any blockfs.json (a million class names): a bound on what is read
 
@@ -89,7 +90,8 @@ def read_metadata_bytes(root: str, expect: str | None = None, display: str | Non
             why = _failure(os.path.join(root, PACKING_MARKER))
             raise NotADatasetError(
                 f"{root!r} is an unfinished pack ("
-                + (f"it failed: {why}" if why else "it was interrupted") + "): run 'blockfs pack' again"
+                + (f"it failed: {why}" if why else "it was interrupted")
+                + "): run 'blockfs pack' again"
             )
         raise NotADatasetError(f"{root!r} is not a packed dataset (no {METADATA_NAME}): run 'blockfs pack' first")
     try:  # O_NONBLOCK: a FIFO planted there must not block the open
@@ -108,7 +110,7 @@ def read_metadata_bytes(root: str, expect: str | None = None, display: str | Non
     except (ValueError, RecursionError) as e:
         raise FormatError(f"{meta_path}: unreadable metadata: {e}; {FIX}") from e
     if not isinstance(meta, dict) or meta.get("format") != "blockfs":
-        raise FormatError(f"{meta_path}: not blockfs metadata (no \"format\": \"blockfs\"); {FIX}")
+        raise FormatError(f'{meta_path}: not blockfs metadata (no "format": "blockfs"); {FIX}')
     check_version(meta.get("format_version"), root)
     check_metadata(meta, meta_path)
     return meta, raw

@@ -38,8 +38,10 @@ def partition_blocks(
     if nodes == 1 or non_empty.size == 0:
         return node_of
     if non_empty.size < nodes:
-        raise ValueError(f"nodes={nodes} but the layout has only {non_empty.size} non-empty blocks: every node "
-                         "needs a block of its own")  # fmt: skip
+        raise ValueError(
+            f"nodes={nodes} but the layout has only {non_empty.size} non-empty blocks: every node "
+            "needs a block of its own"
+        )
     ties = np.random.default_rng(np.random.SeedSequence([seed], spawn_key=(_STREAM,))).permutation(non_empty.size)
     dealt = non_empty[ties][np.argsort(-weight[non_empty][ties], kind="stable")]
     heap = [(0.0, node) for node in range(nodes)]

@@ -11,7 +11,7 @@ run) or one at a time, never all at once as objects.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class PathTable:
         self._off = offsets.data.cast("B").cast("Q")
 
     @classmethod
-    def from_list(cls, paths: Iterable[bytes]) -> "PathTable":
+    def from_list(cls, paths: Iterable[bytes]) -> PathTable:
         builder = PathTableBuilder()
         for p in paths:
             builder.add(p)
@@ -54,7 +54,7 @@ class PathTable:
             run = self._view[self._off[start] : self._off[end] - 1].tobytes()
             yield start, run.split(b"\0")
 
-    def take(self, order: np.ndarray) -> "PathTable":
+    def take(self, order: np.ndarray) -> PathTable:
         """The paths at positions ``order``, in that order (built chunk by chunk into one new array)."""
         offsets = self.take_offsets(order)
         blob = np.empty(int(offsets[-1]), dtype=np.uint8)

@@ -45,15 +45,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import digest as dg
-from . import format as fmt
 from ..errors import BlockReadError, CorruptBlockError, UnsupportedVersionError
 from ..storage.blockfiles import BlockFiles, LocalBlockFiles
+from . import digest as dg
+from . import format as fmt
 from .block_checks import IndexChecks
 
 if TYPE_CHECKING:
@@ -218,10 +218,16 @@ class BlockStore:
 
         def check_count(count: int) -> None:
             if count != expected:
-                raise CorruptBlockError(self.checks.foreign(block, f"it holds {count} files, the index's block {expected}"))
+                raise CorruptBlockError(
+                    self.checks.foreign(block, f"it holds {count} files, the index's block {expected}")
+                )
 
-        head, raw = fmt.read_header(lambda size, offset: self._pread(block, size, offset), self.where(block),
-                                    file_size=self._file_size(block), check_count=check_count)  # fmt: skip
+        head, raw = fmt.read_header(
+            lambda size, offset: self._pread(block, size, offset),
+            self.where(block),
+            file_size=self._file_size(block),
+            check_count=check_count,
+        )
         return head if self._head_digest is None else dataclasses.replace(head, digest=dg.digest(raw))
 
     def index_crcs(self, block: int) -> np.ndarray:
@@ -270,8 +276,9 @@ class BlockStore:
                 return self.checks.check_data(block, head, view)
 
             crcs = self._checked(block, read)
-            self._files.offer(block, lambda: self._verified_header_bytes(block, head), view,
-                              held_in_memory=held_in_memory)  # the chain's copy policy decides  # fmt: skip
+            self._files.offer(
+                block, lambda: self._verified_header_bytes(block, head), view, held_in_memory=held_in_memory
+            )  # the chain's copy policy decides
             return crcs
         finally:
             view.release()

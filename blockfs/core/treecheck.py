@@ -19,8 +19,8 @@ eight bytes at a time through an unaligned ``uint64`` view of the path table.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Callable
+from collections.abc import Callable
 
-from .dataset import PackedDataset
 from ..errors import BlockfsError
+from .dataset import PackedDataset
 from .index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -77,7 +77,7 @@ class _Tree:
         self._dir: tuple[bytes, int] = (b"", self.root_fd)
         self._written: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}  # (block, slot, ino) -> (dir, name)
 
-    def __enter__(self) -> "_Tree":
+    def __enter__(self) -> _Tree:
         return self
 
     def __exit__(self, *exc: object) -> None:

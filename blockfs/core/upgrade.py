@@ -15,14 +15,14 @@ import stat
 
 import numpy as np
 
+from ..errors import FormatError
+from ..storage.owned import USER_DIR_FLAGS, created_at, write_file_at
+from ..storage.urls import is_remote
 from . import digest as dg
 from . import format as fmt
 from .dataset import PackedDataset
 from .index_format import write_arrays
 from .metadata import METADATA_VERSION, has_digests, metadata_bytes, read_metadata_bytes
-from ..errors import FormatError
-from ..storage.owned import USER_DIR_FLAGS, created_at, write_file_at
-from ..storage.urls import is_remote
 
 BACKUP_NAME = fmt.INDEX_NAME + ".before-upgrade"
 
@@ -61,13 +61,18 @@ def _upgrade(root: str, dir_fd: int) -> tuple[str, bool]:
         _regular_or_refused(root, dir_fd, name)
     with PackedDataset(root) as ds:
         arrays = {name: np.array(arr) for name, arr in ds.index.arrays.items()}
-        arrays.update(zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds), strict=True))
+        arrays.update(
+            zip(("file_digest", "block_head_digest", "chunk_digest", "block_chunks"), _digests(ds), strict=True)
+        )
     os.link(fmt.INDEX_NAME, BACKUP_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     with created_at(dir_fd, fmt.INDEX_NAME, mode=0o644) as f:
         write_arrays(f, arrays)
     meta["format_version"] = METADATA_VERSION
-    meta["index"] = dict(meta["index"], crc32=fmt.file_crc(_open_at(dir_fd, fmt.INDEX_NAME)),
-                         blake3=dg.file_digest(_open_at(dir_fd, fmt.INDEX_NAME)).hex())  # fmt: skip
+    meta["index"] = dict(
+        meta["index"],
+        crc32=fmt.file_crc(_open_at(dir_fd, fmt.INDEX_NAME)),
+        blake3=dg.file_digest(_open_at(dir_fd, fmt.INDEX_NAME)).hex(),
+    )
     new = metadata_bytes(meta)
     write_file_at(dir_fd, fmt.METADATA_NAME, (new,), mode=0o644)
     os.unlink(BACKUP_NAME, dir_fd=dir_fd)

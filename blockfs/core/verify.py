@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dataset import PackedDataset
 from ..errors import BlockfsError, CorruptBlockError
 from ..storage.remote import RangeNotServedError, RemoteError
 from . import digest as dg
 from . import format as fmt
+from .dataset import PackedDataset
 from .index import KIND_FILE
 
 
@@ -130,7 +130,8 @@ def summary(ds: PackedDataset) -> dict:
         "block_size_max": int(sizes.max()) if sizes.size else 0,
         "files_per_block_median": int(np.median(a["block_counts"])) if sizes.size else 0,
         "labels": {
-            (classes[int(lab)] if classes and lab >= 0 else str(int(lab))): int(c) for lab, c in zip(labels, counts, strict=True)
+            (classes[int(lab)] if classes and lab >= 0 else str(int(lab))): int(c)
+            for lab, c in zip(labels, counts, strict=True)
         },
         "pack": meta["pack"],
     }

@@ -10,8 +10,10 @@ from typing import Any
 from .importance import ImportanceConfig
 
 _TORCH_NAMES = ("BlockLoader", "BlockShuffleDataset")
-INSTALL_TORCH = ("pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU build; for CUDA, "
-                 "the command pytorch.org gives for your CUDA version)")  # fmt: skip
+INSTALL_TORCH = (
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU build; for CUDA, "
+    "the command pytorch.org gives for your CUDA version)"
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -45,9 +45,7 @@ def collate_samples(samples: list) -> Any:
     tuples are collated field by field; anything else (bytes, ragged shapes) stays a list."""
     first = samples[0]
     if isinstance(first, (torch.Tensor, np.ndarray)):
-        same = all(
-            type(s) is type(first) and s.shape == first.shape and s.dtype == first.dtype for s in samples
-        )
+        same = all(type(s) is type(first) and s.shape == first.shape and s.dtype == first.dtype for s in samples)
         numeric = isinstance(first, torch.Tensor) or first.dtype.kind in "biufc"
         return default_collate(samples) if same and numeric else list(samples)
     if isinstance(first, (int, float)) and all(type(s) is type(first) for s in samples):
@@ -107,7 +105,9 @@ class ByteBatch(Sequence):
         sizes = np.diff(self.offsets.numpy())[rows]
         starts = self.offsets.numpy()[:-1][rows]
         source = self.data.numpy()
-        data = np.concatenate([source[a : a + n] for a, n in zip(starts.tolist(), sizes.tolist(), strict=True)] or [source[:0]])
+        data = np.concatenate(
+            [source[a : a + n] for a, n in zip(starts.tolist(), sizes.tolist(), strict=True)] or [source[:0]]
+        )
         return ByteBatch(torch.from_numpy(data), torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)])))
 
     @staticmethod
@@ -164,10 +164,14 @@ def decode_error(sample_id: int, path: str, cause: BaseException, *, whole_batch
         return DecodeError(
             f"decode failed on all {whole_batch} samples of a batch, the first {path!r} (sample {sample_id}): "
             f"{why}; skipping leaves no batch to yield: check that decode reads these files",
-            path=path, sample_id=sample_id,
-        )  # fmt: skip
-    return DecodeError(f"decode failed on {path!r} (sample {sample_id}): {why}; replace the file or pack without it, or "
-                       f"{SKIP_HINT}", path=path, sample_id=sample_id)  # fmt: skip
+            path=path,
+            sample_id=sample_id,
+        )
+    return DecodeError(
+        f"decode failed on {path!r} (sample {sample_id}): {why}; replace the file or pack without it, or {SKIP_HINT}",
+        path=path,
+        sample_id=sample_id,
+    )
 
 
 class DecodeFailure:
@@ -201,7 +205,9 @@ class BatchReader(torch.utils.data.Dataset):
     A file ``decode`` fails on makes the batch a :class:`DecodeFailure` (``on_decode_error="raise"``), or
     is left out of it (``"skip"``: the batch's samples, labels and ids are the rest, in order)."""
 
-    def __init__(self, mount: BlockfsMount, decode: Callable, collate: Callable, on_decode_error: str = "raise") -> None:
+    def __init__(
+        self, mount: BlockfsMount, decode: Callable, collate: Callable, on_decode_error: str = "raise"
+    ) -> None:
         if on_decode_error not in ON_DECODE_ERROR:
             raise ValueError(f"on_decode_error must be 'raise' or 'skip' (got {on_decode_error!r})")
         self.mount, self.decode, self.collate = mount, decode, collate

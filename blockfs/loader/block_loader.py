@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..errors import IdentityError
 from .batches import (
     ON_DECODE_ERROR,
     BatchReader,
@@ -41,7 +42,6 @@ from .batches import (
     pinned,
     resolve_device,
 )
-from ..errors import IdentityError
 from .epochplan import EpochPlan, merge_worker_orders, plan_epoch
 from .importance import ImportanceConfig, LossTracker, select_important, subset_layout
 from .mount_client import BlockfsMount
@@ -97,17 +97,23 @@ def _nodes(partition: str, nodes: int | None, rank: int, world_size: int) -> int
     if nodes is None:
         local = os.environ.get("LOCAL_WORLD_SIZE")
         if local is None:
-            raise ValueError("partition='node' needs the number of nodes: pass nodes=N, or run under torchrun "
-                             "(which sets LOCAL_WORLD_SIZE)")  # fmt: skip
+            raise ValueError(
+                "partition='node' needs the number of nodes: pass nodes=N, or run under torchrun "
+                "(which sets LOCAL_WORLD_SIZE)"
+            )
         local_size = _check_int("LOCAL_WORLD_SIZE", int(local), 1)
         if world_size % local_size:
-            raise ValueError(f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_size}: "
-                             "partition='node' needs the same number of ranks on every node")  # fmt: skip
+            raise ValueError(
+                f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_size}: "
+                "partition='node' needs the same number of ranks on every node"
+            )
         nodes = world_size // local_size
     nodes = _check_int("nodes", nodes, 1)
     if world_size % nodes:
-        raise ValueError(f"world_size={world_size} is not a multiple of nodes={nodes}: partition='node' needs "
-                         "the same number of ranks on every node")  # fmt: skip
+        raise ValueError(
+            f"world_size={world_size} is not a multiple of nodes={nodes}: partition='node' needs "
+            "the same number of ranks on every node"
+        )
     group = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK"))
     per_node = world_size // nodes
     if group is not None and group.isdigit() and int(group) != rank // per_node:
@@ -191,10 +197,18 @@ class BlockShuffleDataset(IterableDataset):
     def order(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """The ids ``worker`` of ``num_workers`` reads this epoch."""
         return block_shuffled_order(
-            _samples(self.mount, self.unlabeled)[0], seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.world_size,
-            worker=worker, num_workers=num_workers, blocks_in_flight=self.blocks_in_flight,
-            drop_last=self.drop_last, nodes=self.nodes, node_of_block=self.node_of_block,
-        )  # fmt: skip
+            _samples(self.mount, self.unlabeled)[0],
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            worker=worker,
+            num_workers=num_workers,
+            blocks_in_flight=self.blocks_in_flight,
+            drop_last=self.drop_last,
+            nodes=self.nodes,
+            node_of_block=self.node_of_block,
+        )
 
     def __len__(self) -> int:
         return int(self.order().size)
@@ -262,8 +276,10 @@ class BlockLoader:
         if on_decode_error not in ON_DECODE_ERROR:
             raise ValueError(f"on_decode_error must be 'raise' or 'skip' (got {on_decode_error!r})")
         if on_decode_error == "skip" and reuse:
-            raise ValueError("on_decode_error='skip' does not combine with reuse=True (a reused half would miss "
-                             "its skipped samples): leave one of them out")  # fmt: skip
+            raise ValueError(
+                "on_decode_error='skip' does not combine with reuse=True (a reused half would miss "
+                "its skipped samples): leave one of them out"
+            )
         self.seed = _check_int("seed", seed, 0)
         self.num_workers = _check_int("num_workers", num_workers, 0)
         self.blocks_in_flight = _check_int("blocks_in_flight", blocks_in_flight, 1)
@@ -353,11 +369,20 @@ class BlockLoader:
             keep[selected] = True
             layout = subset_layout(layout, keep)
         return plan_epoch(
-            layout, batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, rank=self.rank,
-            world_size=self.world_size, num_workers=self.num_workers, blocks_in_flight=self.blocks_in_flight,
-            drop_last=self.drop_last, reuse=self.reuse, selected=selected, nodes=self.nodes,
+            layout,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=self.num_workers,
+            blocks_in_flight=self.blocks_in_flight,
+            drop_last=self.drop_last,
+            reuse=self.reuse,
+            selected=selected,
+            nodes=self.nodes,
             node_of_block=self.node_of_block,
-        )  # fmt: skip
+        )
 
     def _select(self) -> np.ndarray | None:
         if self._tracker is None or self.importance is None:  # a tracker exists exactly with importance
@@ -453,10 +478,16 @@ class BlockLoader:
         if self._dataloader is None:
             workers = self.num_workers
             self._dataloader = DataLoader(
-                self._reader, batch_size=None, sampler=self._work, num_workers=workers, collate_fn=identity,
-                pin_memory=self.device.type == "cuda", prefetch_factor=self.prefetch_factor if workers else None,
-                persistent_workers=workers > 0, multiprocessing_context=self.multiprocessing_context,
-            )  # fmt: skip
+                self._reader,
+                batch_size=None,
+                sampler=self._work,
+                num_workers=workers,
+                collate_fn=identity,
+                pin_memory=self.device.type == "cuda",
+                prefetch_factor=self.prefetch_factor if workers else None,
+                persistent_workers=workers > 0,
+                multiprocessing_context=self.multiprocessing_context,
+            )
         return self._dataloader
 
     def close(self) -> None:
@@ -477,12 +508,20 @@ class BlockLoader:
     # --- resume -------------------------------------------------------------------------------------
     def _config(self) -> dict:
         return {
-            "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
-            "batch_size": self.batch_size, "blocks_in_flight": self.blocks_in_flight, "drop_last": self.drop_last,
-            "reuse": self.reuse, "n_entries": self.mount.n_entries, "partition": self.partition, "nodes": self.nodes,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+            "blocks_in_flight": self.blocks_in_flight,
+            "drop_last": self.drop_last,
+            "reuse": self.reuse,
+            "n_entries": self.mount.n_entries,
+            "partition": self.partition,
+            "nodes": self.nodes,
             "importance": dataclasses.asdict(self.importance) if self.importance else None,
             "unlabeled": self.unlabeled,
-        }  # fmt: skip
+        }
 
     def state_dict(self) -> dict:
         """Where this rank is: the epoch and the batches of it handed out, plus the loss statistics.
@@ -503,10 +542,14 @@ class BlockLoader:
             raise ValueError(f"loader state version {state.get('version')!r}; this blockfs reads {STATE_VERSION}")
         saved = state.get("dataset")
         if saved is not None and saved != self.mount.digest:
-            raise IdentityError(f"cannot resume: the state was saved on dataset {saved}, the mount at {self.root} "
-                                f"serves {self.mount.digest}")  # fmt: skip
+            raise IdentityError(
+                f"cannot resume: the state was saved on dataset {saved}, the mount at {self.root} "
+                f"serves {self.mount.digest}"
+            )
         for key, value in self._config().items():
-            saved = state["config"].get(key, {"partition": "global", "nodes": 1, "unlabeled": True}.get(key))  # older states
+            saved = state["config"].get(
+                key, {"partition": "global", "nodes": 1, "unlabeled": True}.get(key)
+            )  # older states
             if saved != value:
                 raise ValueError(
                     f"cannot resume: the state was saved with {key}={saved!r}, this loader has {key}={value!r}; "

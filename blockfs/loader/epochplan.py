@@ -66,12 +66,20 @@ def plan_epoch(
     workers = max(1, num_workers)
     orders = [
         block_shuffled_order(
-            layout, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-            worker=w, num_workers=workers, blocks_in_flight=blocks_in_flight, drop_last=drop_last,
-            nodes=nodes, node_of_block=node_of_block,
+            layout,
+            seed=seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            worker=w,
+            num_workers=workers,
+            blocks_in_flight=blocks_in_flight,
+            drop_last=drop_last,
+            nodes=nodes,
+            node_of_block=node_of_block,
         )
         for w in range(workers)
-    ]  # fmt: skip
+    ]
     if not reuse:
         sequence = merge_worker_orders(orders, batch_size)
         n = sequence.size

@@ -157,9 +157,7 @@ def volatile_mask(tracker: LossTracker, ids: np.ndarray) -> np.ndarray:
     return volatile
 
 
-def select_important(
-    tracker: LossTracker, ids: np.ndarray, fraction: float, *, seed: int, epoch: int
-) -> np.ndarray:
+def select_important(tracker: LossTracker, ids: np.ndarray, fraction: float, *, seed: int, epoch: int) -> np.ndarray:
     """The ``round(fraction * len(ids))`` ids (at least one) to train on this epoch, sorted."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.size == 0:

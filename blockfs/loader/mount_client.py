@@ -39,11 +39,11 @@ import warnings
 
 import numpy as np
 
-from ..core.digest import check_name, name_of
 from .. import client, protocol
 from ..core import format as fmt
-from ..errors import FormatError, NotADatasetError
+from ..core.digest import check_name, name_of
 from ..core.index import KIND_FILE, PackedIndex
+from ..errors import FormatError, NotADatasetError
 from ..protocol import BLOCKS_DIR, INDEX_FILE, METADATA_FILE, PREFETCH_XATTR, SHARE_XATTR, STATS_FILE
 from .order import BlockLayout
 from .shared_blocks import SharedBlocks
@@ -239,9 +239,7 @@ def _control_dir(root: str) -> str:
     """The control directory's name (checked by :func:`blockfs.client.control_dir`), with its index there."""
     name = os.path.basename(client.control_dir(root))
     if not os.path.isfile(os.path.join(root, name, INDEX_FILE)):
-        raise NotADatasetError(
-            f"{root!r} is not a blockfs mount: its control directory {name!r} has no {INDEX_FILE}"
-        )
+        raise NotADatasetError(f"{root!r} is not a blockfs mount: its control directory {name!r} has no {INDEX_FILE}")
     return name
 
 

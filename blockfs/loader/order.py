@@ -61,9 +61,7 @@ class BlockLayout:
         steps = np.diff(offsets)
         if np.any(steps < 0):
             b = int(np.argmax(steps < 0))
-            raise ValueError(
-                f"block_offsets must not decrease: block {b} goes from {offsets[b]} to {offsets[b + 1]}"
-            )
+            raise ValueError(f"block_offsets must not decrease: block {b} goes from {offsets[b]} to {offsets[b + 1]}")
         if offsets[-1] != files.size:
             raise ValueError(f"block_offsets ends at {offsets[-1]} but block_files holds {files.size} ids")
         if files.size and files.min() < 0:
@@ -196,7 +194,11 @@ def block_shuffled_order(
 
 
 def _rank_segments(
-    layout: BlockLayout, permuted: np.ndarray, rank: int, world_size: int, drop_last: bool,
+    layout: BlockLayout,
+    permuted: np.ndarray,
+    rank: int,
+    world_size: int,
+    drop_last: bool,
     node_of: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``rank``'s blocks (in permutation order) and the runs it reads of them: (blocks, run's index into
@@ -211,8 +213,9 @@ def _rank_segments(
         parts = []
         for node in range(nodes):
             here = np.flatnonzero(node_of[permuted] == node)
-            item, rank_of, start, length = _deal_to_ranks(sizes[here], local, drop_last, f"{local} ranks per node",
-                                                          f"node {node}'s part")  # fmt: skip
+            item, rank_of, start, length = _deal_to_ranks(
+                sizes[here], local, drop_last, f"{local} ranks per node", f"node {node}'s part"
+            )
             parts.append((here[item], node * local + rank_of, start, length))
         item, rank_of, start, length = (np.concatenate(x) for x in zip(*parts, strict=True))
         by_item = np.argsort(item, kind="stable")  # back to permutation order

@@ -59,9 +59,7 @@ class ReusePlan:
         return np.ones(n, dtype=np.int64) + np.bincount(self.reused, minlength=n)
 
 
-def plan_reuse(
-    n: int, batch_size: int, *, seed: int, epoch: int, rank: int = 0, drop_last: bool = False
-) -> ReusePlan:
+def plan_reuse(n: int, batch_size: int, *, seed: int, epoch: int, rank: int = 0, drop_last: bool = False) -> ReusePlan:
     """The reuse plan of an epoch of ``n`` fresh samples (see the module docstring)."""
     if batch_size < 2:
         raise ValueError(f"reuse needs batch_size of at least 2 (got {batch_size}): half of a batch is reused")

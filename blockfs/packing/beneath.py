@@ -49,7 +49,10 @@ def openat2_beneath(dir_fd: int, path: bytes, flags: int) -> int:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
     how = _OpenHow(flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS)
     fd = _syscall(
-        ctypes.c_long(_SYS_OPENAT2), ctypes.c_long(dir_fd), ctypes.c_char_p(path), ctypes.byref(how),
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_long(dir_fd),
+        ctypes.c_char_p(path),
+        ctypes.byref(how),
         ctypes.c_size_t(ctypes.sizeof(how)),
     )
     if fd < 0:

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from ..core import digest as dg
 from ..core import format as fmt
 from ..core.digest import file_digest
-from ..core.metadata import METADATA_VERSION, metadata_bytes
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
+from ..core.metadata import METADATA_VERSION, metadata_bytes
 from ..errors import PackError
-from ..storage.urls import is_remote
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
+from ..storage.urls import is_remote
 from .containers.recordio import LABELS_FILE
 from .options import PackOptions
 from .parallel import Sums
@@ -173,7 +173,9 @@ class LocalDestination(Destination):
         try:
             remove_at(fd, BLOCKS_DIR)
         except OSError as e:
-            return f"could not remove its blocks ({e.strerror}): remove {os.path.join(dest, BLOCKS_DIR)!r} and {marker!r}"
+            return (
+                f"could not remove its blocks ({e.strerror}): remove {os.path.join(dest, BLOCKS_DIR)!r} and {marker!r}"
+            )
         for name in self.WRITTEN:
             if name not in self._before:
                 try:
@@ -183,8 +185,10 @@ class LocalDestination(Destination):
         try:
             if set(os.listdir(fd)) - {PACKING_MARKER}:
                 _write_reason(fd, reason)  # again: on a disk that was full, it fits only now
-                return (f"left its marker {marker!r}, saying why it failed, beside what {dest!r} held before, and "
-                        "removed the rest it wrote (the next pack there replaces the marker)")  # fmt: skip
+                return (
+                    f"left its marker {marker!r}, saying why it failed, beside what {dest!r} held before, and "
+                    "removed the rest it wrote (the next pack there replaces the marker)"
+                )
             os.unlink(PACKING_MARKER, dir_fd=fd)
             if self._created:
                 os.rmdir(dest)  # empty by now; rmdir follows no link
@@ -194,8 +198,10 @@ class LocalDestination(Destination):
         return f"removed what it wrote in {dest!r}"
 
     def block_sizes(self, n_blocks: int) -> np.ndarray:
-        return np.array([os.stat(block_name(b), dir_fd=self.blocks_fd, follow_symlinks=False).st_size
-                         for b in range(n_blocks)], dtype=np.uint64)  # fmt: skip
+        return np.array(
+            [os.stat(block_name(b), dir_fd=self.blocks_fd, follow_symlinks=False).st_size for b in range(n_blocks)],
+            dtype=np.uint64,
+        )
 
     def commit(self, metadata: dict) -> None:
         commit(self.dir_fd, self.blocks_fd, metadata, self.fsync)
@@ -213,8 +219,9 @@ def _write_reason(dir_fd: int, reason: str) -> None:
     """Write why the pack failed into its marker, one line (for ``blockfs info``); quietly not if it cannot."""
     line = (reason.replace("\n", " ") + "\n").encode("utf-8", "backslashreplace")
     try:
-        fd = os.open(PACKING_MARKER, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)  # fmt: skip
+        fd = os.open(
+            PACKING_MARKER, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError:
         return
     try:
@@ -225,8 +232,9 @@ def _write_reason(dir_fd: int, reason: str) -> None:
         os.close(fd)
 
 
-def write_index(dir_fd: int, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray,
-                fsync: bool = True) -> None:  # fmt: skip
+def write_index(
+    dir_fd: int, index: PreparedIndex, plan_pos: np.ndarray, sums: Sums, block_sizes: np.ndarray, fsync: bool = True
+) -> None:
     """Write the index, now that the file CRCs and digests (``sums``, in plan order), the blocks' digests
     and the block sizes are known.
 
@@ -275,7 +283,11 @@ def index_counts(cols: IndexColumns) -> dict:
 
 
 def dataset_metadata(
-    dir_fd: int, counts: dict, block_sizes: np.ndarray, classes: list[str] | None, labels: str,
+    dir_fd: int,
+    counts: dict,
+    block_sizes: np.ndarray,
+    classes: list[str] | None,
+    labels: str,
     options: PackOptions,
 ) -> dict:
     """What ``blockfs.json`` says of the dataset: counts, classes, the index's CRC and digest (the link
@@ -292,8 +304,11 @@ def dataset_metadata(
         "file_bytes": counts["file_bytes"],
         "block_bytes": int(block_sizes.sum()),
         "classes": classes,
-        "index": {"file": INDEX_NAME, "crc32": fmt.file_crc(read_at(dir_fd, INDEX_NAME)),
-                  "blake3": file_digest(read_at(dir_fd, INDEX_NAME)).hex()},
+        "index": {
+            "file": INDEX_NAME,
+            "crc32": fmt.file_crc(read_at(dir_fd, INDEX_NAME)),
+            "blake3": file_digest(read_at(dir_fd, INDEX_NAME)).hex(),
+        },
         "pack": {
             "block_size": options.block_bytes,
             "files_per_block": options.files_per_block,

@@ -12,7 +12,7 @@ record's position) keep their objects (``objects``): they are built by the conta
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -28,10 +28,18 @@ class EntryTable:
     """Every listed entry, the root first: ``paths``, the columns, and the rare parts by position."""
 
     def __init__(
-        self, paths: PathTable, kind: np.ndarray, mode: np.ndarray, mtime_ns: np.ndarray, size: np.ndarray,
-        label: np.ndarray, identity: np.ndarray | None, link_targets: dict[int, bytes],
-        hardlink_keys: dict[int, object], objects: list[SourceEntry | None] | None,
-    ) -> None:  # fmt: skip
+        self,
+        paths: PathTable,
+        kind: np.ndarray,
+        mode: np.ndarray,
+        mtime_ns: np.ndarray,
+        size: np.ndarray,
+        label: np.ndarray,
+        identity: np.ndarray | None,
+        link_targets: dict[int, bytes],
+        hardlink_keys: dict[int, object],
+        objects: list[SourceEntry | None] | None,
+    ) -> None:
         self.paths = paths
         self.kind = kind  # u1
         self.mode = mode  # u4
@@ -58,30 +66,46 @@ class EntryTable:
             identity = (int(self.identity[i, 0]), int(self.identity[i, 1]))
         kind = int(self.kind[i])
         return SourceEntry(
-            self.paths[i], kind, int(self.mode[i]), int(self.mtime_ns[i]),
-            int(self.size[i]) if kind == KIND_FILE else 0, self.link_targets.get(i, b""),
-            self.hardlink_keys.get(i), label, identity,
-        )  # fmt: skip
+            self.paths[i],
+            kind,
+            int(self.mode[i]),
+            int(self.mtime_ns[i]),
+            int(self.size[i]) if kind == KIND_FILE else 0,
+            self.link_targets.get(i, b""),
+            self.hardlink_keys.get(i),
+            label,
+            identity,
+        )
 
     def files(self) -> np.ndarray:
         """Positions of the file entries."""
         return np.flatnonzero(self.kind == KIND_FILE)
 
-    def keep(self, kept: np.ndarray) -> "EntryTable":
+    def keep(self, kept: np.ndarray) -> EntryTable:
         """A table of the entries at positions ``kept`` (ascending), in the same order."""
         kept = np.asarray(kept, dtype=np.int64)
-        new_pos = {int(old): new for new, old in enumerate(kept.tolist())} if (self.link_targets or self.hardlink_keys) else {}
+        new_pos = (
+            {int(old): new for new, old in enumerate(kept.tolist())}
+            if (self.link_targets or self.hardlink_keys)
+            else {}
+        )
         return EntryTable(
-            self.paths.take(kept), self.kind[kept], self.mode[kept], self.mtime_ns[kept], self.size[kept],
-            self.label[kept], None if self.identity is None else self.identity[kept],
+            self.paths.take(kept),
+            self.kind[kept],
+            self.mode[kept],
+            self.mtime_ns[kept],
+            self.size[kept],
+            self.label[kept],
+            None if self.identity is None else self.identity[kept],
             {new_pos[i]: t for i, t in self.link_targets.items() if i in new_pos},
             {new_pos[i]: k for i, k in self.hardlink_keys.items() if i in new_pos},
             None if self.objects is None else [self.objects[i] for i in kept.tolist()],
-        )  # fmt: skip
+        )
 
 
-def collect(entries: Iterable[SourceEntry], listing: Callable[[int], None] | None = None,
-            step: int = 10_000) -> EntryTable:  # fmt: skip
+def collect(
+    entries: Iterable[SourceEntry], listing: Callable[[int], None] | None = None, step: int = 10_000
+) -> EntryTable:
     """Every entry of ``entries`` into columns, the root first (made up if the source does not list one).
     ``listing(n)``: called every ``step`` entries, and with the total last."""
     builder = _Builder()
@@ -159,15 +183,25 @@ class _Builder:
         identity = None
         if any(c is not None for c in self._identity_chunks):
             lengths = [len(c) for c in self._chunks_lengths()]
-            identity = np.concatenate([
-                c if c is not None else np.full((n, 2), NO_IDENTITY, dtype=np.uint64)
-                for c, n in zip(self._identity_chunks, lengths, strict=True)
-            ])  # fmt: skip
+            identity = np.concatenate(
+                [
+                    c if c is not None else np.full((n, 2), NO_IDENTITY, dtype=np.uint64)
+                    for c, n in zip(self._identity_chunks, lengths, strict=True)
+                ]
+            )
         self._identity_chunks = []
         return EntryTable(
-            self._paths.finish(), columns["kind"], columns["mode"], columns["mtime_ns"], columns["size"],
-            columns["label"], identity, self._links, self._keys, self._objects,
-        )  # fmt: skip
+            self._paths.finish(),
+            columns["kind"],
+            columns["mode"],
+            columns["mtime_ns"],
+            columns["size"],
+            columns["label"],
+            identity,
+            self._links,
+            self._keys,
+            self._objects,
+        )
 
     def _chunks_lengths(self) -> list[range]:
         """The entries of each chunk (every chunk is full but the last)."""

@@ -15,7 +15,8 @@ import ctypes
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # multiprocessing costs ~10 ms to import: only a pack that forks pays for it
     from concurrent.futures import ProcessPoolExecutor
@@ -25,7 +26,7 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 def forked_pool(
     workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
-) -> "ProcessPoolExecutor | None":
+) -> ProcessPoolExecutor | None:
     """A pool of ``workers`` forked processes that each run ``initializer(*initargs)`` first; None if
     this platform cannot fork.  The arguments reach the children through fork, unpickled."""
     if sys.platform != "linux":

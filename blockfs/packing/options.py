@@ -7,8 +7,8 @@ the options without importing the pipeline that calls it, and so the CLI can rea
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..sizes import to_bytes
 

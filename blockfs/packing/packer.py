@@ -22,11 +22,14 @@ import errno
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from ..core.digest import name_of
 from ..core.heap import give_back
+from ..core.metadata import metadata_bytes
 from ..errors import PackError
 from ..sizes import format_size
 from ..storage.urls import check_scheme, is_remote
@@ -36,8 +39,6 @@ from .entry_table import EntryTable, collect
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
 from .parallel import Sums, write_blocks
-from ..core.digest import name_of
-from ..core.metadata import metadata_bytes
 from .plan import BlockPlan, make_plan, plan_blocks
 from .remote_destination import RemoteDestination
 from .remote_source import RemotePrefixSource
@@ -79,8 +80,9 @@ def pack(
     claimed, free, needed = False, None, None
     try:
         source = _open(src, target.directory, options, storage_options)
-        entries, too_long = _names_that_fit(collect(source.entries(), listing, LISTING_STEP), source,
-                                            options.skip_unreadable)  # fmt: skip
+        entries, too_long = _names_that_fit(
+            collect(source.entries(), listing, LISTING_STEP), source, options.skip_unreadable
+        )
         labels, classes = _choose_labels(source, entries, options.labels)  # before DEST is touched
         claimed = True  # from the first step of the claim on, a failure has something to remove
         target.claim(_source_location(source), options.force)
@@ -134,14 +136,20 @@ def _failed(error: BaseException, target: Destination, needed: int | None, free:
         return KeyboardInterrupt(done) if done else error
     if full is not None:
         if target.directory == target.display:
-            need = (f"the pack needs about {format_size(needed)}" if needed is not None
-                    else "the pack could not even start")  # fmt: skip
+            need = (
+                f"the pack needs about {format_size(needed)}" if needed is not None else "the pack could not even start"
+            )
             had = f", and {format_size(free)} was free there when it started" if free is not None else ""
-            message = (f"no space left on the device of {target.display!r}: {need}{had}; "
-                       + (f"{done}; " if done else "") + "free some space there or pack to a disk with room")
+            message = (
+                f"no space left on the device of {target.display!r}: {need}{had}; "
+                + (f"{done}; " if done else "")
+                + "free some space there or pack to a disk with room"
+            )
         else:  # a URL: the staging directory filled up, which holds only a few blocks at a time
-            message = (f"no space left in the staging directory {target.directory!r} of the pack to "
-                       f"{target.display}: pass --staging DIR on a disk with room for a few blocks")
+            message = (
+                f"no space left in the staging directory {target.directory!r} of the pack to "
+                f"{target.display}: pass --staging DIR on a disk with room for a few blocks"
+            )
         packed = PackError(message)
         packed.__cause__ = error
         return packed
@@ -180,8 +188,13 @@ def _open(src: object, dest: str, options: PackOptions, storage_options: dict | 
     if isinstance(src, str) and is_remote(src):
         return RemotePrefixSource(src, storage_options)
     if isinstance(src, (str, bytes, os.PathLike, list, tuple)):
-        return open_source(src, follow_symlinks=options.follow_symlinks, skip_damaged=options.skip_damaged,
-                           spool_dir=spool_dir_for(dest), workers=options.workers)
+        return open_source(
+            src,
+            follow_symlinks=options.follow_symlinks,
+            skip_damaged=options.skip_damaged,
+            spool_dir=spool_dir_for(dest),
+            workers=options.workers,
+        )
     raise TypeError(
         f"cannot pack a {type(src).__name__}: pass a path, a URL, a list of WebDataset shard paths, or a source "
         "whose class subclasses blockfs.packing.sources.Source (implementing entries() and read_into())"
@@ -206,8 +219,12 @@ def _names_that_fit(entries: EntryTable, source: Source, skip: bool) -> tuple[En
         )
     cut = tuple(p + b"/" for p in long)
     left = frozenset(long)
-    kept = [i for start, chunk in paths.chunks() for i, p in enumerate(chunk, start)
-            if p not in left and not p.startswith(cut)]  # fmt: skip
+    kept = [
+        i
+        for start, chunk in paths.chunks()
+        for i, p in enumerate(chunk, start)
+        if p not in left and not p.startswith(cut)
+    ]
     return entries.keep(np.asarray(kept, dtype=np.int64)), left
 
 
@@ -241,8 +258,15 @@ def _write_blocks(
         BlockWriter(source, target.blocks_fd, fsync=target.fsync, skip_unreadable=options.skip_unreadable) as writer,
     ):
         workers = options.workers or os.cpu_count() or 1
-        sums, tree = write_blocks(writer, plan, workers, progress, meanwhile=plan.tree_order,
-                                  on_written=target.block_written, spill_dir=target.directory)  # fmt: skip
+        sums, tree = write_blocks(
+            writer,
+            plan,
+            workers,
+            progress,
+            meanwhile=plan.tree_order,
+            on_written=target.block_written,
+            spill_dir=target.directory,
+        )
         writer.wait_durable()
     target.blocks_done()
     return sums, tree, frozenset(writer.unreadable)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, ThreadPoolExecutor, wait
-from typing import BinaryIO, Callable, Iterator, TypeVar
+from contextlib import contextmanager
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
@@ -28,9 +29,14 @@ T = TypeVar("T")
 
 
 def write_blocks(
-    writer: BlockWriter, plan: BlockPlan, workers: int, progress: ProgressCallback | None, meanwhile: Callable[[], T],
-    on_written: Callable[[int], None] | None = None, spill_dir: str | None = None,
-) -> tuple["Sums", T]:
+    writer: BlockWriter,
+    plan: BlockPlan,
+    workers: int,
+    progress: ProgressCallback | None,
+    meanwhile: Callable[[], T],
+    on_written: Callable[[int], None] | None = None,
+    spill_dir: str | None = None,
+) -> tuple[Sums, T]:
     """Write every block of ``plan`` with ``workers`` processes or threads; return the CRC and digest of
     each stored file, in plan order, with each block's digests (:class:`Sums`), and what ``meanwhile()``
     returned.  ``on_written(block)`` is called in this
@@ -131,8 +137,13 @@ class _MappedRows:
 class _Tally(Sums):
     """The sums of the blocks written so far, in plan order, and the progress reports as blocks finish."""
 
-    def __init__(self, plan: BlockPlan, progress: ProgressCallback | None,
-                 on_written: Callable[[int], None] | None = None, spill_dir: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plan: BlockPlan,
+        progress: ProgressCallback | None,
+        on_written: Callable[[int], None] | None = None,
+        spill_dir: str | None = None,
+    ) -> None:
         n = len(plan.stored_at)
         self.crcs = np.zeros(n, dtype=np.uint32)
         self.n_stored = n
@@ -169,7 +180,10 @@ class _Tally(Sums):
 
 
 def _run(
-    pool: Executor, workers: int, n_blocks: int, submit: Callable[[int], Future[T]],
+    pool: Executor,
+    workers: int,
+    n_blocks: int,
+    submit: Callable[[int], Future[T]],
     finished: Callable[[int, T], None],
 ) -> None:
     """Submit blocks 0..n_blocks-1 in order, at most two in flight per worker, and hand each result to

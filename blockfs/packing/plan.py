@@ -8,8 +8,9 @@ carry it out, in any order, in any process).  Built with array operations where 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence, overload
+from typing import overload
 
 import numpy as np
 
@@ -135,7 +136,10 @@ def primaries(entries: EntryTable) -> np.ndarray:
 
 
 def index_columns(
-    entries: EntryTable, primary: np.ndarray, stored_at: np.ndarray, bounds: np.ndarray,
+    entries: EntryTable,
+    primary: np.ndarray,
+    stored_at: np.ndarray,
+    bounds: np.ndarray,
     unreadable: frozenset[bytes],
 ) -> tuple[IndexColumns, np.ndarray]:
     """Index columns for every entry kept (unreadable files and their hard links are dropped), and for

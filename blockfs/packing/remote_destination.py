@@ -45,7 +45,6 @@ from ..core.format import (
     block_path,
 )
 from ..errors import PackError
-from ..storage.urls import is_remote, redact, store_kind
 from ..storage.owned import DIR_FLAGS
 from ..storage.remote import (
     BucketNotFoundError,
@@ -54,6 +53,7 @@ from ..storage.remote import (
     RemoteError,
     RemoteStore,
 )
+from ..storage.urls import is_remote, redact, store_kind
 from .destination import Destination, open_blocks_dir, write_metadata_file
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,7 @@ class RemoteDestination(Destination):
     def claim(self, source_location: str | None, force: bool) -> None:
         if source_location is not None and is_remote(source_location) and _inside(self.remote.url, source_location):
             raise PackError(
-                f"destination {self.display} is inside the source {redact(source_location)}: choose a prefix "
-                "outside it"
+                f"destination {self.display} is inside the source {redact(source_location)}: choose a prefix outside it"
             )
         try:
             pages = self.remote.list("")
@@ -162,9 +161,10 @@ class RemoteDestination(Destination):
     def commit(self, metadata: dict) -> None:
         write_metadata_file(self.dir_fd, metadata, fsync=False)
         side_files = [
-            name for name in sorted(os.listdir(self.directory))
+            name
+            for name in sorted(os.listdir(self.directory))
             if name not in (INDEX_NAME, METADATA_NAME) and os.path.isfile(os.path.join(self.directory, name))
-        ]  # fmt: skip
+        ]
         try:
             for name in [*side_files, INDEX_NAME, METADATA_NAME]:  # blockfs.json last: the commit
                 self.remote.put_file(name, os.path.join(self.directory, name))
@@ -174,14 +174,18 @@ class RemoteDestination(Destination):
             self.remote.delete(PACKING_MARKER)
             self._delete_blocks_from(metadata["n_blocks"])
         except RemoteError as e:  # the dataset is complete: what is left over is unused, not wrong
-            log.warning("packed %s, but could not tidy up after the pack (%s); the next pack there will", self.display, e)
+            log.warning(
+                "packed %s, but could not tidy up after the pack (%s); the next pack there will", self.display, e
+            )
 
     def _delete_blocks_from(self, n_blocks: int) -> None:
         """Delete the block objects numbered ``n_blocks`` and up (left by an older, larger pack)."""
         stale = [
-            info.name for page in self.remote.list(BLOCKS_DIR + "/") for info in page
+            info.name
+            for page in self.remote.list(BLOCKS_DIR + "/")
+            for info in page
             if (m := _BLOCK_OBJECT.match(info.name)) and int(m.group(1)) >= n_blocks
-        ]  # fmt: skip
+        ]
         list(self._uploads.map(self.remote.delete, stale))
 
     def close(self) -> None:

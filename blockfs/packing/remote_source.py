@@ -45,9 +45,13 @@ class RemotePrefixSource(Source):
     """The objects under ``url`` as a tree.  Read by writer threads: the client does not survive a fork."""
 
     def __init__(
-        self, url: str, options: dict | None = None, *, read_ahead_bytes: int = READ_AHEAD_BYTES,
+        self,
+        url: str,
+        options: dict | None = None,
+        *,
+        read_ahead_bytes: int = READ_AHEAD_BYTES,
         read_ahead_requests: int = READ_AHEAD_REQUESTS,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.remote = RemoteStore(url, options)
         self.url = url
         self.description = self.remote.display + "/"

@@ -17,12 +17,12 @@ import logging
 import os
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
-from ..errors import PackError, SourceError
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from ..errors import PackError, SourceError
 from .beneath import has_openat2, open_beneath
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,11 @@ class DirectorySource(Source):
             yield found, None
             return
         try:
-            fd = open_beneath(self._root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, self._openat2) if rel else os.dup(self._root_fd)
+            fd = (
+                open_beneath(self._root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, self._openat2)
+                if rel
+                else os.dup(self._root_fd)
+            )
         except OSError as e:
             raise self._changed(rel, e) from e
         try:
@@ -188,7 +192,9 @@ class DirectorySource(Source):
                 with os.scandir(fd) as it:
                     found = sorted(it, key=lambda d: os.fsencode(d.name))  # byte order, as by path
             except OSError as e:
-                raise PackError(f"cannot list directory {os.fsdecode(os.path.join(self.root, rel))!r}: {e.strerror}") from e
+                raise PackError(
+                    f"cannot list directory {os.fsdecode(os.path.join(self.root, rel))!r}: {e.strerror}"
+                ) from e
             yield found, fd
         finally:
             os.close(fd)
@@ -208,7 +214,9 @@ class DirectorySource(Source):
         if stat.S_ISDIR(mode):
             return SourceEntry(path, KIND_DIR, mode, st.st_mtime_ns, hardlink_key=identity, identity=identity)
         if stat.S_ISLNK(mode):
-            target = os.readlink(os.fsencode(dirent.name), dir_fd=dir_fd) if dir_fd is not None else os.readlink(dirent.path)
+            target = (
+                os.readlink(os.fsencode(dirent.name), dir_fd=dir_fd) if dir_fd is not None else os.readlink(dirent.path)
+            )
             return SourceEntry(path, KIND_SYMLINK, mode, st.st_mtime_ns, link_target=target)
         self._skipped.append(path)
         return None

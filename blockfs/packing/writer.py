@@ -66,13 +66,13 @@ class BlockWriter:
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockfs-fsync")
         self._syncs: list[Future] = []
 
-    def __enter__(self) -> "BlockWriter":
+    def __enter__(self) -> BlockWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._syncer.shutdown(wait=True, cancel_futures=True)
 
-    def for_child(self) -> "BlockWriter":
+    def for_child(self) -> BlockWriter:
         """A writer for a forked worker process: it leaves fsync to this one (:meth:`written_elsewhere`)."""
         return BlockWriter(
             self.source, self.blocks_fd, fsync=self.fsync, skip_unreadable=self.skip_unreadable, flush_here=False
@@ -229,7 +229,10 @@ class BlockWriter:
             self._write_out(f, piece, data_hash)
             done += len(piece)
         header = fmt.encode_header(
-            block, np.array([size]), np.array([member.label if size else -1]), fmt.crc_of_crcs([crc]),
+            block,
+            np.array([size]),
+            np.array([member.label if size else -1]),
+            fmt.crc_of_crcs([crc]),
             np.array(chunk_crcs, dtype=np.uint32) if wide else None,
         )
         if len(header) != head_len:  # the file was unreadable: rewrite as an empty block

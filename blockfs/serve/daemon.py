@@ -19,14 +19,26 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
 from ..storage.owned import open_owned_dir, regular_files_at, unlink_quietly_at
 
-__all__ = ["check_mountpoint", "default_log_path", "fetched_directory", "is_mounted", "log_directory", "mount_entry",
-           "open_log", "remove_fetched", "serving_pid", "start_background", "unmount", "wait_until_mounted"]
+__all__ = [
+    "check_mountpoint",
+    "default_log_path",
+    "fetched_directory",
+    "is_mounted",
+    "log_directory",
+    "mount_entry",
+    "open_log",
+    "remove_fetched",
+    "serving_pid",
+    "start_background",
+    "unmount",
+    "wait_until_mounted",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +127,7 @@ def _error_line(log_path: str | None, offset: int = 0) -> str | None:
     """The last ``blockfs mount: error: ...`` line the server wrote to its log, without that prefix."""
     prefix = "blockfs mount: error: "
     lines = [line for line in _tail(log_path, offset, lines=50).splitlines() if line.strip().startswith(prefix)]
-    return lines[-1].strip()[len(prefix):] if lines else None
+    return lines[-1].strip()[len(prefix) :] if lines else None
 
 
 def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:
@@ -131,9 +143,14 @@ def _tail(log_path: str | None, offset: int = 0, lines: int = 15) -> str:
 
 
 def start_background(
-    command: Sequence[str], mountpoint: str | os.PathLike, log_path: str, timeout: float = 30.0,
-    handoff: bytes | None = None, handoff_option: str = "--handoff-fd",
-    on_report: Callable[[bytes], None] | None = None, report_option: str = "--report-fd",
+    command: Sequence[str],
+    mountpoint: str | os.PathLike,
+    log_path: str,
+    timeout: float = 30.0,
+    handoff: bytes | None = None,
+    handoff_option: str = "--handoff-fd",
+    on_report: Callable[[bytes], None] | None = None,
+    report_option: str = "--report-fd",
 ) -> int:
     """Run ``command`` (a foreground serving process) detached, logging to ``log_path``; return its pid once
     ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail.
@@ -159,8 +176,14 @@ def start_background(
     log_fd = open_log(log_path)
     try:
         offset = os.lseek(log_fd, 0, os.SEEK_END)
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                                start_new_session=True, pass_fds=tuple(passed))  # fmt: skip
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            pass_fds=tuple(passed),
+        )
     except BaseException:
         for fd in (read_end, report_read, report_write):
             if fd is not None:
@@ -248,8 +271,9 @@ def open_log(path: str | os.PathLike) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise MountError(f"log file {path!r} is a symbolic link: give the file itself with --log, or remove "
-                             "the link") from None  # fmt: skip
+            raise MountError(
+                f"log file {path!r} is a symbolic link: give the file itself with --log, or remove the link"
+            ) from None
         raise MountError(f"cannot open the log file {path!r}: {e.strerror or e}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -403,8 +427,14 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
     pid = serving_pid(path)
     reasons: list[str] = []
     stuck = False
-    attempts = (["fusermount3", "-u", path], ["fusermount", "-u", path], ["umount", path],
-                ["fusermount3", "-uz", path], ["fusermount", "-uz", path], ["umount", "-l", path])  # fmt: skip
+    attempts = (
+        ["fusermount3", "-u", path],
+        ["fusermount", "-u", path],
+        ["umount", path],
+        ["fusermount3", "-uz", path],
+        ["fusermount", "-uz", path],
+        ["umount", "-l", path],
+    )
     for command in attempts:
         lazy = command[1] in ("-uz", "-l")
         if stuck and not lazy:

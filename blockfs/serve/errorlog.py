@@ -42,8 +42,11 @@ class ErrorLog:
                 if first:
                     self._failed_logged[e.block] = now
         if first:
-            log.error("%s: answering EIO %s", e, "for the files it damages" if damaged else
-                      "for this read; the next read tries again")  # fmt: skip
+            log.error(
+                "%s: answering EIO %s",
+                e,
+                "for the files it damages" if damaged else "for this read; the next read tries again",
+            )
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -22,8 +22,9 @@ import http.server
 import logging
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from ..core import digest as dg
 from ..core import format as fmt
@@ -47,8 +48,15 @@ class _Refused(Exception):
 class PeerEndpoint:
     """Serves ``store``'s blocks that ``cache`` holds, or that this node ``owns``, at ``address``."""
 
-    def __init__(self, address: str, dataset: str, secret: bytes, store: BlockStore, cache: BlockCache,
-                 owns: Callable[[int], bool]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str,
+        dataset: str,
+        secret: bytes,
+        store: BlockStore,
+        cache: BlockCache,
+        owns: Callable[[int], bool],
+    ) -> None:
         self._dataset = dataset.removeprefix("blake3:")
         self._secret = secret
         self._store = store
@@ -73,7 +81,9 @@ class PeerEndpoint:
     # --- a request, checked ---------------------------------------------------------------------------
     def check(self, path: str, auth: str | None) -> int:
         """The block ``path`` asks for, or _Refused."""
-        if auth is None or not hmac.compare_digest(auth.encode("latin-1", "replace"), sign(self._secret, path).encode()):
+        if auth is None or not hmac.compare_digest(
+            auth.encode("latin-1", "replace"), sign(self._secret, path).encode()
+        ):
             raise _Refused(401, "no valid " + AUTH_HEADER)
         m = _PATH.fullmatch(path)
         if m is None:

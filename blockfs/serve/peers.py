@@ -41,11 +41,19 @@ def peer_options(options: MountOptions, environ: Mapping[str, str] = os.environ)
     if rank < 0:
         found = next((environ[name] for name in RANK_ENVS if environ.get(name)), None)
         if found is None or not found.isdigit():
-            raise MountError("--peers needs this node's index in the list: give --peer-rank N (torchrun sets NODE_RANK)")
+            raise MountError(
+                "--peers needs this node's index in the list: give --peer-rank N (torchrun sets NODE_RANK)"
+            )
         rank = int(found)
     try:
-        return PeerOptions(addresses, rank, read_secret(options.peer_secret_file, environ), options.peer_listen,
-                           options.peer_timeout, options.peer_backoff)  # fmt: skip
+        return PeerOptions(
+            addresses,
+            rank,
+            read_secret(options.peer_secret_file, environ),
+            options.peer_listen,
+            options.peer_timeout,
+            options.peer_backoff,
+        )
     except ValueError as e:
         raise MountError(str(e)) from None
 
@@ -55,8 +63,10 @@ def read_secret(path: str | None, environ: Mapping[str, str] = os.environ) -> by
     if path is None:
         secret = environ.get(SECRET_ENV, "").strip().encode()
         if not secret:
-            raise MountError(f"--peers needs the job's shared secret: --peer-secret-file PATH (a file only you can "
-                             f"read) or {SECRET_ENV}")  # fmt: skip
+            raise MountError(
+                f"--peers needs the job's shared secret: --peer-secret-file PATH (a file only you can "
+                f"read) or {SECRET_ENV}"
+            )
         return secret
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -65,8 +75,10 @@ def read_secret(path: str | None, environ: Mapping[str, str] = os.environ) -> by
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise MountError(f"--peer-secret-file {path!r} must be a regular file of yours that no one else may read "
-                             f"or write: chmod 600 {path}")  # fmt: skip
+            raise MountError(
+                f"--peer-secret-file {path!r} must be a regular file of yours that no one else may read "
+                f"or write: chmod 600 {path}"
+            )
         secret = os.read(fd, 1 << 16).strip()
     finally:
         os.close(fd)
@@ -99,12 +111,15 @@ def owned_blocks(ds: PackedDataset, peers: PeerOptions, options: MountOptions) -
     if not isinstance(tier, PeerTier):
         raise MountError("--peers: this dataset's blocks are not read through a peer tier")
     if not ds.has_digests:
-        raise MountError(f"--peers needs a dataset with digests, so a peer's bytes are checked: run "
-                         f"'blockfs upgrade {ds.location}'")  # fmt: skip
+        raise MountError(
+            f"--peers needs a dataset with digests, so a peer's bytes are checked: run 'blockfs upgrade {ds.location}'"
+        )
     if options.nodes > 1:
         if options.nodes != len(peers.addresses) or options.node_rank != peers.rank:
-            raise MountError(f"--nodes {options.nodes} --node-rank {options.node_rank} and --peers ({len(peers.addresses)} "
-                             f"nodes, this one {peers.rank}) must name the same nodes in the same order")  # fmt: skip
+            raise MountError(
+                f"--nodes {options.nodes} --node-rank {options.node_rank} and --peers ({len(peers.addresses)} "
+                f"nodes, this one {peers.rank}) must name the same nodes in the same order"
+            )
         owner = [0] * ds.n_blocks
         for node in range(options.nodes):
             for b in node_part(ds, options.nodes, node, options.partition_seed):
@@ -117,7 +132,9 @@ def start_endpoint(ds: PackedDataset, cache: BlockCache, tier: PeerTier, peers: 
     """This node's endpoint listening (the caller closes it)."""
     address = peers.listen or peers.addresses[peers.rank]
     try:
-        endpoint = PeerEndpoint(address, ds.digest, peers.secret, ds.store, cache, lambda b: tier.owner(b) == peers.rank)
+        endpoint = PeerEndpoint(
+            address, ds.digest, peers.secret, ds.store, cache, lambda b: tier.owner(b) == peers.rank
+        )
     except OSError as e:
         raise MountError(f"--peer-listen {address}: cannot listen there: {e.strerror or e}") from None
     tier.served = endpoint.stats  # stats.json's storage.peers shows what this node served too

@@ -19,7 +19,8 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,10 @@ def preload(
     if retainer is not None:
         a = ds.index.arrays
         files = np.flatnonzero(a["kind"] == KIND_FILE)
-        crcs = {(int(b), int(s)): int(c) for b, s, c in zip(a["block"][files], a["slot"][files], a["crc"][files])}
+        crcs = {
+            (int(b), int(s)): int(c)
+            for b, s, c in zip(a["block"][files], a["slot"][files], a["crc"][files], strict=True)
+        }
         retainer.preload(crcs, step)
     log.info("preloaded %d bytes in %.1f s", done[0], time.monotonic() - started)
 
@@ -125,16 +129,24 @@ def assembled(
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with contextlib.ExitStack() as stack:
         peers = peer_options(options)  # the storage chain asks them before the store
-        storage = options.storage if peers is None else dataclasses.replace(options.storage or StorageOptions(), peers=peers)
+        storage = (
+            options.storage if peers is None else dataclasses.replace(options.storage or StorageOptions(), peers=peers)
+        )
         # A re-mount of an index that passed every check of this code skips them (its digest is still checked).
         ds = PackedDataset(dest, storage=storage, expect=options.expect, checked=CheckedIndexes.default())
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
         planned = make_mount_plan(
-            ds, options.cache_bytes, strategy=options.retain_strategy, threshold=options.retain_threshold,
-            retain=options.retain, policy=options.policy, nodes=options.nodes, partition_seed=options.partition_seed,
-        )  # fmt: skip
+            ds,
+            options.cache_bytes,
+            strategy=options.retain_strategy,
+            threshold=options.retain_threshold,
+            retain=options.retain,
+            policy=options.policy,
+            nodes=options.nodes,
+            partition_seed=options.partition_seed,
+        )
         if on_plan is not None:
             on_plan(planned.report())  # the command that started this server prints it
         plan, (blocks, slots, sizes), retain = planned.memory, planned.files, planned.retains
@@ -147,10 +159,16 @@ def assembled(
                 tier, owned = owned_blocks(ds, peers, options)
                 admits = OwnedFirst(owned, [int(n) for n in ds.index.arrays["block_sizes"]])
             cache = BlockCache(
-                ds.store, plan.block_cache_bytes if retain else options.cache_bytes, options.policy,
-                readahead=options.readahead, lock_memory=options.lock_memory, n_files=len(sizes), share=options.share,
-                on_load=given.on_load, admits=admits,
-            )  # fmt: skip
+                ds.store,
+                plan.block_cache_bytes if retain else options.cache_bytes,
+                options.policy,
+                readahead=options.readahead,
+                lock_memory=options.lock_memory,
+                n_files=len(sizes),
+                share=options.share,
+                on_load=given.on_load,
+                admits=admits,
+            )
             stack.callback(cache.close)
             if options.nodes > 1:
                 cache.keep_to(node_part(ds, options.nodes, options.node_rank, options.partition_seed))
@@ -160,17 +178,28 @@ def assembled(
             retainer = None
             if retain and plan.retained_files:
                 mask = plan.retained
-                retainer = RetainingReader(cache, blocks[mask], slots[mask], sizes[mask],
-                                           lock_memory=options.lock_memory)  # fmt: skip
+                retainer = RetainingReader(
+                    cache, blocks[mask], slots[mask], sizes[mask], lock_memory=options.lock_memory
+                )
                 stack.callback(retainer.close)
             prefetch = share = None
             if options.policy != "none":
-                prefetch = stack.enter_context(contextlib.closing(PrefetchListener(cache.prefetch, ds.n_blocks))).address
+                prefetch = stack.enter_context(
+                    contextlib.closing(PrefetchListener(cache.prefetch, ds.n_blocks))
+                ).address
             if cache.shares:
                 share = stack.enter_context(contextlib.closing(ShareServer(cache.share, ds.n_blocks))).address
-            view = MountView(ds.reading_through(retainer if retainer is not None else cache), cache, options, given,
-                             mountpoint=mountpoint, plan=plan, retainer=retainer, prefetch_address=prefetch,
-                             share_address=share)  # fmt: skip
+            view = MountView(
+                ds.reading_through(retainer if retainer is not None else cache),
+                cache,
+                options,
+                given,
+                mountpoint=mountpoint,
+                plan=plan,
+                retainer=retainer,
+                prefetch_address=prefetch,
+                share_address=share,
+            )
             stack.callback(view.close)
             if options.preload:
                 preload(ds, cache, retainer, plan, on_progress)

@@ -18,8 +18,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -96,8 +97,9 @@ class MountView:
         self.uid, self.gid = os.getuid(), os.getgid()
         self.error_log = ErrorLog()
         self.started = time.time()
-        self.control = ControlDirectory(ds, control_name_for(ds, options.control_name), self.stats,
-                                        prefetch_address, share_address)  # fmt: skip
+        self.control = ControlDirectory(
+            ds, control_name_for(ds, options.control_name), self.stats, prefetch_address, share_address
+        )
         self.control_name = os.fsencode(self.control.name)
         self._stopped = threading.Event()
 
@@ -181,9 +183,11 @@ class MountView:
         length = np.array([len(name) for name in names], dtype=np.int64)
         return Listing(
             np.array([self.n_entries + k for _name, k in kids], dtype=np.int64),
-            np.frombuffer(b"".join(names), dtype=np.uint8), np.cumsum(length) - length, length,
+            np.frombuffer(b"".join(names), dtype=np.uint8),
+            np.cumsum(length) - length,
+            length,
             attr_rows([self.control.getattr(path + b"/" + name) for name in names]),
-        )  # fmt: skip
+        )
 
     def child_names(self, node: int) -> bytes:
         """The names of directory ``node``'s children in :meth:`listing`'s order, each followed by a NUL."""
@@ -330,8 +334,15 @@ class MountView:
         """The mount answers requests now: say so, start dropping the stats snapshots the control directory
         no longer keeps from the kernel's cache (``forget(parent node, name, path)``, the route's way), and
         start the prefill."""
-        log.info("serving %s at %s (%s, open %s, cache %d bytes %s)", self.ds.location, self.mountpoint, how,
-                 self.route.open_mode, self.cache.budget_bytes, self.cache.policy_name)  # fmt: skip
+        log.info(
+            "serving %s at %s (%s, open %s, cache %d bytes %s)",
+            self.ds.location,
+            self.mountpoint,
+            how,
+            self.route.open_mode,
+            self.cache.budget_bytes,
+            self.cache.policy_name,
+        )
         threading.Thread(target=self._forget_loop, args=(forget,), name="blockfs-forget", daemon=True).start()
         if self.options.prefill:
             self.cache.start_prefill()
@@ -376,7 +387,9 @@ def mount_stats(view: MountView) -> dict[str, Any]:
             "blocks": int(meta["n_blocks"]),
             "block_bytes": int(meta["block_bytes"]),
         },
-        "plan": view.plan.to_dict() if view.plan is not None else {
+        "plan": view.plan.to_dict()
+        if view.plan is not None
+        else {
             "budget_bytes": budget,
             "dataset_bytes": dataset_bytes,
             "fits": dataset_bytes <= budget,

@@ -17,8 +17,7 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Hashable
-from typing import Callable
+from collections.abc import Callable, Hashable
 
 from ..openfiles import raise_open_files_limit
 

@@ -182,8 +182,11 @@ class TierChain(BlockFiles):
             out.update(tier.stats())
         if "disk_tier" in out:
             with self._lock:
-                out["disk_tier"] = {**out["disk_tier"], "remote_reads": self._store_counts["reads"],
-                                    "remote_bytes": self._store_counts["bytes"]}  # fmt: skip
+                out["disk_tier"] = {
+                    **out["disk_tier"],
+                    "remote_reads": self._store_counts["reads"],
+                    "remote_bytes": self._store_counts["bytes"],
+                }
         return out
 
     def close(self) -> None:
@@ -192,8 +195,9 @@ class TierChain(BlockFiles):
         self.store.close()
 
 
-def compose(store: BlockFiles, *, disk: Tier | None = None, peers: Tier | None = None,
-            copies_memory_blocks: bool = True) -> BlockFiles:  # fmt: skip
+def compose(
+    store: BlockFiles, *, disk: Tier | None = None, peers: Tier | None = None, copies_memory_blocks: bool = True
+) -> BlockFiles:
     """The one composition of the tiers under memory, top to bottom: the local disk, then the peer that owns
     the block, then ``store`` (where the dataset lives).  With neither tier, the store alone."""
     tiers = [t for t in (disk, peers) if t is not None]

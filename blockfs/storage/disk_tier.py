@@ -32,10 +32,10 @@ import threading
 
 from .owned import (
     is_temp_name,
-    read_regular_at,
     open_owned_dir,
     open_owned_subdir,
     read_file_at,
+    read_regular_at,
     write_file_at,
 )
 
@@ -220,8 +220,13 @@ class DiskTier:
                 first = e.errno not in self._failures_said
                 self._failures_said.add(e.errno)
             if full and first:
-                log.warning("disk tier: %s is full (%s): keeping the %d bytes it holds and copying no more; free "
-                            "space there or lower --disk-cache-size", self.directory, e.strerror, self._used)  # fmt: skip
+                log.warning(
+                    "disk tier: %s is full (%s): keeping the %d bytes it holds and copying no more; free "
+                    "space there or lower --disk-cache-size",
+                    self.directory,
+                    e.strerror,
+                    self._used,
+                )
             elif first:
                 log.warning("disk tier: cannot keep block %d in %s: %s (said once)", block, self.root, e.strerror or e)
             return False

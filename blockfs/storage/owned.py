@@ -15,8 +15,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO
 
 from ..errors import BlockfsError
 
@@ -48,11 +49,13 @@ def check_owned(st: os.stat_result, path: str, what: str, fix: str) -> None:
         raise _refuse(path, what, "is not a directory", fix)
     euid = os.geteuid()
     if st.st_uid != euid:
-        raise _refuse(path, what, f"is owned by uid {st.st_uid}, not by this user (uid {euid})",
-                      f"chown {euid} it, or {fix}")  # fmt: skip
+        raise _refuse(
+            path, what, f"is owned by uid {st.st_uid}, not by this user (uid {euid})", f"chown {euid} it, or {fix}"
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _refuse(path, what, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
-                      f"chmod go-w it, or {fix}")  # fmt: skip
+        raise _refuse(
+            path, what, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w it, or {fix}"
+        )
 
 
 def check_parents(path: str, what: str, fix: str) -> None:
@@ -63,8 +66,13 @@ def check_parents(path: str, what: str, fix: str) -> None:
         st = os.stat(parent)
         writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if st.st_uid not in (0, euid) or (writable and not st.st_mode & stat.S_ISVTX):
-            raise _refuse(path, what, f"lies in {parent!r}, which another user can change (uid {st.st_uid}, "
-                          f"mode {stat.S_IMODE(st.st_mode):04o})", fix)  # fmt: skip
+            raise _refuse(
+                path,
+                what,
+                f"lies in {parent!r}, which another user can change (uid {st.st_uid}, "
+                f"mode {stat.S_IMODE(st.st_mode):04o})",
+                fix,
+            )
         up = os.path.dirname(parent)
         if up == parent:
             return
@@ -237,4 +245,3 @@ def unlink_quietly_at(dir_fd: int, names: Iterable[str]) -> None:
             os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
-

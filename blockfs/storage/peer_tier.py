@@ -68,8 +68,10 @@ class PeerOptions:
         for address in self.addresses:
             split_address(address)
         if not 0 <= self.rank < len(self.addresses):
-            raise ValueError(f"peer rank {self.rank} is not one of the {len(self.addresses)} peers (0 to "
-                             f"{len(self.addresses) - 1}): give --peer-rank, or set NODE_RANK")  # fmt: skip
+            raise ValueError(
+                f"peer rank {self.rank} is not one of the {len(self.addresses)} peers (0 to "
+                f"{len(self.addresses) - 1}): give --peer-rank, or set NODE_RANK"
+            )
         if len(set(self.addresses)) != len(self.addresses):
             raise ValueError(f"--peers names a node twice: {','.join(self.addresses)}")
         if self.timeout <= 0 or self.backoff < 0:
@@ -222,8 +224,10 @@ class PeerTier(Tier):
             if resp.status != 200:
                 raise OSError(errno.EIO, f"peer {peer.address} answered {resp.status} {resp.reason}")
             if resp.getheader("Content-Length") != str(size):
-                raise OSError(errno.EIO, f"peer {peer.address} offered {resp.getheader('Content-Length')} bytes, "
-                              f"not the block's {size}")  # fmt: skip
+                raise OSError(
+                    errno.EIO,
+                    f"peer {peer.address} offered {resp.getheader('Content-Length')} bytes, not the block's {size}",
+                )
             if resp.getheader(FETCHING_HEADER) and conn.sock is not None:
                 conn.sock.settimeout(max(self.timeout, OWNER_FETCH_S))  # the owner fetches it once for all
             buf = bytearray(size)
@@ -274,11 +278,23 @@ class PeerTier(Tier):
     def stats(self) -> dict:
         now = time.monotonic()
         with self._lock:
-            per_peer: dict[str, dict] = {p.address: {"bytes": p.bytes, "fetches": p.fetches, "errors": p.errors,
-                                    "rejected": p.rejected, "avoided": p.avoid_until > now}  # fmt: skip
-                        for i, p in enumerate(self._peers) if i != self._me}
-            out = {"rank": self._me, "kept_bytes": self._kept_bytes, "bytes": sum(p.bytes for p in self._peers),
-                   "by_peer": per_peer}  # fmt: skip
+            per_peer: dict[str, dict] = {
+                p.address: {
+                    "bytes": p.bytes,
+                    "fetches": p.fetches,
+                    "errors": p.errors,
+                    "rejected": p.rejected,
+                    "avoided": p.avoid_until > now,
+                }
+                for i, p in enumerate(self._peers)
+                if i != self._me
+            }
+            out = {
+                "rank": self._me,
+                "kept_bytes": self._kept_bytes,
+                "bytes": sum(p.bytes for p in self._peers),
+                "by_peer": per_peer,
+            }
         return {"peers": {**out, "served": self.served() if self.served is not None else None}}
 
     def close(self) -> None:

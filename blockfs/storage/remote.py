@@ -147,25 +147,33 @@ class RangeNotServedError(RemoteError):
 
 # Connection trouble, as obstore (reqwest, hyper) words it, and what to call it in a message.
 _CONNECT = re.compile(r"kind: Connect\b|tcp connect error|dns error|error trying to connect|ConnectionRefused", re.I)
-_CONNECT_WHY = ((re.compile(r"ConnectionRefused|connection refused", re.I), "connection refused"),
-                (re.compile(r"dns error|failed to lookup|Name or service not known", re.I), "the host name does not resolve"),
-                (re.compile(r"TimedOut|timed out|deadline", re.I), "no answer"))  # fmt: skip
+_CONNECT_WHY = (
+    (re.compile(r"ConnectionRefused|connection refused", re.I), "connection refused"),
+    (re.compile(r"dns error|failed to lookup|Name or service not known", re.I), "the host name does not resolve"),
+    (re.compile(r"TimedOut|timed out|deadline", re.I), "no answer"),
+)
 _REQUEST_URI = re.compile(r"(https?://[^/\s,)\"']+)")
 _ERROR_CODE = re.compile(r"<Code>([A-Za-z.]{1,64})</Code>")
 _NO_BUCKET = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
 # The fix for refused credentials, by kind of store.
 CHECK_CREDENTIALS = {
     "s3": "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the access_key_id/secret_access_key options, "
-          "or AWS_PROFILE), that they have not expired, and that they may read this bucket",
+    "or AWS_PROFILE), that they have not expired, and that they may read this bucket",
     "gcs": "check GOOGLE_APPLICATION_CREDENTIALS (or the service_account_path option) and that the account "
-           "may read this bucket",
+    "may read this bucket",
     "azure": "check AZURE_STORAGE_ACCOUNT_KEY or the SAS token (the account_key/sas_key options), that it has "
-             "not expired, and that it may read this container",
+    "not expired, and that it may read this container",
     "http": "check the URL (a signed URL may have expired) and that the server lets this machine read it",
-}  # fmt: skip
+}
 # Where a store's secrets may come from besides the options: never in a message or a log line.
-SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
-                    "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY")  # fmt: skip
+SECRET_VARIABLES = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+)
 
 
 def _connect_failure(e: BaseException) -> bool:
@@ -196,8 +204,13 @@ def split_options(options: Mapping[str, object] | None) -> tuple[RemoteSettings,
     """blockfs's own settings, and the client's options with fsspec spellings translated."""
     given = dict(options or {})
     ours: dict[str, Any] = {}
-    for field, kind in (("part_size", int), ("concurrency", int), ("retry_timeout", float),
-                        ("request_timeout", float), ("connect_timeout", float)):  # fmt: skip
+    for field, kind in (
+        ("part_size", int),
+        ("concurrency", int),
+        ("retry_timeout", float),
+        ("request_timeout", float),
+        ("connect_timeout", float),
+    ):
         if field in given:
             raw: Any = given.pop(field)  # whatever the caller gave: int() or float() judges it
             try:
@@ -218,9 +231,11 @@ def split_options(options: Mapping[str, object] | None) -> tuple[RemoteSettings,
 def _no_obstore() -> str:
     """Why there is no obstore, and the fix: on Python 3.10 there is none to install."""
     if sys.version_info < (3, 11):
-        return (f"remote datasets (URLs) need Python >= 3.11: their client, obstore, has no wheel for Python "
-                f"{sys.version_info[0]}.{sys.version_info[1]}; run blockfs with Python 3.11 or later (local paths "
-                "work on 3.10)")  # fmt: skip
+        return (
+            f"remote datasets (URLs) need Python >= 3.11: their client, obstore, has no wheel for Python "
+            f"{sys.version_info[0]}.{sys.version_info[1]}; run blockfs with Python 3.11 or later (local paths "
+            "work on 3.10)"
+        )
     return "remote datasets (URLs) need the 'obstore' package: pip install 'blockfs[remote]'"
 
 
@@ -228,22 +243,39 @@ KIND_NAMES = {"s3": "S3", "gcs": "GCS", "azure": "Azure", "http": "HTTP"}
 OWN_OPTIONS = ("part_size", "concurrency", "retry_timeout", "request_timeout", "connect_timeout")
 # The store's configuration keys most people need, when obstore's stubs cannot be read for the full list.
 COMMON_KEYS = {
-    "s3": ("access_key_id", "secret_access_key", "session_token", "region", "endpoint", "skip_signature",
-           "virtual_hosted_style_request", "role_arn"),
+    "s3": (
+        "access_key_id",
+        "secret_access_key",
+        "session_token",
+        "region",
+        "endpoint",
+        "skip_signature",
+        "virtual_hosted_style_request",
+        "role_arn",
+    ),
     "gcs": ("service_account_path", "service_account_key", "application_credentials", "skip_signature"),
-    "azure": ("account_name", "account_key", "sas_key", "client_id", "client_secret", "tenant_id",
-              "use_emulator", "endpoint", "skip_signature"),
-}  # fmt: skip
+    "azure": (
+        "account_name",
+        "account_key",
+        "sas_key",
+        "client_id",
+        "client_secret",
+        "tenant_id",
+        "use_emulator",
+        "endpoint",
+        "skip_signature",
+    ),
+}
 _STUBS = {"s3": ("_aws.pyi", "S3Config"), "gcs": ("_gcs.pyi", "GCSConfig"), "azure": ("_azure.pyi", "AzureConfig")}
 # What each kind of store reads its credentials from, for the error when it finds none.
 CREDENTIALS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, with boto3 installed), or pass "
-          "--storage-option access_key_id=... and secret_access_key=...; a public bucket: --storage-option anon=true",
+    "--storage-option access_key_id=... and secret_access_key=...; a public bucket: --storage-option anon=true",
     "gcs": "set GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json, or pass --storage-option "
-           "service_account_path=/path/to/key.json; a public bucket: --storage-option anon=true",
+    "service_account_path=/path/to/key.json; a public bucket: --storage-option anon=true",
     "azure": "set AZURE_STORAGE_ACCOUNT_KEY (or a SAS token: --storage-option sas_key=...), or pass "
-             "--storage-option account_key=...; a public container: --storage-option anon=true",
-}  # fmt: skip
+    "--storage-option account_key=...; a public container: --storage-option anon=true",
+}
 # obstore's words when no credentials were found anywhere and it fell back to a cloud metadata service
 _NO_CREDENTIALS = re.compile(
     r"169\.254\.169\.254|latest/api/token|computeMetadata|metadata/identity|token request|no credentials", re.I
@@ -405,7 +437,8 @@ class RemoteStore:
                 if self.kind in CREDENTIALS and _NO_CREDENTIALS.search(str(e)):
                     self._failed(what, name, e)
                     raise RemoteError(
-                        errno.EACCES, f"{self.where(name)}: no {KIND_NAMES[self.kind]} credentials found: {CREDENTIALS[self.kind]}"
+                        errno.EACCES,
+                        f"{self.where(name)}: no {KIND_NAMES[self.kind]} credentials found: {CREDENTIALS[self.kind]}",
                     ) from None
                 status = _STATUS.search(str(e))
                 if status is not None:  # an answer (a LIST's errors come as generic ones, status in the text)
@@ -420,7 +453,11 @@ class RemoteStore:
                 # Before the store ever answered, a connection that fails is more likely a wrong endpoint or
                 # a server that is down than a blip: give up after connect_timeout, not retry_timeout.
                 unreached = not self._reached and _connect_failure(e)
-                window = min(self.settings.connect_timeout, self.settings.retry_timeout) if unreached else self.settings.retry_timeout
+                window = (
+                    min(self.settings.connect_timeout, self.settings.retry_timeout)
+                    if unreached
+                    else self.settings.retry_timeout
+                )
                 if not _retriable(e) or waited + delay > window:
                     self._failed(what, name, e)
                     if unreached:
@@ -450,27 +487,33 @@ class RemoteStore:
         code = _ERROR_CODE.search(text)
         said = ", ".join(x for x in (status, code.group(1) if code else None) if x) or "refused"
         return CredentialsRefusedError(
-            errno.EACCES, f"{self.where(name)}: the {KIND_NAMES[self.kind]} store refused the credentials ({what}: {said}): "
+            errno.EACCES,
+            f"{self.where(name)}: the {KIND_NAMES[self.kind]} store refused the credentials ({what}: {said}): "
             f"{CHECK_CREDENTIALS[self.kind]}",
-        )  # fmt: skip
+        )
 
     def _no_bucket(self) -> RemoteError:
         bucket = self.url.split("://", 1)[1].split("/", 1)[0]
         where = f" at {redact(self._endpoint)}" if self._endpoint else ""
         kind = "container" if self.kind == "azure" else "bucket"
         return BucketNotFoundError(
-            errno.EIO, f"{kind} {bucket!r} does not exist{where} ({self.display}): check the {kind} name in the URL"
+            errno.EIO,
+            f"{kind} {bucket!r} does not exist{where} ({self.display}): check the {kind} name in the URL"
             + (" and the endpoint" if self._endpoint else ""),
-        )  # fmt: skip
+        )
 
     def _unreachable(self, e: BaseException, waited: float) -> RemoteError:
         endpoint = self._where_endpoint(str(e))
-        fix = ("check the endpoint (the endpoint storage option or AWS_ENDPOINT_URL) and that the server is running"
-               if self._endpoint else "check the URL, and this machine's network and proxy settings")  # fmt: skip
+        fix = (
+            "check the endpoint (the endpoint storage option or AWS_ENDPOINT_URL) and that the server is running"
+            if self._endpoint
+            else "check the URL, and this machine's network and proxy settings"
+        )
         return EndpointUnreachableError(
-            errno.EIO, f"cannot reach {endpoint} for {self.display}: {_connect_why(str(e))} (tried for "
+            errno.EIO,
+            f"cannot reach {endpoint} for {self.display}: {_connect_why(str(e))} (tried for "
             f"{waited:.1f} s; connect_timeout is {self.settings.connect_timeout:g} s): {fix}",
-        )  # fmt: skip
+        )
 
     def get(self, name: str) -> bytes:
         """The whole object."""
@@ -580,8 +623,14 @@ class RemoteStore:
 
         def put() -> None:
             with open(path, "rb") as f:
-                obstore.put(self._store, name, f, chunk_size=s.part_size, max_concurrency=s.concurrency,
-                            use_multipart=size > s.part_size)  # fmt: skip
+                obstore.put(
+                    self._store,
+                    name,
+                    f,
+                    chunk_size=s.part_size,
+                    max_concurrency=s.concurrency,
+                    use_multipart=size > s.part_size,
+                )
 
         if self.kind == "http":
             raise RemoteConfigError(f"{self.display}: an HTTP store is read-only; pack to s3://, gs:// or az://")
@@ -624,9 +673,7 @@ class RemoteStore:
             if page is None:
                 return
             stream["yielded"] = True
-            yield [
-                ObjectInfo(o["path"], int(o["size"]), int(o["last_modified"].timestamp() * 1e9)) for o in page
-            ]
+            yield [ObjectInfo(o["path"], int(o["size"]), int(o["last_modified"].timestamp() * 1e9)) for o in page]
 
     def close(self) -> None:
         with self._pool_lock:
@@ -636,4 +683,3 @@ class RemoteStore:
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.display!r})"
-

@@ -52,8 +52,12 @@ class DiskCopies(Tier):
 
     def failed(self, block: int, error: OSError) -> None:
         """A copy that cannot be read (deleted under us, an I/O error) is forgotten: the remote has the block."""
-        log.warning("disk tier: %s unreadable (%s): reading block %d from further down", self.tier.path(block),
-                    error.strerror or error, block)  # fmt: skip
+        log.warning(
+            "disk tier: %s unreadable (%s): reading block %d from further down",
+            self.tier.path(block),
+            error.strerror or error,
+            block,
+        )
         self._local.discard(block)
         self.tier.remove(block)
 
@@ -86,6 +90,8 @@ def copies_memory_blocks(tier: DiskTier, remote: BlockFiles) -> bool:
 
 def TieredBlockFiles(remote: BlockFiles, tier: DiskTier) -> TierChain:  # noqa: N802 - the chain's old name
     """The disk tier in front of ``remote``, without peers (the tests' and tools' spelling of :func:`compose`)."""
-    chain = compose(remote, disk=DiskCopies(tier, len(remote.names)), copies_memory_blocks=copies_memory_blocks(tier, remote))
+    chain = compose(
+        remote, disk=DiskCopies(tier, len(remote.names)), copies_memory_blocks=copies_memory_blocks(tier, remote)
+    )
     assert isinstance(chain, TierChain)
     return chain

@@ -14,11 +14,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 # scheme -> the kind of store; fsspec's spellings are accepted, since they are what users already type
 SCHEMES = {
-    "s3": "s3", "s3a": "s3",
-    "gs": "gcs", "gcs": "gcs",
-    "az": "azure", "abfs": "azure", "abfss": "azure", "azure": "azure", "adl": "azure",
-    "http": "http", "https": "http",
-}  # fmt: skip
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "azure": "azure",
+    "adl": "azure",
+    "http": "http",
+    "https": "http",
+}
 
 
 def is_remote(location: str | os.PathLike) -> TypeGuard[str]:

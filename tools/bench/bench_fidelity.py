@@ -47,12 +47,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import make_dataset as md
 import numpy as np
+from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted
 from helpers import ROOT
 from helpers.fidelity_report import entropy_sweep, plot, summarise, sweep_table, table, verdict
-
-import make_dataset as md
-from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted
 
 sys.path.insert(0, str(ROOT / "examples"))  # train_block_loader's model and decoder, imported where used
 
@@ -71,21 +70,39 @@ class Config:
 def _configs() -> dict[str, Config]:
     from blockfs.loader import ImportanceConfig
 
-    return {c.name: c for c in (
-        Config("global", "torch DataLoader(shuffle=True), raw directory (reference)", None),
-        Config("blockfs", "blockfs loader, defaults, shuffled pack (default)", "shuffled"),
-        Config("no-interleave", "blockfs loader, blocks_in_flight=1, shuffled pack", "shuffled",
-               {"blocks_in_flight": 1}),
-        Config("directory", "blockfs loader, defaults, --order directory pack", "directory"),
-        Config("reuse", "blockfs loader, reuse=True, shuffled pack", "shuffled", {"reuse": True}),
-        Config("importance", "blockfs loader, importance=ImportanceConfig(), shuffled pack", "shuffled",
-               {"importance": ImportanceConfig()}),
-        Config("ranks-global", "2 ranks (DDP simulated: one step per pair of half batches), partition='global'",
-               "shuffled", {"ranks": 2}),
-        Config("ranks-node", "2 ranks on 2 nodes (DDP simulated), partition='node'", "shuffled",
-               {"ranks": 2, "partition": "node", "nodes": 2}),
-    )}  # fmt: skip
-
+    return {
+        c.name: c
+        for c in (
+            Config("global", "torch DataLoader(shuffle=True), raw directory (reference)", None),
+            Config("blockfs", "blockfs loader, defaults, shuffled pack (default)", "shuffled"),
+            Config(
+                "no-interleave",
+                "blockfs loader, blocks_in_flight=1, shuffled pack",
+                "shuffled",
+                {"blocks_in_flight": 1},
+            ),
+            Config("directory", "blockfs loader, defaults, --order directory pack", "directory"),
+            Config("reuse", "blockfs loader, reuse=True, shuffled pack", "shuffled", {"reuse": True}),
+            Config(
+                "importance",
+                "blockfs loader, importance=ImportanceConfig(), shuffled pack",
+                "shuffled",
+                {"importance": ImportanceConfig()},
+            ),
+            Config(
+                "ranks-global",
+                "2 ranks (DDP simulated: one step per pair of half batches), partition='global'",
+                "shuffled",
+                {"ranks": 2},
+            ),
+            Config(
+                "ranks-node",
+                "2 ranks on 2 nodes (DDP simulated), partition='node'",
+                "shuffled",
+                {"ranks": 2, "partition": "node", "nodes": 2},
+            ),
+        )
+    }
 
 
 # --- data --------------------------------------------------------------------------------------------
@@ -93,20 +110,34 @@ def prepare(workdir: Path, args: argparse.Namespace) -> dict:
     """The train and test trees and the two packs under ``workdir``, made once and reused."""
     import blockfs
 
-    spec = {"files": args.files, "test_files": args.test_files, "classes": args.classes,
-            "image_size": args.image_size, "files_per_block": args.files_per_block, "seed": args.data_seed}  # fmt: skip
+    spec = {
+        "files": args.files,
+        "test_files": args.test_files,
+        "classes": args.classes,
+        "image_size": args.image_size,
+        "files_per_block": args.files_per_block,
+        "seed": args.data_seed,
+    }
     stamp = workdir / "dataset.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("spec") == spec:
         return json.loads(stamp.read_text())
     workdir.mkdir(parents=True, exist_ok=True)
     made = {}  # the held-out tree is drawn with the next seed: other images of the same classes
     for tree, files, seed in (("train", args.files, args.data_seed), ("test", args.test_files, args.data_seed + 1)):
-        made[tree] = md.make_dataset(workdir / tree, "learnable", files, args.classes, seed, args.image_size,
-                                     force=True)  # fmt: skip
+        made[tree] = md.make_dataset(
+            workdir / tree, "learnable", files, args.classes, seed, args.image_size, force=True
+        )
     blocks = {}
     for order in ("shuffled", "directory"):
-        result = blockfs.pack(workdir / "train", workdir / f"packed-{order}", order=order, seed=args.data_seed,
-                              files_per_block=args.files_per_block, fsync=False, force=True)  # fmt: skip
+        result = blockfs.pack(
+            workdir / "train",
+            workdir / f"packed-{order}",
+            order=order,
+            seed=args.data_seed,
+            files_per_block=args.files_per_block,
+            fsync=False,
+            force=True,
+        )
         blocks[order] = result.n_blocks
     info = {"spec": spec, "train_bytes": made["train"]["bytes"], "blocks": blocks}
     stamp.write_text(json.dumps(info))
@@ -144,9 +175,11 @@ class RawFeed:
         import torch
 
         self.loader = torch.utils.data.DataLoader(
-            DecodedFiles(root, args.image_size), batch_size=args.batch_size, shuffle=True,
+            DecodedFiles(root, args.image_size),
+            batch_size=args.batch_size,
+            shuffle=True,
             generator=torch.Generator().manual_seed(seed),
-        )  # fmt: skip
+        )
         self.importance = None
 
     def epoch(self, epoch: int) -> tuple[int, Iterator]:
@@ -160,8 +193,9 @@ class BlockFeed:
     """The blockfs loader over a mount, with the configuration's options."""
 
     def __init__(self, mnt: str, args: argparse.Namespace, seed: int, options: dict) -> None:
-        from blockfs.loader import BlockLoader
         from train_block_loader import decode_image
+
+        from blockfs.loader import BlockLoader
 
         decode = functools.partial(decode_image, size=args.image_size)
         self.loader = BlockLoader(mnt, args.batch_size, decode, device="cpu", seed=seed, **options)
@@ -181,15 +215,17 @@ class RanksFeed:
     rank's batch has the same size."""
 
     def __init__(self, mnt: str, args: argparse.Namespace, seed: int, options: dict) -> None:
-        from blockfs.loader import BlockLoader
         from train_block_loader import decode_image
+
+        from blockfs.loader import BlockLoader
 
         options = dict(options)
         ranks = options.pop("ranks")
         decode = functools.partial(decode_image, size=args.image_size)
         self.loaders = [
-            BlockLoader(mnt, args.batch_size // ranks, decode, device="cpu", seed=seed, rank=r, world_size=ranks,
-                        **options)  # fmt: skip
+            BlockLoader(
+                mnt, args.batch_size // ranks, decode, device="cpu", seed=seed, rank=r, world_size=ranks, **options
+            )
             for r in range(ranks)
         ]
         self.importance = None
@@ -269,8 +305,11 @@ def run_config(config: Config, mnt: str | None, args: argparse.Namespace, test: 
         finally:
             feed.close()
         last = runs[-1]
-        print(f"  {config.name} seed {seed}: accuracy {last['accuracy'][-1]:.4f}, entropy "
-              f"{np.mean(last['batch_entropy']):.3f} bits, {last['train_s']:.1f} s", flush=True)  # fmt: skip
+        print(
+            f"  {config.name} seed {seed}: accuracy {last['accuracy'][-1]:.4f}, entropy "
+            f"{np.mean(last['batch_entropy']):.3f} bits, {last['train_s']:.1f} s",
+            flush=True,
+        )
     return runs
 
 
@@ -344,14 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in known]
     if unknown:
-        print(f"bench_fidelity.py: error: unknown configurations {unknown}; choose from {', '.join(known)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"bench_fidelity.py: error: unknown configurations {unknown}; choose from {', '.join(known)}",
+            file=sys.stderr,
+        )
         return 2
     configs = [known[c] for c in names]
     problem = fuse_problem() if any(c.pack for c in configs) else None
     if problem:
-        print(f"bench_fidelity.py: error: cannot mount: {problem}; only --configs global runs without FUSE",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"bench_fidelity.py: error: cannot mount: {problem}; only --configs global runs without FUSE",
+            file=sys.stderr,
+        )
         return 2
 
     import torch
@@ -373,20 +416,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = summarise(configs, results)
     sweep = entropy_sweep(args.workdir, args.seeds, args.batch_size)
-    title = (f"{args.files} train / {args.test_files} test images, {args.classes} classes, "
-             f"{args.image_size}px, {args.files_per_block} files per block ({data['blocks']['shuffled']} blocks), "
-             f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}")  # fmt: skip
+    title = (
+        f"{args.files} train / {args.test_files} test images, {args.classes} classes, "
+        f"{args.image_size}px, {args.files_per_block} files per block ({data['blocks']['shuffled']} blocks), "
+        f"batch {args.batch_size}, {args.epochs} epochs, seeds {args.seeds}"
+    )
     text = table(summary) + "\n\nBatch class entropy x a global shuffle's, by interleave (epoch plans only):\n\n"
     text += sweep_table(sweep)
     print(f"\n{title}\n\n{text}")
     check = verdict(summary)
     if check:
         print(f"\n{check}")
-    report = {"title": title, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "dataset": data, "verdict": check, "summary": summary, "entropy_sweep": sweep,
-              "total_s": time.perf_counter() - started,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                          "platform": platform.platform()}}  # fmt: skip
+    report = {
+        "title": title,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "dataset": data,
+        "verdict": check,
+        "summary": summary,
+        "entropy_sweep": sweep,
+        "total_s": time.perf_counter() - started,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+        },
+    }
     out = args.out or args.workdir / "bench_fidelity.json"
     out.write_text(json.dumps(report, indent=1))
     (args.table or args.workdir / "bench_fidelity.md").write_text(f"{title}\n\n{text}\n\n{check or ''}\n")

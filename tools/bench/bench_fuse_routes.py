@@ -92,8 +92,11 @@ def read_pass(root: Path, order_file: Path, threads: int) -> float:
 def one_mount(route: str, python: str, src: Path, mnt: Path, order_file: Path, n: int, threads: int) -> dict:
     route, _, server_threads = route.partition(":")  # "lowlevel:1": that route with that many server threads
     extra = ["--threads", server_threads] if server_threads else []
-    proc = subprocess.Popen([python, str(HELPERS / "null_fs.py"), str(src), str(mnt), "--fuse", route, *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [python, str(HELPERS / "null_fs.py"), str(src), str(mnt), "--fuse", route, *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_mounted(mnt, proc)
         out = {"list_s": listing(mnt)}
@@ -133,15 +136,21 @@ def main() -> int:
                 for key, value in got.items():
                     results.setdefault(f"{route}/{threads}", {}).setdefault(key, []).append(value)
     table = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in results.items()}
-    print(f"{args.files} files of {args.size} bytes; medians of {args.repeats} mounts; ratio = to mfusepy, same readers")
-    print(f"{'route/readers':16} {'list s':>7} {'epoch 1 f/s':>12} {'ratio':>6} {'cpu ms/1k':>10} "
-          f"{'epoch 2 f/s':>12} {'ratio':>6} {'cpu ms/1k':>10}")  # fmt: skip
+    print(
+        f"{args.files} files of {args.size} bytes; medians of {args.repeats} mounts; ratio = to mfusepy, same readers"
+    )
+    print(
+        f"{'route/readers':16} {'list s':>7} {'epoch 1 f/s':>12} {'ratio':>6} {'cpu ms/1k':>10} "
+        f"{'epoch 2 f/s':>12} {'ratio':>6} {'cpu ms/1k':>10}"
+    )
     for key, row in table.items():
         base = table.get(f"mfusepy/{key.split('/')[1]}")
         r1 = row["epoch1"] / base["epoch1"] if base else float("nan")
         r2 = row["epoch2"] / base["epoch2"] if base else float("nan")
-        print(f"{key:16} {row['list_s']:7.2f} {row['epoch1']:12,.0f} {r1:6.2f} {row['epoch1_cpu_ms_per_1k']:10.1f} "
-              f"{row['epoch2']:12,.0f} {r2:6.2f} {row['epoch2_cpu_ms_per_1k']:10.1f}")  # fmt: skip
+        print(
+            f"{key:16} {row['list_s']:7.2f} {row['epoch1']:12,.0f} {r1:6.2f} {row['epoch1_cpu_ms_per_1k']:10.1f} "
+            f"{row['epoch2']:12,.0f} {r2:6.2f} {row['epoch2_cpu_ms_per_1k']:10.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"table": table, "runs": results}, indent=1))
     return 0

@@ -19,7 +19,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

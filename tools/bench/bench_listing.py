@@ -38,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 from helpers import HELPERS, ROOT
@@ -89,8 +89,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def served(command: list[str], mnt: Path, log: Path, measure: Callable[[Path], dict], env: dict | None = None,
-           cwd: Path | None = None) -> dict:  # fmt: skip
+def served(
+    command: list[str],
+    mnt: Path,
+    log: Path,
+    measure: Callable[[Path], dict],
+    env: dict | None = None,
+    cwd: Path | None = None,
+) -> dict:
     """Start a server, wait until ``mnt`` serves, ``measure(mnt)`` (plus the server's CPU time during it
     and its anonymous memory after it: less moved by the machine's other load than wall time), and
     always unmount."""
@@ -126,8 +132,14 @@ def measure_listings(root: Path, expect_flat: int, expect_tree: int) -> dict:
     return {"ls_flat_s": ls_s, "walk_tree_s": walk_s}
 
 
-def measure_pass(root: Path, expect_flat: int, expect_tree: int, sample: list[str], threads: int,
-                 stats: Callable[[Path], dict] | None = None) -> dict:  # fmt: skip
+def measure_pass(
+    root: Path,
+    expect_flat: int,
+    expect_tree: int,
+    sample: list[str],
+    threads: int,
+    stats: Callable[[Path], dict] | None = None,
+) -> dict:
     """The whole pass: the listings, then ``sample`` (paths under ``root``) read by ``threads`` threads, then
     read again (what the kernel kept serves it); the kernel's slab growth over the listings, and the
     server's requests and pushes when ``stats`` reads them (a blockfs mount: then first wait until its prefill
@@ -161,17 +173,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dirs", type=int, default=100)
     parser.add_argument("--per-dir", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sample", type=int, default=20_000, help="files read (twice) after the listings, "
-                        "drawn from both trees (0: listings only)")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=20_000,
+        help="files read (twice) after the listings, drawn from both trees (0: listings only)",
+    )
     parser.add_argument("--threads", type=int, default=4, help="reader threads of the sample")
-    parser.add_argument("--listing", default="default", help="comma-separated `blockfs mount --listing` modes, "
-                        "each a server of this checkout (default: the mount's default only)")
-    parser.add_argument("--null-listing", default="plus", help="comma-separated listing modes of the no-work "
-                        "server (plus, auto, plain)")
+    parser.add_argument(
+        "--listing",
+        default="default",
+        help="comma-separated `blockfs mount --listing` modes, "
+        "each a server of this checkout (default: the mount's default only)",
+    )
+    parser.add_argument(
+        "--null-listing", default="plus", help="comma-separated listing modes of the no-work server (plus, auto, plain)"
+    )
     parser.add_argument("--before", type=Path, help="another blockfs checkout to measure beside this one")
-    parser.add_argument("--mount-arg", action="append", default=[], help="an extra `blockfs mount` argument "
-                        "(repeat for several), e.g. --mount-arg=--no-prefill")
-    parser.add_argument("--route", default="kernel", choices=("kernel", "mfusepy"), help="the FUSE route (BLOCKFS_FUSE)")
+    parser.add_argument(
+        "--mount-arg",
+        action="append",
+        default=[],
+        help="an extra `blockfs mount` argument (repeat for several), e.g. --mount-arg=--no-prefill",
+    )
+    parser.add_argument(
+        "--route", default="kernel", choices=("kernel", "mfusepy"), help="the FUSE route (BLOCKFS_FUSE)"
+    )
     parser.add_argument("--work", type=Path, help="where the trees go (default: a temporary directory, removed)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -192,13 +219,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"packed in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         env = dict(os.environ, BLOCKFS_FUSE=args.route)
         everything = [f"flat/{i:07d}.jpg" for i in range(args.flat)] + [
-            f"tree/d{k:04d}/{i:07d}.jpg" for k in range(args.dirs) for i in range(args.per_dir)]  # fmt: skip
+            f"tree/d{k:04d}/{i:07d}.jpg" for k in range(args.dirs) for i in range(args.per_dir)
+        ]
         sample = random.Random(0).sample(everything, min(args.sample, len(everything)))
 
         def mount_command(checkout: Path, extra: list[str]) -> list[str]:
-            return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                    "from blockfs.cli import main; sys.exit(main())", str(checkout),
-                    "mount", str(packed), str(work / "mnt"), "--foreground", *args.mount_arg, *extra]  # fmt: skip
+            return [
+                sys.executable,
+                "-c",
+                "import sys; sys.path.insert(0, sys.argv.pop(1)); from blockfs.cli import main; sys.exit(main())",
+                str(checkout),
+                "mount",
+                str(packed),
+                str(work / "mnt"),
+                "--foreground",
+                *args.mount_arg,
+                *extra,
+            ]
 
         def measure(mnt: Path, blockfs_stats: bool = True) -> dict:
             return measure_pass(mnt, args.flat, n_tree, sample, args.threads, read_stats if blockfs_stats else None)
@@ -206,18 +243,30 @@ def main(argv: list[str] | None = None) -> int:
         variants: dict[str, Callable[[], dict]] = {}
         for mode in args.listing.split(","):
             extra = [] if mode == "default" else ["--listing", mode]
-            variants["blockfs" if mode == "default" else f"blockfs {mode}"] = (
-                lambda extra=extra: served(mount_command(ROOT, extra), work / "mnt", work / "blockfs.log", measure,
-                                           env))  # fmt: skip
+            variants["blockfs" if mode == "default" else f"blockfs {mode}"] = lambda extra=extra: served(
+                mount_command(ROOT, extra), work / "mnt", work / "blockfs.log", measure, env
+            )
         if args.before:
             before = args.before.resolve()
-            variants["before"] = lambda: served(mount_command(before, []), work / "mnt", work / "before.log", measure,
-                                                env, cwd=before)  # fmt: skip
+            variants["before"] = lambda: served(
+                mount_command(before, []), work / "mnt", work / "before.log", measure, env, cwd=before
+            )
         for mode in args.null_listing.split(","):
             listing = ["--listing", mode] if args.route == "kernel" else []
             variants[f"null {mode}" if args.route == "kernel" else "null"] = lambda listing=listing: served(
-                [sys.executable, str(HELPERS / "null_fs.py"), str(src), str(work / "nullmnt"), "--fuse", args.route,
-                 *listing], work / "nullmnt", work / "null.log", lambda m: measure(m, False))  # fmt: skip
+                [
+                    sys.executable,
+                    str(HELPERS / "null_fs.py"),
+                    str(src),
+                    str(work / "nullmnt"),
+                    "--fuse",
+                    args.route,
+                    *listing,
+                ],
+                work / "nullmnt",
+                work / "null.log",
+                lambda m: measure(m, False),
+            )
 
         def plain() -> dict:
             drop_caches(3)
@@ -240,10 +289,22 @@ def main(argv: list[str] | None = None) -> int:
         nulls = [n for n in variants if n.startswith("null")]
         if "plain" in failed or all(n in failed for n in nulls):
             raise SystemExit(f"the baselines failed: {failed}")
-        results = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
-                   for name, runs in samples.items() if name not in failed}  # fmt: skip
-        out = {"flat": args.flat, "tree": n_tree, "sample": len(sample), "runs": args.runs, "route": args.route,
-               "load": os.getloadavg(), "median": results, "samples": samples, "failed": failed}  # fmt: skip
+        results = {
+            name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+            for name, runs in samples.items()
+            if name not in failed
+        }
+        out = {
+            "flat": args.flat,
+            "tree": n_tree,
+            "sample": len(sample),
+            "runs": args.runs,
+            "route": args.route,
+            "load": os.getloadavg(),
+            "median": results,
+            "samples": samples,
+            "failed": failed,
+        }
         print(table(results, args, next(n for n in nulls if n in results), len(sample)))
         if args.json:
             args.json.write_text(json.dumps(out, indent=2))
@@ -262,15 +323,21 @@ def table(results: dict, args: argparse.Namespace, floor_name: str, n_sample: in
     if n_sample:
         keys += [("read_s", f"read {n_sample:,}"), ("reread_s", "again")]
     keys.append(("whole_s", "whole pass"))
-    lines = [f"{args.route} route, median of {args.runs}; each cell: seconds, x plain directory, x {floor_name}; "
-             f"load average {os.getloadavg()[0]:.1f}",
-             f"{'':18}" + "".join(f"{title:>26}" for _, title in keys)
-             + f"{'server cpu':>12}{'anon':>9}{'slab':>9}  requests"]  # fmt: skip
+    lines = [
+        f"{args.route} route, median of {args.runs}; each cell: seconds, x plain directory, x {floor_name}; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        f"{'':18}"
+        + "".join(f"{title:>26}" for _, title in keys)
+        + f"{'server cpu':>12}{'anon':>9}{'slab':>9}  requests",
+    ]
     for name, r in results.items():
         cells = "".join(f"{f'{r[k]:.2f} s {r[k] / plain[k]:.2f}x {r[k] / floor[k]:.2f}x':>26}" for k, _ in keys)
         cpu = f"{r['server_cpu_s']:.2f} s" if "server_cpu_s" in r and name != "plain" else ""
-        anon = f"{r['server_anon_bytes'] / 2**20:.0f} MiB" if "server_anon_bytes" in r and not name.startswith(
-            ("null", "plain")) else ""  # fmt: skip
+        anon = (
+            f"{r['server_anon_bytes'] / 2**20:.0f} MiB"
+            if "server_anon_bytes" in r and not name.startswith(("null", "plain"))
+            else ""
+        )
         slab = f"{r['slab_listing_bytes'] / 2**20:+.0f} MiB"
         ops = ", ".join(f"{k[2:]} {r[k]:,.0f}" for k in r if k.startswith("n_") and r[k])
         lines.append(f"{name:18}{cells}{cpu:>12}{anon:>9}{slab:>9}  {ops}")

@@ -42,10 +42,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import make_dataset as md
 import numpy as np
 from helpers.benchutil import drop_caches
-
-import make_dataset as md
 
 SYSTEMS = ("blockfs", "blockfs-no-share", "dataloader-raw", "dataloader-mount", "webdataset")
 
@@ -64,8 +63,17 @@ def prepare(workdir: Path, args: argparse.Namespace) -> dict:
         made = time.perf_counter() - started
         started = time.perf_counter()
         packed = blockfs.pack(workdir / "src", workdir / "packed", force=True)
-        stamp.write_text(json.dumps({"spec": spec, "bytes": summary["bytes"], "blocks": packed.n_blocks,
-                                     "make_s": made, "pack_s": time.perf_counter() - started}))  # fmt: skip
+        stamp.write_text(
+            json.dumps(
+                {
+                    "spec": spec,
+                    "bytes": summary["bytes"],
+                    "blocks": packed.n_blocks,
+                    "make_s": made,
+                    "pack_s": time.perf_counter() - started,
+                }
+            )
+        )
         for old in (workdir / "shards").glob("*.tar"):
             old.unlink()
     shards = workdir / "shards"
@@ -101,8 +109,6 @@ def write_shards(src: Path, shards: Path, per_shard: int, seed: int) -> None:
                 tar.addfile(info, io.BytesIO(cls))
 
 
-
-
 @contextlib.contextmanager
 def mounted(packed: Path, mountpoint: Path, cache_size: str, *extra: str) -> Iterator[str]:
     """A fresh (cold) mount of ``packed``, served by a child process and always unmounted."""
@@ -110,8 +116,20 @@ def mounted(packed: Path, mountpoint: Path, cache_size: str, *extra: str) -> Ite
 
     mountpoint.mkdir(parents=True, exist_ok=True)
     log = mountpoint.parent / f"{mountpoint.name}.log"
-    command = [sys.executable, "-m", "blockfs", "mount", str(packed.resolve()), str(mountpoint), "--foreground",
-               "--log", str(log), "--cache-size", cache_size, *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "blockfs",
+        "mount",
+        str(packed.resolve()),
+        str(mountpoint),
+        "--foreground",
+        "--log",
+        str(log),
+        "--cache-size",
+        cache_size,
+        *extra,
+    ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
@@ -143,7 +161,7 @@ class FileDataset:
             return f.read(), label
 
 
-def collate_bytes(batch: list) -> tuple[list[bytes], "torch.Tensor"]:
+def collate_bytes(batch: list) -> tuple[list[bytes], torch.Tensor]:
     import torch
 
     return [data for data, _ in batch], torch.tensor([label for _, label in batch])
@@ -193,9 +211,14 @@ def _dataloader_epochs(root: str, args: argparse.Namespace) -> tuple[float, list
     started = time.perf_counter()
     dataset = FileDataset(root)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, collate_fn=collate_bytes,
-        generator=torch.Generator().manual_seed(args.seed), persistent_workers=args.workers > 0,
-    )  # fmt: skip
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        collate_fn=collate_bytes,
+        generator=torch.Generator().manual_seed(args.seed),
+        persistent_workers=args.workers > 0,
+    )
     setup = time.perf_counter() - started
 
     def epoch(_: int) -> Iterator:
@@ -232,8 +255,9 @@ def run_webdataset(ctx: dict) -> tuple[float, list[dict]]:
         .map(decode_wds)
         .batched(args.batch_size, collation_fn=collate_bytes)
     )
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=args.workers,
-                                         persistent_workers=args.workers > 0)  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0
+    )
     setup = time.perf_counter() - started
 
     def epoch(_: int) -> Iterator:
@@ -344,8 +368,13 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = args.workdir.resolve()
     data = prepare(workdir, args)
-    ctx = {"args": args, "src": workdir / "src", "packed": workdir / "packed", "shards": workdir / "shards",
-           "mnt": workdir / "mnt"}  # fmt: skip
+    ctx = {
+        "args": args,
+        "src": workdir / "src",
+        "packed": workdir / "packed",
+        "shards": workdir / "shards",
+        "mnt": workdir / "mnt",
+    }
     reference = global_entropy(ctx["src"], args.batch_size, args.seed)
     results: dict = {}
     cold = None
@@ -362,24 +391,33 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {
             "setup_s": setup,
             "cold_first_epoch": cold,
-            "epochs": [{"seconds": e["seconds"], "samples": e["samples"], "samples_per_s": e["samples"] / e["seconds"]}
-                       for e in epochs],  # fmt: skip
+            "epochs": [
+                {"seconds": e["seconds"], "samples": e["samples"], "samples_per_s": e["samples"] / e["seconds"]}
+                for e in epochs
+            ],
             "batch_entropy": entropy,
             "entropy_vs_global": entropy / reference,
         }
         rates = ", ".join(f"{e['samples_per_s']:,.0f}" for e in results[name]["epochs"])
         print(f"{name}: setup {setup:.2f} s, samples/s per epoch {rates}, entropy {entropy:.3f}", flush=True)
 
-    title = (f"{args.files} {args.mode} files ({data['bytes'] / 2**20:,.0f} MiB, {data['blocks']} blocks), "
-             f"batch {args.batch_size}, {args.workers} workers, {os.cpu_count()} cores")  # fmt: skip
+    title = (
+        f"{args.files} {args.mode} files ({data['bytes'] / 2**20:,.0f} MiB, {data['blocks']} blocks), "
+        f"batch {args.batch_size}, {args.workers} workers, {os.cpu_count()} cores"
+    )
     print(f"\n{title}; page cache dropped before each system: {bool(cold)}")
     print(f"global shuffle batch entropy: {reference:.3f} bits\n")
     print(table(results, args.epochs))
-    report = {"dataset": {**data["spec"], "bytes": data["bytes"], "blocks": data["blocks"]},
-              "batch_size": args.batch_size, "workers": args.workers, "epochs": args.epochs,
-              "cache_size": args.cache_size, "global_batch_entropy": reference, "results": results,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()}}  # fmt: skip
+    report = {
+        "dataset": {**data["spec"], "bytes": data["bytes"], "blocks": data["blocks"]},
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "cache_size": args.cache_size,
+        "global_batch_entropy": reference,
+        "results": results,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+    }
     out = args.out or workdir / "bench_loader.json"
     out.write_text(json.dumps(report, indent=1))
     if results:

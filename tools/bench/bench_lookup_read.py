@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import make_dataset as md
 from helpers import HELPERS, ROOT
 from helpers.benchutil import drop_caches, run_storage_reader
-
-import make_dataset as md
 
 import blockfs
 from blockfs.client import read_stats
@@ -44,8 +43,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 
 
 def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str) -> int:
@@ -103,8 +100,12 @@ def main() -> int:
         null_mnt = work / "mnt-null"
         null_mnt.mkdir(exist_ok=True)
         log = open(work / "null.log", "ab")
-        null_proc = subprocess.Popen([sys.executable, str(HELPERS / "null_fs.py"), str(src), str(null_mnt),
-                                      "--fuse", args.fuse], stdout=log, stderr=log, stdin=subprocess.DEVNULL)  # fmt: skip
+        null_proc = subprocess.Popen(
+            [sys.executable, str(HELPERS / "null_fs.py"), str(src), str(null_mnt), "--fuse", args.fuse],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
         wait_until_mounted(null_mnt, null_proc, 120)
         servers["null_fs (floor)"] = (null_mnt, null_proc.pid)
         samples: dict[str, list[dict]] = {name: [] for name in servers}
@@ -114,12 +115,17 @@ def main() -> int:
                 drop_caches(3)
                 cpu = cpu_seconds(pid)
                 got = run_storage_reader(mnt, order_file, args.threads)
-                sample = {"files_s": got["files"] / got["seconds"],
-                          "cpu_ms_per_1k": (cpu_seconds(pid) - cpu) * 1e6 / got["files"]}  # fmt: skip
+                sample = {
+                    "files_s": got["files"] / got["seconds"],
+                    "cpu_ms_per_1k": (cpu_seconds(pid) - cpu) * 1e6 / got["files"],
+                }
                 if name != "null_fs (floor)":
                     s = read_stats(mnt)
-                    sample["requests_per_file"] = {k: (v - before.get(k, 0)) / got["files"]
-                                                   for k, v in s["requests"].items() if v != before.get(k, 0)}  # fmt: skip
+                    sample["requests_per_file"] = {
+                        k: (v - before.get(k, 0)) / got["files"]
+                        for k, v in s["requests"].items()
+                        if v != before.get(k, 0)
+                    }
                     sample["files_pushed"] = (s.get("page_cache") or {}).get("files_pushed", 0)
                 samples[name].append(sample)
     finally:
@@ -131,8 +137,10 @@ def main() -> int:
             null_proc.wait(30)
 
     floor = statistics.median(s["files_s"] for s in samples["null_fs (floor)"])
-    print(f"{len(names):,} files of 2-6 KiB read from a list, no listing, {args.threads} readers, every kernel "
-          f"cache dropped first; route {args.fuse}; medians of {args.repeats}")
+    print(
+        f"{len(names):,} files of 2-6 KiB read from a list, no listing, {args.threads} readers, every kernel "
+        f"cache dropped first; route {args.fuse}; medians of {args.repeats}"
+    )
     print(f"{'server':18} {'files/s':>9} {'x floor':>8} {'cpu ms/1k':>10}  requests per file (last repeat)")
     for name, rows in samples.items():
         rate = statistics.median(s["files_s"] for s in rows)
@@ -140,8 +148,9 @@ def main() -> int:
         per_file = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rows[-1].get("requests_per_file", {}).items()))
         print(f"{name:18} {rate:9,.0f} {rate / floor:8.2f} {cpu:10.1f}  {per_file}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"files": len(names), "threads": args.threads, "route": args.fuse,
-                                               "samples": samples}, indent=2))  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps({"files": len(names), "threads": args.threads, "route": args.fuse, "samples": samples}, indent=2)
+        )
     return 0
 
 

@@ -36,15 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import make_dataset as md
 from helpers.benchutil import MemoryCgroup, drop_caches
 from helpers.storage_emulation import evict
 
-import make_dataset as md
-
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.daemon import unmount
 from blockfs.serve.cache.memory_plan import parse_size
+from blockfs.serve.daemon import unmount
 
 CONFIGS = {
     "none": ["--policy", "none"],
@@ -53,8 +52,9 @@ CONFIGS = {
     "retain most-files": ["--policy", "cache-once", "--retain-strategy", "most-files"],
     "retain threshold": ["--policy", "cache-once", "--retain-strategy", "threshold", "--retain-threshold", "auto"],
 }
-KERNEL_CONFIGS = {mode: ["--policy", "cache-once", "--retain-strategy", "most-files"]
-                  for mode in ("none", "enosys", "targets")}  # keyed by --open-mode
+KERNEL_CONFIGS = {
+    mode: ["--policy", "cache-once", "--retain-strategy", "most-files"] for mode in ("none", "enosys", "targets")
+}  # keyed by --open-mode
 MEAN_FILE = 110 << 10  # make_dataset's imagenet mean file size
 READER_FOOTPRINT = 16 << 20  # the reader's own memory inside its cgroup: Python and the file list
 # One epoch in a child process (so that it can sit in a cgroup): file names on stdin, seconds on stdout.
@@ -92,10 +92,22 @@ def run_epochs(
     """Mount, read ``epochs`` shuffled epochs, unmount.  Without ``cgroup``: in this process, the page cache
     dropped before every epoch; with it: in a child confined to the cgroup, dropped before epoch 1 only."""
     subprocess.run(
-        [sys.executable, "-m", "blockfs", "mount", str(dest), str(mnt), "--cache-size", str(budget),
-         "--open-mode", open_mode, *args],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "blockfs",
+            "mount",
+            str(dest),
+            str(mnt),
+            "--cache-size",
+            str(budget),
+            "--open-mode",
+            open_mode,
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    )
     rows = []
     try:
         for epoch in range(epochs):
@@ -115,26 +127,38 @@ def run_epochs(
                         f.read()
                 seconds = time.perf_counter() - started
             else:
-                seconds = float(subprocess.run(
-                    [sys.executable, "-c", READER], input="\0".join(str(mnt / n) for n in order),
-                    capture_output=True, text=True, check=True, preexec_fn=cgroup.enter,
-                ).stdout)  # fmt: skip
+                seconds = float(
+                    subprocess.run(
+                        [sys.executable, "-c", READER],
+                        input="\0".join(str(mnt / n) for n in order),
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        preexec_fn=cgroup.enter,
+                    ).stdout
+                )
             stats = read_stats(mnt)
             disk = disk_read_bytes(stats["mount"]["pid"]) - disk_before
             after = stats["counters"]
-            d = {k: after[k] - before["counters"][k]
-                 for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")}  # fmt: skip
+            d = {
+                k: after[k] - before["counters"][k]
+                for k in ("files_served", "file_hits", "bytes_served", "bytes_from_storage")
+            }
             requests = {k: stats["requests"].get(k, 0) - before["requests"].get(k, 0) for k in ("read", "open")}
-            rows.append({
-                "fuse_reads_per_file": requests["read"] / len(order),
-                "fuse_opens_per_file": requests["open"] / len(order),
-                "epoch": epoch + 1,
-                "files_per_s": len(order) / seconds,
-                "storage_bytes": d["bytes_from_storage"],
-                "disk_bytes": disk,
-                "file_hit_rate": d["file_hits"] / d["files_served"] if d["files_served"] else 0.0,
-                "byte_hit_rate": max(0.0, 1 - d["bytes_from_storage"] / d["bytes_served"]) if d["bytes_served"] else 0.0,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "fuse_reads_per_file": requests["read"] / len(order),
+                    "fuse_opens_per_file": requests["open"] / len(order),
+                    "epoch": epoch + 1,
+                    "files_per_s": len(order) / seconds,
+                    "storage_bytes": d["bytes_from_storage"],
+                    "disk_bytes": disk,
+                    "file_hit_rate": d["file_hits"] / d["files_served"] if d["files_served"] else 0.0,
+                    "byte_hit_rate": max(0.0, 1 - d["bytes_from_storage"] / d["bytes_served"])
+                    if d["bytes_served"]
+                    else 0.0,
+                }
+            )
         rows[-1]["final_stats"] = read_stats(mnt)
     finally:
         unmount(mnt)
@@ -148,18 +172,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", default="results/bench_memory")
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
-    p.add_argument("--page-cache", default=None, help="page cache the reader may hold in the kernel runs "
-                   "(default: the budget)")  # fmt: skip
+    p.add_argument(
+        "--page-cache", default=None, help="page cache the reader may hold in the kernel runs (default: the budget)"
+    )
     p.add_argument("--no-kernel", action="store_true", help="skip the kernel page cache runs")
-    p.add_argument("--evict", action="store_true", help="drop only the benchmark's block files from the page "
-                   "cache before an epoch (a shared machine), not the whole page cache")
+    p.add_argument(
+        "--evict",
+        action="store_true",
+        help="drop only the benchmark's block files from the page "
+        "cache before an epoch (a shared machine), not the whole page cache",
+    )
     a = p.parse_args(argv)
     budget = parse_size(a.budget)
     page_cache = parse_size(a.page_cache) if a.page_cache else budget
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"budget_bytes": budget, "epochs": a.epochs, "runs": [], "page_cache_bytes": page_cache,
-                     "kernel_runs": []}  # fmt: skip
+    results: dict = {
+        "budget_bytes": budget,
+        "epochs": a.epochs,
+        "runs": [],
+        "page_cache_bytes": page_cache,
+        "kernel_runs": [],
+    }
     cgroup = None
     if not a.no_kernel:
         try:
@@ -193,34 +227,59 @@ def _run_all(a: argparse.Namespace, budget: int, results: dict, cgroup: MemoryCg
             for config, extra in CONFIGS.items():
                 rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, evict_only=a.evict)
                 final = rows[-1].pop("final_stats")
-                results["runs"].append({"ratio": total / budget, "dataset_bytes": total, "files": len(names),
-                                        "config": config, "epochs": rows, "plan": final["plan"],
-                                        "retained": final.get("retained")})  # fmt: skip
+                results["runs"].append(
+                    {
+                        "ratio": total / budget,
+                        "dataset_bytes": total,
+                        "files": len(names),
+                        "config": config,
+                        "epochs": rows,
+                        "plan": final["plan"],
+                        "retained": final.get("retained"),
+                    }
+                )
             for open_mode, extra in KERNEL_CONFIGS.items() if cgroup is not None else ():
                 rows = run_epochs(dest, mnt, budget, extra, names, a.epochs, open_mode, cgroup, a.evict)
                 rows[-1].pop("final_stats")
-                results["kernel_runs"].append({"ratio": total / budget, "dataset_bytes": total,
-                                               "files": len(names), "open_mode": open_mode, "epochs": rows})  # fmt: skip
+                results["kernel_runs"].append(
+                    {
+                        "ratio": total / budget,
+                        "dataset_bytes": total,
+                        "files": len(names),
+                        "open_mode": open_mode,
+                        "epochs": rows,
+                    }
+                )
 
 
 def _table(results: dict, epochs: int) -> str:
     budget = results["budget_bytes"]
-    lines = [f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %, "
-             "disk read by the mount (% of dataset)",
-             f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^37}" for e in range(epochs))]
+    lines = [
+        f"budget {budget >> 20} MiB; per epoch: files/s, storage MiB (% of dataset), file hit %, byte hit %, "
+        "disk read by the mount (% of dataset)",
+        f"{'ratio':>5} {'config':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^37}" for e in range(epochs)),
+    ]
     for run in results["runs"]:
-        cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
-                 f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%} {r['disk_bytes'] / run['dataset_bytes']:5.1%}"
-                 for r in run["epochs"]]  # fmt: skip
+        cells = [
+            f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
+            f" {r['file_hit_rate']:4.0%} {r['byte_hit_rate']:4.0%} {r['disk_bytes'] / run['dataset_bytes']:5.1%}"
+            for r in run["epochs"]
+        ]
         lines.append(f"{run['ratio']:5.2f} {run['config']:<18} " + " | ".join(cells))
     if results["kernel_runs"]:
-        lines += ["", f"kernel page cache on top of retention (most-files), the reader limited to "
-                  f"{results['page_cache_bytes'] >> 20} MiB of page cache, dropped before epoch 1 only;",
-                  "per epoch: files/s, storage MiB (% of dataset), FUSE reads per file, FUSE opens per file",
-                  f"{'ratio':>5} {'open mode':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(epochs))]  # fmt: skip
+        lines += [
+            "",
+            f"kernel page cache on top of retention (most-files), the reader limited to "
+            f"{results['page_cache_bytes'] >> 20} MiB of page cache, dropped before epoch 1 only;",
+            "per epoch: files/s, storage MiB (% of dataset), FUSE reads per file, FUSE opens per file",
+            f"{'ratio':>5} {'open mode':<18} " + " | ".join(f"{'epoch ' + str(e + 1):^30}" for e in range(epochs)),
+        ]
         for run in results["kernel_runs"]:
-            cells = [f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
-                     f" {r['fuse_reads_per_file']:4.2f} {r['fuse_opens_per_file']:4.2f}" for r in run["epochs"]]  # fmt: skip
+            cells = [
+                f"{r['files_per_s']:6.0f} {r['storage_bytes'] / 2**20:6.1f} ({r['storage_bytes'] / run['dataset_bytes']:4.0%})"
+                f" {r['fuse_reads_per_file']:4.2f} {r['fuse_opens_per_file']:4.2f}"
+                for r in run["epochs"]
+            ]
             lines.append(f"{run['ratio']:5.2f} {run['open_mode']:<18} " + " | ".join(cells))
     return "\n".join(lines)
 
@@ -238,8 +297,9 @@ def _plot(results: dict, path: Path) -> None:
     for col, ratio in enumerate(ratios):
         for run in (r for r in results["runs"] if round(r["ratio"], 2) == ratio):
             epochs = [e["epoch"] for e in run["epochs"]]
-            axes[0][col].plot(epochs, [e["storage_bytes"] / run["dataset_bytes"] for e in run["epochs"]], "o-",
-                              label=run["config"])  # fmt: skip
+            axes[0][col].plot(
+                epochs, [e["storage_bytes"] / run["dataset_bytes"] for e in run["epochs"]], "o-", label=run["config"]
+            )
             axes[1][col].plot(epochs, [e["files_per_s"] for e in run["epochs"]], "o-", label=run["config"])
         axes[0][col].set_title(f"dataset = {ratio:g} x budget")
         axes[0][col].set_ylabel("storage bytes / dataset")

@@ -40,19 +40,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import make_dataset as md
 import numpy as np
-
 from helpers import HELPERS
 from helpers.benchutil import drop_caches, read_files_threads
 
-import make_dataset as md
-
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.daemon import start_background, unmount
 from blockfs.packing.packer import plan_blocks
 from blockfs.serve.cache.memory_plan import parse_size
 from blockfs.serve.cache.policies import make_policy
+from blockfs.serve.daemon import start_background, unmount
 
 RATIOS = (0.25, 0.5, 0.75)
 POLICIES = ("cache-once", "lru", "fifo")
@@ -112,13 +110,22 @@ class Mounted:
     def __init__(self, dest: Path, mnt: Path, *args: str, binding: str | None = None) -> None:
         self.dest, self.mnt, self.args, self.binding = dest, mnt, args, binding
 
-    def __enter__(self) -> "Mounted":
+    def __enter__(self) -> Mounted:
         self.mnt.mkdir(parents=True, exist_ok=True)
         env_before = os.environ.get("BLOCKFS_FUSE")
         if self.binding:
             os.environ["BLOCKFS_FUSE"] = self.binding
         try:
-            command = [sys.executable, "-m", "blockfs", "mount", str(self.dest), str(self.mnt), "--foreground", *self.args]
+            command = [
+                sys.executable,
+                "-m",
+                "blockfs",
+                "mount",
+                str(self.dest),
+                str(self.mnt),
+                "--foreground",
+                *self.args,
+            ]
             start_background(command, self.mnt, str(self.mnt.parent / f"{self.mnt.name}.log"))
         finally:
             if self.binding:
@@ -193,8 +200,12 @@ def bench_null(tree: dict, work: Path, repeats: int) -> dict:
     mnt.mkdir(parents=True, exist_ok=True)
     with open(work / "nullmnt.log", "ab") as log:
         route = os.environ.get("BLOCKFS_FUSE") or "kernel"  # the route the mount rows are served by
-        proc = subprocess.Popen([sys.executable, str(HELPERS / "null_fs.py"), str(tree["src"]), str(mnt), "--fuse", route],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(HELPERS / "null_fs.py"), str(tree["src"]), str(mnt), "--fuse", route],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         wait_until_mounted(mnt, proc, 60, str(work / "nullmnt.log"))
         read_pass(mnt, tree["names"], seed=0)  # every entry looked up once, as before blockfs's "memory" runs
@@ -274,8 +285,9 @@ def bench_variants(tree: dict, work: Path, files: int = 8000) -> list[dict]:
             memory = read_pass(m.mnt, names, seed=120)
         calls = {k: round((v - before.get(k, 0)) / len(names), 2) for k, v in after.items() if v - before.get(k, 0)}
         calls.pop("getxattr", None)  # the statistics themselves
-        rows.append({"variant": label, "warm": warm, "warm_os": warm_os, "memory": memory,
-                     "python_calls_per_file_warm": calls})  # fmt: skip
+        rows.append(
+            {"variant": label, "warm": warm, "warm_os": warm_os, "memory": memory, "python_calls_per_file_warm": calls}
+        )
     return rows
 
 
@@ -335,8 +347,9 @@ def measured_cache_once(tree: dict, work: Path) -> dict:
     out = {}
     for ratio in RATIOS:
         rates = []
-        with Mounted(packed, work / "mnt", "--cache-size", str(int(ratio * total)), "--open-mode", "none",
-                     "--no-retain") as m:
+        with Mounted(
+            packed, work / "mnt", "--cache-size", str(int(ratio * total)), "--open-mode", "none", "--no-retain"
+        ) as m:
             for epoch in range(2):
                 before = m.stats()["counters"]
                 read_pass(m.mnt, tree["names"], seed=200 + epoch)
@@ -355,8 +368,11 @@ def table(results: dict) -> str:
     lines.append(f"{'tree':9} {'reader over':44} {'files/s':>9} {'MB/s':>8}")
     for name in tp:
         raw, bf = tp[name]["raw"], tp[name]["blockfs"]
-        rows = [("raw directory, cold", raw["cold"]), ("raw directory, warm", raw["warm"]),
-                ("raw directory, warm, os.open reader", raw["warm_os"])]  # fmt: skip
+        rows = [
+            ("raw directory, cold", raw["cold"]),
+            ("raw directory, warm", raw["warm"]),
+            ("raw directory, warm, os.open reader", raw["warm_os"]),
+        ]
         rows += [
             ("blockfs, epoch 1 (cold)", bf["epoch1_cold"]),
             ("blockfs, epoch 2 (warm: kernel page cache)", bf["epoch2_warm"]),
@@ -367,12 +383,16 @@ def table(results: dict) -> str:
         ]
         if tp[name].get("null_fuse"):
             null = tp[name]["null_fuse"]
-            rows += [("null FUSE server (page cache dropped)", null["memory"]),
-                     ("null FUSE server (all kernel caches dropped)", null["memory_no_kernel_cache"]),
-                     ("null FUSE server, 4 reader threads", null["memory_4_threads"])]  # fmt: skip
+            rows += [
+                ("null FUSE server (page cache dropped)", null["memory"]),
+                ("null FUSE server (all kernel caches dropped)", null["memory_no_kernel_cache"]),
+                ("null FUSE server, 4 reader threads", null["memory_4_threads"]),
+            ]
         if tp[name].get("ratarmount"):
-            rows += [("ratarmount, epoch 1 (cold)", tp[name]["ratarmount"]["epoch1_cold"]),
-                     ("ratarmount, epoch 2 (warm)", tp[name]["ratarmount"]["epoch2_warm"])]  # fmt: skip
+            rows += [
+                ("ratarmount, epoch 1 (cold)", tp[name]["ratarmount"]["epoch1_cold"]),
+                ("ratarmount, epoch 2 (warm)", tp[name]["ratarmount"]["epoch2_warm"]),
+            ]
         for label, r in rows:
             lines.append(f"{name:9} {label:44} {r['files_s']:>9,.0f} {r['mb_s']:>8,.1f}")
         lines.append("")
@@ -380,20 +400,29 @@ def table(results: dict) -> str:
         head = f"{'mount variants (tiny tree, files/s)':50} {'warm':>8} {'warm os':>8} {'memory':>8}"
         lines.append(head + "  Python calls per file, warm")
         for v in results["variants"]:
-            lines.append(f"  {v['variant']:48} {v['warm']['files_s']:>8,.0f} {v['warm_os']['files_s']:>8,.0f} "
-                         f"{v['memory']['files_s']:>8,.0f}  {v['python_calls_per_file_warm']}")  # fmt: skip
+            lines.append(
+                f"  {v['variant']:48} {v['warm']['files_s']:>8,.0f} {v['warm_os']['files_s']:>8,.0f} "
+                f"{v['memory']['files_s']:>8,.0f}  {v['python_calls_per_file_warm']}"
+            )
         lines.append("")
-    lines.append("hit rate per epoch (simulated; epochs 1..%d), storage read per epoch / dataset in the last epoch" % SIM_EPOCHS)
+    lines.append(
+        f"hit rate per epoch (simulated; epochs 1..{SIM_EPOCHS}), storage read per epoch / dataset in the last epoch"
+    )
     for name, per_policy in results["hit_rates"]["simulated"].items():
         for policy, per_ratio in per_policy.items():
             for ratio, sim in per_ratio.items():
                 rates = " ".join(f"{x:.3f}" for x in sim["hit_rate"])
-                lines.append(f"  {name:9} {policy:10} budget/dataset {ratio:>4}: {rates}   storage {sim['storage_per_epoch'][-1]:.2f}x")
+                lines.append(
+                    f"  {name:9} {policy:10} budget/dataset {ratio:>4}: {rates}   storage {sim['storage_per_epoch'][-1]:.2f}x"
+                )
     meas = results["hit_rates"].get("measured_cache_once")
     if meas:
         lines.append("hit rate per epoch through the mount (cache-once, tiny tree, 1 MiB blocks)")
         for ratio, m in meas.items():
-            lines.append(f"  budget/dataset {ratio:>4} (cached {m['cached_share']:.3f}): " + " ".join(f"{x:.3f}" for x in m["hit_rate"]))
+            lines.append(
+                f"  budget/dataset {ratio:>4} (cached {m['cached_share']:.3f}): "
+                + " ".join(f"{x:.3f}" for x in m["hit_rate"])
+            )
     lines.append("")
     lines += [f"{'PASS' if ok else 'MISS'}  {what}" for what, ok in results["checks"]]
     return "\n".join(lines)
@@ -408,15 +437,29 @@ def checks(results: dict) -> list[tuple[str, bool]]:
         out.append((f"{name}: epoch 1 through the mount / raw cold = {ratio:.2f} (>= 2)", ratio >= 2))
         ratio = bf["epoch2_warm"]["files_s"] / raw["warm"]["files_s"]
         ratio_os = bf["warm_os"]["files_s"] / raw["warm_os"]["files_s"]
-        out.append((f"{name}: kernel-served re-read / raw warm = {ratio:.2f} (>= 0.7); "
-                    f"{ratio_os:.2f} with an os.open reader (no isatty ioctl)", ratio >= 0.7))  # fmt: skip
+        out.append(
+            (
+                f"{name}: kernel-served re-read / raw warm = {ratio:.2f} (>= 0.7); "
+                f"{ratio_os:.2f} with an os.open reader (no isatty ioctl)",
+                ratio >= 0.7,
+            )
+        )
         need = 25_000 if name == "tiny" else 8_000
         got, got4 = bf["memory"]["files_s"], bf["memory_4_threads"]["files_s"]
         null = tp[name].get("null_fuse")
-        ceiling = (f"; a FUSE server doing no work: {null['memory']['files_s']:,.0f} / "
-                   f"{null['memory_4_threads']['files_s']:,.0f}" if null else "")  # fmt: skip
-        out.append((f"{name}: served from blockfs memory {got:,.0f} files/s with 1 reader, {got4:,.0f} with 4 "
-                    f"(>= {need:,}){ceiling}", max(got, got4) >= need))  # fmt: skip
+        ceiling = (
+            f"; a FUSE server doing no work: {null['memory']['files_s']:,.0f} / "
+            f"{null['memory_4_threads']['files_s']:,.0f}"
+            if null
+            else ""
+        )
+        out.append(
+            (
+                f"{name}: served from blockfs memory {got:,.0f} files/s with 1 reader, {got4:,.0f} with 4 "
+                f"(>= {need:,}){ceiling}",
+                max(got, got4) >= need,
+            )
+        )
         if rat:
             for epoch, key in (("1", "epoch1_cold"), ("2", "epoch2_warm")):
                 ratio = bf[key]["files_s"] / rat[key]["files_s"]
@@ -426,8 +469,13 @@ def checks(results: dict) -> list[tuple[str, bool]]:
             once = per_policy["cache-once"][ratio]["hit_rate"][1:]
             lru = per_policy["lru"][ratio]["hit_rate"][1:]
             near = max(abs(x - float(ratio)) for x in once)
-            out.append((f"{name}: cache-once at {ratio} within {near * 100:.1f} points of budget/dataset from epoch 2 "
-                        f"(<= 2), LRU {min(lru):.3f}..{max(lru):.3f}", near <= 0.02 and min(once) > max(lru)))  # fmt: skip
+            out.append(
+                (
+                    f"{name}: cache-once at {ratio} within {near * 100:.1f} points of budget/dataset from epoch 2 "
+                    f"(<= 2), LRU {min(lru):.3f}..{max(lru):.3f}",
+                    near <= 0.02 and min(once) > max(lru),
+                )
+            )
     return out
 
 
@@ -444,13 +492,23 @@ def plot(results: dict, path: Path) -> bool:
     for ax, name in zip(axes[:2], tp, strict=False):
         rows = {"raw cold": tp[name]["raw"]["cold"], "raw warm": tp[name]["raw"]["warm"]}
         bf = tp[name]["blockfs"]
-        rows |= {"blockfs ep1": bf["epoch1_cold"], "blockfs ep2": bf["epoch2_warm"], "blockfs mem": bf["memory"],
-                 "blockfs mem\nno kcache": bf["memory_no_kernel_cache"], "blockfs mem\n4 threads": bf["memory_4_threads"]}
+        rows |= {
+            "blockfs ep1": bf["epoch1_cold"],
+            "blockfs ep2": bf["epoch2_warm"],
+            "blockfs mem": bf["memory"],
+            "blockfs mem\nno kcache": bf["memory_no_kernel_cache"],
+            "blockfs mem\n4 threads": bf["memory_4_threads"],
+        }
         if tp[name].get("null_fuse"):
-            rows |= {"null FUSE\nmem": tp[name]["null_fuse"]["memory"],
-                     "null FUSE\n4 threads": tp[name]["null_fuse"]["memory_4_threads"]}  # fmt: skip
+            rows |= {
+                "null FUSE\nmem": tp[name]["null_fuse"]["memory"],
+                "null FUSE\n4 threads": tp[name]["null_fuse"]["memory_4_threads"],
+            }
         if tp[name].get("ratarmount"):
-            rows |= {"ratar ep1": tp[name]["ratarmount"]["epoch1_cold"], "ratar ep2": tp[name]["ratarmount"]["epoch2_warm"]}
+            rows |= {
+                "ratar ep1": tp[name]["ratarmount"]["epoch1_cold"],
+                "ratar ep2": tp[name]["ratarmount"]["epoch2_warm"],
+            }
         ax.bar(range(len(rows)), [r["files_s"] for r in rows.values()], color="tab:blue")
         ax.set_xticks(range(len(rows)), list(rows), rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("files/s")
@@ -460,12 +518,18 @@ def plot(results: dict, path: Path) -> bool:
     styles = {"cache-once": "-", "lru": "--", "fifo": ":"}
     for policy, per_ratio in sim.items():
         for ratio, s in per_ratio.items():
-            ax.plot(range(1, len(s["hit_rate"]) + 1), s["hit_rate"], styles[policy], marker="o",
-                    label=f"{policy} {ratio}")  # fmt: skip
+            ax.plot(
+                range(1, len(s["hit_rate"]) + 1), s["hit_rate"], styles[policy], marker="o", label=f"{policy} {ratio}"
+            )
     meas = results["hit_rates"].get("measured_cache_once") or {}
     for ratio, m in meas.items():
-        ax.plot(range(1, len(m["hit_rate"]) + 1), m["hit_rate"], "kx", markersize=9,
-                label="measured cache-once" if ratio == "0.25" else None)  # fmt: skip
+        ax.plot(
+            range(1, len(m["hit_rate"]) + 1),
+            m["hit_rate"],
+            "kx",
+            markersize=9,
+            label="measured cache-once" if ratio == "0.25" else None,
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("file hit rate")
     ax.set_title("tiny tree: hit rate per epoch, random order (lines simulated, x measured)")
@@ -502,8 +566,12 @@ def main(argv: list[str] | None = None) -> int:
         trees = make_trees(work, args.imagenet_files, args.tiny_files)
         results: dict = {
             "command": " ".join([sys.executable, *sys.argv]),
-            "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                        "loadavg_start": os.getloadavg()},  # fmt: skip
+            "machine": {
+                "cpus": os.cpu_count(),
+                "kernel": platform.release(),
+                "python": platform.python_version(),
+                "loadavg_start": os.getloadavg(),
+            },
             "trees": {n: {"files": t["files"], "bytes": t["bytes"]} for n, t in trees.items()},
             "throughput": {},
         }
@@ -519,8 +587,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - started:5.0f} s] mount variants", file=sys.stderr)
             results["variants"] = bench_variants(trees["tiny"], work)
         print(f"[{time.monotonic() - started:5.0f} s] hit rates", file=sys.stderr)
-        results["hit_rates"] = {"simulated": bench_hit_rates(trees),
-                                "measured_cache_once": measured_cache_once(trees["tiny"], work)}  # fmt: skip
+        results["hit_rates"] = {
+            "simulated": bench_hit_rates(trees),
+            "measured_cache_once": measured_cache_once(trees["tiny"], work),
+        }
         results["checks"] = checks(results)
         results["machine"]["loadavg_end"] = os.getloadavg()
         results["seconds"] = time.monotonic() - started
@@ -532,7 +602,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_mount.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     has_plot = plot(results, out / "bench_mount.png")
     print(text)
-    print(f"\n{results['seconds']:.0f} s; wrote {out}/bench_mount.json, .txt" + (", .png" if has_plot else " (no matplotlib: no plot)"))
+    print(
+        f"\n{results['seconds']:.0f} s; wrote {out}/bench_mount.json, .txt"
+        + (", .png" if has_plot else " (no matplotlib: no plot)")
+    )
     return 0
 
 

@@ -63,15 +63,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import bench_remote as br  # moto, the data, the mount helpers
 import numpy as np
-
 from helpers import HELPERS, ROOT
 from helpers import nginx_cluster as ngx
 from helpers import varnish_cluster as vcache
 from helpers.benchutil import started_server, stop_process
 from helpers.cluster_net import Cluster
 
-import bench_remote as br  # moto, the data, the mount helpers
 import blockfs
 from blockfs.client import read_stats
 from blockfs.loader.order import BlockLayout, batch_class_entropy, block_shuffled_order, global_shuffled_order
@@ -97,8 +96,15 @@ def rank_names(packed: Path, nodes: int, partition: str, seed: int, epoch: int) 
 
             node_of = partition_blocks(layout.block_sizes, nodes, seed=seed, block_bytes=a["block_sizes"])
         orders = [
-            block_shuffled_order(layout, seed=seed, epoch=epoch, rank=r, world_size=nodes,
-                                 nodes=nodes if partition == "node" else 1, node_of_block=node_of)  # fmt: skip
+            block_shuffled_order(
+                layout,
+                seed=seed,
+                epoch=epoch,
+                rank=r,
+                world_size=nodes,
+                nodes=nodes if partition == "node" else 1,
+                node_of_block=node_of,
+            )
             for r in range(nodes)
         ]
         return [[os.fsdecode(ds.path_of(int(e))) for e in order] for order in orders]
@@ -112,8 +118,9 @@ def entropies(packed: Path, nodes: int, seed: int, batch: int) -> dict[str, floa
         labels = np.maximum(a["label"].astype(np.int64), 0)
         out = {}
         for partition in ("global", "node"):
-            order = block_shuffled_order(layout, seed=seed, epoch=1, rank=0, world_size=nodes,
-                                         nodes=nodes if partition == "node" else 1)  # fmt: skip
+            order = block_shuffled_order(
+                layout, seed=seed, epoch=1, rank=0, world_size=nodes, nodes=nodes if partition == "node" else 1
+            )
             out[partition] = batch_class_entropy(order, labels, batch)
         shuffled = layout.block_files[global_shuffled_order(layout.n_files, seed=seed, epoch=1)]
         out["global shuffle"] = batch_class_entropy(shuffled, labels, batch)
@@ -125,8 +132,9 @@ def moto_command(port: int) -> list[str]:
     return [sys.executable, "-c", br.MOTO_MAIN, "-H", "0.0.0.0", "-p", str(port)]
 
 
-def start_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str],
-                env: dict[str, str]) -> tuple[subprocess.Popen, Path, int]:  # fmt: skip
+def start_mount(
+    cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen, Path, int]:
     """``blockfs mount URL MNT --foreground`` started in node ``node``'s network namespace (the mount itself
     visible here): the server, its log and where this start's lines begin in it."""
     mnt.mkdir(parents=True, exist_ok=True)
@@ -134,8 +142,9 @@ def start_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args
     command = cluster.command(node, exe, "mount", url, str(mnt), "--foreground", "--log", str(log), *args)
     with open(log, "ab") as out:
         offset = out.tell()
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
+        )
     return proc, log, offset
 
 
@@ -152,8 +161,9 @@ def stop_mount(mnt: Path, proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def node_mount(cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str],
-               env: dict[str, str]) -> Iterator[subprocess.Popen]:  # fmt: skip
+def node_mount(
+    cluster: Cluster, node: int, exe: str, url: str, mnt: Path, args: list[str], env: dict[str, str]
+) -> Iterator[subprocess.Popen]:
     """:func:`start_mount` for the duration of a ``with``, once mounted; always :func:`stop_mount` after."""
     proc, log, offset = start_mount(cluster, node, exe, url, mnt, args, env)
     try:
@@ -169,8 +179,13 @@ def start_readers(mounts: list[Path], names: list[list[str]], work: Path, thread
     for k, (mnt, part) in enumerate(zip(mounts, names, strict=True)):
         order = work / f"order-{k}.txt"
         order.write_text("\n".join(part) + "\n")
-        procs.append(subprocess.Popen([sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order),
-                                       "--threads", str(threads)], stdout=subprocess.PIPE, text=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order), "--threads", str(threads)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -189,8 +204,9 @@ def reader_results(procs: list[subprocess.Popen], victim: int | None = None, gra
     for proc in procs:
         stdout, _ = proc.communicate()
         lines = stdout.strip().splitlines()
-        out.append(json.loads(lines[-1]) if lines else {"files": 0, "bytes": 0, "errors": -1, "seconds": 0.0,
-                                                        "stopped": True})  # fmt: skip
+        out.append(
+            json.loads(lines[-1]) if lines else {"files": 0, "bytes": 0, "errors": -1, "seconds": 0.0, "stopped": True}
+        )
     return out
 
 
@@ -216,10 +232,16 @@ def node_counters(mnt: Path) -> dict[str, int]:
         return {}
     c, remote = s["counters"], (s.get("storage") or {}).get("remote", {})
     disk = (s.get("storage") or {}).get("disk_tier", {})
-    return {"remote_bytes": remote.get("bytes", 0), "remote_failures": remote.get("failures", 0),
-            "peer_bytes": peer_bytes(s), "served": c["bytes_served"], "files_served": c["files_served"],
-            "file_hits": c["file_hits"], "below_memory": c["block_bytes_read"] + c["file_bytes_read"],
-            "disk_bytes": disk.get("disk_bytes", 0)}  # fmt: skip
+    return {
+        "remote_bytes": remote.get("bytes", 0),
+        "remote_failures": remote.get("failures", 0),
+        "peer_bytes": peer_bytes(s),
+        "served": c["bytes_served"],
+        "files_served": c["files_served"],
+        "file_hits": c["file_hits"],
+        "below_memory": c["block_bytes_read"] + c["file_bytes_read"],
+        "disk_bytes": disk.get("disk_bytes", 0),
+    }
 
 
 def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -235,22 +257,30 @@ def mode_plan(mode: str, args: argparse.Namespace, cluster: Cluster, dataset: in
     if mode == "memref":
         # --preload: the mount answers once its budget holds the dataset (prefill on a loaded machine would
         # still be running in epoch 2)
-        return args.baseline_blockfs, [[*common, "--preload", "--cache-size", str(int(1.25 * dataset) + 16 * MiB)]
-                                       for _ in range(n)]  # fmt: skip
+        return args.baseline_blockfs, [
+            [*common, "--preload", "--cache-size", str(int(1.25 * dataset) + 16 * MiB)] for _ in range(n)
+        ]
     per_node = []
     for k in range(n):
         a = [*common, "--cache-size", str(budget)]
         if args.node_split:
             a += ["--nodes", str(n), "--node-rank", str(k)]
         if mode == "peers":
-            a += ["--peers", ",".join(f"{addr}:{PEER_PORT}" for addr in cluster.fabric_address),
-                  "--peer-rank", str(k)]  # fmt: skip
+            a += ["--peers", ",".join(f"{addr}:{PEER_PORT}" for addr in cluster.fabric_address), "--peer-rank", str(k)]
         per_node.append(a)
     return (args.blockfs if mode == "peers" else args.baseline_blockfs), per_node
 
 
-def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, packed: Path, work: Path,
-             dataset: int, s3: dict[str, str]) -> dict:  # fmt: skip
+def run_mode(
+    mode: str,
+    args: argparse.Namespace,
+    cluster: Cluster,
+    url: str,
+    packed: Path,
+    work: Path,
+    dataset: int,
+    s3: dict[str, str],
+) -> dict:
     n = args.nodes
     exe, mount_args = mode_plan(mode, args, cluster, dataset)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | s3
@@ -263,17 +293,27 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
             env = dict(base_env, AWS_ENDPOINT_URL=f"http://{cluster.store_address[k]}:{MOTO_PORT}")
             if mode == "nginx":
                 prefix = work / f"nginx-{k}"
-                text = ngx.config(prefix, cluster.fabric_address[k], cluster.fabric_address,
-                                  f"{cluster.store_address[k]}:{MOTO_PORT}", int(args.budget * dataset),
-                                  slice_bytes=args.nginx_slice)  # fmt: skip
+                text = ngx.config(
+                    prefix,
+                    cluster.fabric_address[k],
+                    cluster.fabric_address,
+                    f"{cluster.store_address[k]}:{MOTO_PORT}",
+                    int(args.budget * dataset),
+                    slice_bytes=args.nginx_slice,
+                )
                 nginx_procs.append(stack.enter_context(ngx.started(cluster.command(k), prefix, text)))
                 nginx_prefixes.append(prefix)
                 env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{ngx.FRONT_PORT}"
             if mode == "varnish":
                 prefix = work / f"varnish-{k}"
                 text = vcache.vcl(cluster.fabric_address, f"{cluster.store_address[k]}:{MOTO_PORT}")
-                nginx_procs.append(stack.enter_context(vcache.started(cluster.command(k), prefix, text,
-                                                                      cluster.fabric_address[k], int(args.budget * dataset))))  # fmt: skip
+                nginx_procs.append(
+                    stack.enter_context(
+                        vcache.started(
+                            cluster.command(k), prefix, text, cluster.fabric_address[k], int(args.budget * dataset)
+                        )
+                    )
+                )
                 nginx_prefixes.append(prefix)
                 env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{vcache.FRONT_PORT}"
             if mode == "peers":
@@ -317,19 +357,32 @@ def run_mode(mode: str, args: argparse.Namespace, cluster: Cluster, url: str, pa
             for k in range(n):
                 d = diff(after[k], before[k]) if after[k] else {}
                 r = results[k]
-                per_node.append({"files": r["files"], "expected_files": len(names[k]), "errors": r["errors"],
-                                 "seconds": r["seconds"], "files_s": r["files"] / r["seconds"] if r["seconds"] else 0.0,
-                                 **d})  # fmt: skip
+                per_node.append(
+                    {
+                        "files": r["files"],
+                        "expected_files": len(names[k]),
+                        "errors": r["errors"],
+                        "seconds": r["seconds"],
+                        "files_s": r["files"] / r["seconds"] if r["seconds"] else 0.0,
+                        **d,
+                    }
+                )
             if mode in ("nginx", "varnish"):
                 count = ngx.upstream_bytes if mode == "nginx" else vcache.store_bytes
                 up = sum(count(p) for p in nginx_prefixes)
                 store_bytes, up_before = up - up_before, up
             else:
                 store_bytes = sum(p.get("remote_bytes", 0) for p in per_node)
-            out["epochs"].append({"epoch": epoch + 1, "killed_node": n - 1 if killing else None,
-                                  "store_bytes": store_bytes, "store_wire": sum(wire) - sum(wire_before),
-                                  "peer_bytes": sum(p.get("peer_bytes", 0) for p in per_node),
-                                  "nodes": per_node})  # fmt: skip
+            out["epochs"].append(
+                {
+                    "epoch": epoch + 1,
+                    "killed_node": n - 1 if killing else None,
+                    "store_bytes": store_bytes,
+                    "store_wire": sum(wire) - sum(wire_before),
+                    "peer_bytes": sum(p.get("peer_bytes", 0) for p in per_node),
+                    "nodes": per_node,
+                }
+            )
             before, wire_before = [a or b for a, b in zip(after, before, strict=True)], wire
             show_epoch(mode, out["epochs"][-1], dataset)
         if mode == "nginx":
@@ -342,15 +395,21 @@ def show_nginx_errors(prefixes: list[Path]) -> None:
         log = prefix / "error.log"
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
         if lines:
-            print(f"  nginx node {k}: {len(lines)} lines in its error log; the last: {lines[-1][:300]}", file=sys.stderr)
+            print(
+                f"  nginx node {k}: {len(lines)} lines in its error log; the last: {lines[-1][:300]}", file=sys.stderr
+            )
 
 
 def wait_listening(cluster: Cluster, prefixes: list[Path], port: int = ngx.FRONT_PORT, timeout: float = 60) -> None:
     """Until every node's cache answers on its front."""
     deadline = time.monotonic() + timeout
     for k in range(len(prefixes)):
-        while subprocess.run(cluster.command(k, "curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/"),
-                             check=False).returncode != 0:  # fmt: skip
+        while (
+            subprocess.run(
+                cluster.command(k, "curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/"), check=False
+            ).returncode
+            != 0
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {k}'s cache did not answer on port {port} (its logs: {prefixes[k]})")
             time.sleep(0.1)
@@ -358,9 +417,24 @@ def wait_listening(cluster: Cluster, prefixes: list[Path], port: int = ngx.FRONT
 
 def curl_status(cluster: Cluster, node: int | None, address: str, *extra: str) -> str:
     """``HTTP-status bytes`` of an unsigned GET of ``address`` from node ``node``."""
-    done = subprocess.run(cluster.command(node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
-                                          "--max-time", "10", *extra, address), capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        cluster.command(
+            node,
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "--max-time",
+            "10",
+            *extra,
+            address,
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip()
 
 
@@ -373,11 +447,17 @@ def show_epoch(mode: str, e: dict, dataset: int) -> None:
         dead = e["nodes"][e["killed_node"]]
         alive = [p for k, p in enumerate(e["nodes"]) if k != e["killed_node"]]
         errors = sum(max(0, p["errors"]) for p in alive)
-        note = (f" (the others'); node {e['killed_node']} killed 0.5 s in: it read {dead['files']}/{dead['expected_files']}"
-                f", the others {sum(p['files'] for p in alive)}/{sum(p['expected_files'] for p in alive)}")  # fmt: skip
-    print(f"  {mode:7} epoch {e['epoch']}: store {e['store_bytes'] / dataset:5.2f} D (wire {e['store_wire'] / dataset:5.2f} D), "
-          f"peers {e['peer_bytes'] / dataset:5.2f} D, memory hits {min(hits):.2f}-{max(hits):.2f}, files/s per node "
-          + " ".join(f"{r:6.0f}" for r in rates) + f", errors {errors}{note}", flush=True)  # fmt: skip
+        note = (
+            f" (the others'); node {e['killed_node']} killed 0.5 s in: it read {dead['files']}/{dead['expected_files']}"
+            f", the others {sum(p['files'] for p in alive)}/{sum(p['expected_files'] for p in alive)}"
+        )
+    print(
+        f"  {mode:7} epoch {e['epoch']}: store {e['store_bytes'] / dataset:5.2f} D (wire {e['store_wire'] / dataset:5.2f} D), "
+        f"peers {e['peer_bytes'] / dataset:5.2f} D, memory hits {min(hits):.2f}-{max(hits):.2f}, files/s per node "
+        + " ".join(f"{r:6.0f}" for r in rates)
+        + f", errors {errors}{note}",
+        flush=True,
+    )
 
 
 def table(results: dict) -> str:
@@ -386,17 +466,23 @@ def table(results: dict) -> str:
     d = results["dataset_bytes"]
     ref = results["modes"].get("memref", {}).get("epochs", [])
     ref_rate = float(np.median([p["files_s"] for p in ref[-1]["nodes"]])) if ref else None
-    lines = ["| mode | epoch | store (x D) | wire (x D) | from peers (x D) | memory hits | files/s per node: median (min-max) |"
-             + (" x memref |" if ref_rate else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if ref_rate else "")]  # fmt: skip
+    lines = [
+        "| mode | epoch | store (x D) | wire (x D) | from peers (x D) | memory hits | files/s per node: median (min-max) |"
+        + (" x memref |" if ref_rate else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if ref_rate else ""),
+    ]
     for mode, m in results["modes"].items():
         for e in m["epochs"]:
             alive = [p for k, p in enumerate(e["nodes"]) if k != e["killed_node"]]
             rates = [p["files_s"] for p in alive]
             hits = [p["file_hits"] / p["files_served"] for p in alive if p.get("files_served")]
-            what = f"{e['epoch']}" + (f" (node {e['killed_node']} killed; the others)" if e["killed_node"] is not None else "")
-            row = (f"| {mode} | {what} | {e['store_bytes'] / d:.2f} | {e['store_wire'] / d:.2f} | {e['peer_bytes'] / d:.2f} "
-                   f"| {min(hits):.2f}-{max(hits):.2f} | {np.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f}) |")  # fmt: skip
+            what = f"{e['epoch']}" + (
+                f" (node {e['killed_node']} killed; the others)" if e["killed_node"] is not None else ""
+            )
+            row = (
+                f"| {mode} | {what} | {e['store_bytes'] / d:.2f} | {e['store_wire'] / d:.2f} | {e['peer_bytes'] / d:.2f} "
+                f"| {min(hits):.2f}-{max(hits):.2f} | {np.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f}) |"
+            )
             if ref_rate:
                 row += f" {np.median(rates) / ref_rate:.2f} |"
             lines.append(row)
@@ -420,8 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=4, help="reader threads per node")
     p.add_argument("--partition", choices=("global", "node"), default="global", help="the readers' order")
-    p.add_argument("--no-node-split", dest="node_split", action="store_false",
-                   help="mount without --nodes/--node-rank (prefill then loads the same blocks on every node)")
+    p.add_argument(
+        "--no-node-split",
+        dest="node_split",
+        action="store_false",
+        help="mount without --nodes/--node-rank (prefill then loads the same blocks on every node)",
+    )
     p.add_argument("--node-mbit", type=int, default=1000)
     p.add_argument("--store-mbit", type=int, default=None, help="each node's link to the store (default node/10)")
     p.add_argument("--modes", default=",".join(MODES))
@@ -449,14 +539,25 @@ def main(argv: list[str] | None = None) -> int:
         modes.remove("peers")
     args.peer_secret = secrets.token_hex(16)
     started = time.monotonic()
-    results: dict = {"command": " ".join([sys.executable, *sys.argv]), "args": {k: v for k, v in vars(args).items()
-                     if k != "peer_secret"}, "loadavg_start": os.getloadavg(), "modes": {}}  # fmt: skip
+    results: dict = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "args": {k: v for k, v in vars(args).items() if k != "peer_secret"},
+        "loadavg_start": os.getloadavg(),
+        "modes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-nodes-") as tmp, br.stopped_by_sigterm():
         work = Path(tmp)
         os.chmod(work, 0o711)  # nginx's workers (www-data) reach their cache under it
         with Cluster(args.nodes, args.node_mbit, args.store_mbit) as cluster, contextlib.ExitStack() as stack:
-            stack.enter_context(started_server("moto's S3 server", cluster.command(None, *moto_command(MOTO_PORT)),
-                                               MOTO_PORT, work / "moto.log", host=cluster.store_host_address))  # fmt: skip
+            stack.enter_context(
+                started_server(
+                    "moto's S3 server",
+                    cluster.command(None, *moto_command(MOTO_PORT)),
+                    MOTO_PORT,
+                    work / "moto.log",
+                    host=cluster.store_host_address,
+                )
+            )
             s3 = br.s3_env(f"http://{cluster.store_host_address}:{MOTO_PORT}", given=False)
             os.environ.update(s3)
             br.ensure_bucket(br.boto3_client(), BUCKET)
@@ -468,9 +569,12 @@ def main(argv: list[str] | None = None) -> int:
             with blockfs.open_dataset(packed) as ds:
                 dataset = int(ds.metadata["block_bytes"])
             results |= {"dataset_bytes": dataset, "budget_bytes": int(args.budget * dataset), "files": args.files}
-            print(f"dataset D = {dataset / MiB:.1f} MiB in {args.files} files; {args.nodes} nodes, each budget "
-                  f"{args.budget:.0%} of D; links: store {args.store_mbit} Mbit/s per node, nodes {args.node_mbit} "
-                  f"Mbit/s; {args.epochs} epochs, global order; store bytes for the whole cluster", flush=True)  # fmt: skip
+            print(
+                f"dataset D = {dataset / MiB:.1f} MiB in {args.files} files; {args.nodes} nodes, each budget "
+                f"{args.budget:.0%} of D; links: store {args.store_mbit} Mbit/s per node, nodes {args.node_mbit} "
+                f"Mbit/s; {args.epochs} epochs, global order; store bytes for the whole cluster",
+                flush=True,
+            )
             for mode in modes:
                 results["modes"][mode] = run_mode(mode, args, cluster, url, packed, work, dataset, s3)
             if args.sigv4 and os.access(ngx.NGINX, os.X_OK):
@@ -503,25 +607,55 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
 
     out: dict = {"variants": []}
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", MOTO_S3_DEFAULT_KEY_BUFFER_SIZE=str(256 * MiB))
-    with started_server("moto (signatures checked)", cluster.command(None, *moto_command(SIGV4_PORT)), SIGV4_PORT,
-                        work / "moto-sigv4.log", env=env, host=cluster.store_host_address):  # fmt: skip
+    with started_server(
+        "moto (signatures checked)",
+        cluster.command(None, *moto_command(SIGV4_PORT)),
+        SIGV4_PORT,
+        work / "moto-sigv4.log",
+        env=env,
+        host=cluster.store_host_address,
+    ):
         endpoint = f"http://{cluster.store_host_address}:{SIGV4_PORT}"
-        iam = boto3.client("iam", endpoint_url=endpoint, region_name=br.REGION,
-                           aws_access_key_id="bench", aws_secret_access_key="bench-secret")  # fmt: skip
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            region_name=br.REGION,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench-secret",
+        )
         iam.create_user(UserName="bench")  # the three actions moto lets through unchecked
         key = iam.create_access_key(UserName="bench")["AccessKey"]
-        iam.put_user_policy(UserName="bench", PolicyName="s3", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))  # fmt: skip
-        creds = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
-                 "AWS_REGION": br.REGION, "AWS_DEFAULT_REGION": br.REGION}  # fmt: skip
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name=br.REGION, aws_access_key_id=key["AccessKeyId"],
-                          aws_secret_access_key=key["SecretAccessKey"])  # fmt: skip
+        iam.put_user_policy(
+            UserName="bench",
+            PolicyName="s3",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+            ),
+        )
+        creds = {
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            "AWS_REGION": br.REGION,
+            "AWS_DEFAULT_REGION": br.REGION,
+        }
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=br.REGION,
+            aws_access_key_id=key["AccessKeyId"],
+            aws_secret_access_key=key["SecretAccessKey"],
+        )
         s3.create_bucket(Bucket="bench-sig")
         br.make_tree(work / "sig-src", 60, 10 << 10, 100 << 10, 4, args.seed)
         blockfs.pack(work / "sig-src", work / "sig-packed", block_size=MiB, fsync=False)
         br.upload_tree(s3, "bench-sig", "ds", work / "sig-packed")  # boto3's signatures (moto checks them alike)
-        wrong = boto3.client("s3", endpoint_url=endpoint, region_name=br.REGION,
-                             aws_access_key_id=key["AccessKeyId"], aws_secret_access_key="wrong")  # fmt: skip
+        wrong = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=br.REGION,
+            aws_access_key_id=key["AccessKeyId"],
+            aws_secret_access_key="wrong",
+        )
         try:
             wrong.get_object(Bucket="bench-sig", Key="ds/blockfs.json")["Body"].read()
             out["wrong_secret_refused"] = False
@@ -542,28 +676,48 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
             with contextlib.ExitStack() as stack:
                 if nginx is not None:
                     prefix = work / f"sig-nginx-{i}"
-                    text = ngx.config(prefix, cluster.fabric_address[0], [cluster.fabric_address[0]],
-                                      f"{cluster.store_address[0]}:{SIGV4_PORT}", 64 * MiB, **nginx)  # fmt: skip
+                    text = ngx.config(
+                        prefix,
+                        cluster.fabric_address[0],
+                        [cluster.fabric_address[0]],
+                        f"{cluster.store_address[0]}:{SIGV4_PORT}",
+                        64 * MiB,
+                        **nginx,
+                    )
                     stack.enter_context(ngx.started(cluster.command(0), prefix, text))
                     wait_listening(cluster, [prefix])
                     mount_env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{ngx.FRONT_PORT}"
                 if engine == "varnish":
                     prefix = work / f"sig-varnish-{i}"
                     text = vcache.vcl([cluster.fabric_address[0]], f"{cluster.store_address[0]}:{SIGV4_PORT}")
-                    stack.enter_context(vcache.started(cluster.command(0), prefix, text, cluster.fabric_address[0],
-                                                       64 * MiB))  # fmt: skip
+                    stack.enter_context(
+                        vcache.started(cluster.command(0), prefix, text, cluster.fabric_address[0], 64 * MiB)
+                    )
                     wait_listening(cluster, [prefix], vcache.FRONT_PORT)
                     mount_env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{vcache.FRONT_PORT}"
                 mnt = work / f"sig-mnt-{i}"
                 try:
-                    stack.enter_context(node_mount(cluster, 0, args.baseline_blockfs, "s3://bench-sig/ds", mnt,
-                                                   ["--open-mode", "none", "--cache-size", str(64 * MiB)], mount_env))  # fmt: skip
+                    stack.enter_context(
+                        node_mount(
+                            cluster,
+                            0,
+                            args.baseline_blockfs,
+                            "s3://bench-sig/ds",
+                            mnt,
+                            ["--open-mode", "none", "--cache-size", str(64 * MiB)],
+                            mount_env,
+                        )
+                    )
                 except Exception as e:
                     row["mount"] = "failed: " + str(e).splitlines()[0][:200]
                 else:
                     row["mount"] = "ok"
-                    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order)],
-                                          capture_output=True, text=True, check=False)  # fmt: skip
+                    done = subprocess.run(
+                        [sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order)],
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
                     row["read"] = json.loads(done.stdout.strip().splitlines()[-1])
                 if nginx is not None:
                     row["store_statuses"] = upstream_statuses(prefix)
@@ -575,7 +729,8 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
                     asked = ngx.cached_range(prefix)
                     if asked:  # a range the cache holds apart, asked for again without credentials
                         row["unsigned_from_cache"][f"{asked[0]} {asked[1]}"] = curl_status(
-                            cluster, 0, f"http://127.0.0.1:{ngx.FRONT_PORT}{asked[0]}", "-H", f"Range: {asked[1]}")
+                            cluster, 0, f"http://127.0.0.1:{ngx.FRONT_PORT}{asked[0]}", "-H", f"Range: {asked[1]}"
+                        )
                 if engine == "varnish":
                     front = f"http://127.0.0.1:{vcache.FRONT_PORT}/bench-sig"
                     row["unsigned_from_cache"] = {
@@ -583,13 +738,19 @@ def sigv4_check(args: argparse.Namespace, cluster: Cluster, work: Path) -> dict:
                         "metadata": curl_status(cluster, 0, f"{front}/ds/blockfs.json"),
                     }
             out["variants"].append(row)
-            print(f"  sigv4: {label}: mount {row['mount']}; read {row.get('read', {}).get('files', 0)}/{len(names)} "
-                  f"files, {row.get('read', {}).get('errors', '-')} errors; store answered {row.get('store_statuses', '-')}; "
-                  f"an unsigned GET of a block from the cache: {row.get('unsigned_from_cache', '-')}", flush=True)  # fmt: skip
+            print(
+                f"  sigv4: {label}: mount {row['mount']}; read {row.get('read', {}).get('files', 0)}/{len(names)} "
+                f"files, {row.get('read', {}).get('errors', '-')} errors; store answered {row.get('store_statuses', '-')}; "
+                f"an unsigned GET of a block from the cache: {row.get('unsigned_from_cache', '-')}",
+                flush=True,
+            )
         out["unsigned_from_store"] = curl_status(cluster, 0, f"{direct}/bench-sig/{block}")
         out["block"] = block
-        print(f"  sigv4: a wrong secret refused by the store: {out['wrong_secret_refused']}; an unsigned GET of the "
-              f"block from the store: {out['unsigned_from_store']} (HTTP status, bytes)", flush=True)  # fmt: skip
+        print(
+            f"  sigv4: a wrong secret refused by the store: {out['wrong_secret_refused']}; an unsigned GET of the "
+            f"block from the store: {out['unsigned_from_store']} (HTTP status, bytes)",
+            flush=True,
+        )
     return out
 
 

@@ -25,17 +25,13 @@ import tempfile
 import time
 
 import numpy as np
-
 from helpers.benchutil import drop_caches
-
 from make_dataset import make_dataset
 
 import blockfs
-from blockfs.core.format import METADATA_NAME, FORMAT_VERSION, crc32
+from blockfs.core.format import FORMAT_VERSION, METADATA_NAME, crc32
 from blockfs.core.index import KIND_DIR, KIND_FILE, IndexColumns, write_index
 from blockfs.core.verify import summary
-
-
 
 
 def tree_bytes(root: str) -> int:
@@ -93,7 +89,8 @@ def bench_tree(name: str, src: str, work: str, repeat: int) -> dict:
         "bytes": nbytes,
         "rows": rows,
         "header_bytes_per_file": info["header_bytes"] / max(nfiles, 1),
-        "header_bytes_per_block_beyond_12n_plus_4": (info["header_bytes"] - 12 * nfiles - 4 * n_blocks) / max(n_blocks, 1),
+        "header_bytes_per_block_beyond_12n_plus_4": (info["header_bytes"] - 12 * nfiles - 4 * n_blocks)
+        / max(n_blocks, 1),
     }
 
 
@@ -116,11 +113,17 @@ def synthetic_million(dest: str, n_dirs: int = 1000, per_dir: int = 1000) -> Non
     block[n_dirs + 1 :] = perm // files_per_block
     slot[n_dirs + 1 :] = perm % files_per_block
     cols = IndexColumns(
-        paths=paths, kind=kind, mode=np.where(kind == KIND_DIR, 0o40755, 0o100644).astype(np.uint32),
+        paths=paths,
+        kind=kind,
+        mode=np.where(kind == KIND_DIR, 0o40755, 0o100644).astype(np.uint32),
         mtime_ns=np.full(n, 1_600_000_000 * 10**9, dtype=np.int64),
-        size=np.where(kind == KIND_FILE, 110_000, 0).astype(np.uint64), block=block, slot=slot,
+        size=np.where(kind == KIND_FILE, 110_000, 0).astype(np.uint64),
+        block=block,
+        slot=slot,
         label=np.where(kind == KIND_FILE, np.arange(n) % n_dirs, -1).astype(np.int32),
-        crc=np.zeros(n, dtype=np.uint32), link_targets={}, hardlink_of={},
+        crc=np.zeros(n, dtype=np.uint32),
+        link_targets={},
+        hardlink_of={},
     )
     counts = np.bincount(block[block >= 0], minlength=n_blocks).astype(np.uint32)
     os.makedirs(dest, exist_ok=True)
@@ -128,12 +131,27 @@ def synthetic_million(dest: str, n_dirs: int = 1000, per_dir: int = 1000) -> Non
         write_index(f, cols, counts, counts.astype(np.uint64) * 110_000)
     with open(os.path.join(dest, "index.bfi"), "rb") as f:
         index_crc = crc32(f.read())
-    meta = {"format": "blockfs", "format_version": FORMAT_VERSION, "n_entries": n, "n_blocks": n_blocks,
-            "n_files": n_files, "n_dirs": n_dirs + 1, "n_symlinks": 0, "file_bytes": n_files * 110_000,
-            "block_bytes": n_files * 110_000, "classes": [f"n{d:08d}" for d in range(n_dirs)],
-            "index": {"file": "index.bfi", "crc32": index_crc},
-            "pack": {"block_size": 64 << 20, "files_per_block": files_per_block, "labels": "dirname",
-                     "order": "random", "seed": 0, "follow_symlinks": False}}
+    meta = {
+        "format": "blockfs",
+        "format_version": FORMAT_VERSION,
+        "n_entries": n,
+        "n_blocks": n_blocks,
+        "n_files": n_files,
+        "n_dirs": n_dirs + 1,
+        "n_symlinks": 0,
+        "file_bytes": n_files * 110_000,
+        "block_bytes": n_files * 110_000,
+        "classes": [f"n{d:08d}" for d in range(n_dirs)],
+        "index": {"file": "index.bfi", "crc32": index_crc},
+        "pack": {
+            "block_size": 64 << 20,
+            "files_per_block": files_per_block,
+            "labels": "dirname",
+            "order": "random",
+            "seed": 0,
+            "follow_symlinks": False,
+        },
+    }
     with open(os.path.join(dest, METADATA_NAME), "w") as f:
         json.dump(meta, f)
 
@@ -209,19 +227,25 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     for tree in results["trees"]:
-        print(f"\n{tree['tree']}: {tree['files']} files, {tree['bytes'] / 1e6:.0f} MB; header {tree['header_bytes_per_file']:.2f} B/file "
-              f"(+{tree['header_bytes_per_block_beyond_12n_plus_4']:.0f} B/block beyond 12N+4)")
+        print(
+            f"\n{tree['tree']}: {tree['files']} files, {tree['bytes'] / 1e6:.0f} MB; header {tree['header_bytes_per_file']:.2f} B/file "
+            f"(+{tree['header_bytes_per_block_beyond_12n_plus_4']:.0f} B/block beyond 12N+4)"
+        )
         print(f"  {'run':<24}{'seconds':>9}{'files/s':>11}{'MB/s':>9}{'vs tar':>8}{'vs tar+sync':>13}")
         for label, row in tree["rows"].items():
-            print(f"  {label:<24}{row['seconds']:>9.2f}{row['files_per_s']:>11,.0f}{row['MB_per_s']:>9.1f}"
-                  f"{row['vs_tar']:>7.2f}x{row['vs_tar_sync']:>12.2f}x")
+            print(
+                f"  {label:<24}{row['seconds']:>9.2f}{row['files_per_s']:>11,.0f}{row['MB_per_s']:>9.1f}"
+                f"{row['vs_tar']:>7.2f}x{row['vs_tar_sync']:>12.2f}x"
+            )
     ix = results.get("index")
     if ix:
-        print(f"\nindex of {ix['entries']:,} entries ({ix['index_file_MB']:.0f} MB file, built in {ix['build_s']:.1f} s): "
-              f"open {ix['open_s'] * 1000:.1f} ms (read, CRC and every check), +{ix['rss_added_by_open_MB']:.1f} MB RSS "
-              f"at open (the index is held in the process's own memory), +{ix['rss_added_after_200k_stats_MB']:.1f} MB "
-              f"after 200k random stats (of which {ix['anon_added_after_200k_stats_MB']:.1f} MB anonymous), "
-              f"{ix['stat_per_s']:,.0f} stat/s (lookup + stat)")
+        print(
+            f"\nindex of {ix['entries']:,} entries ({ix['index_file_MB']:.0f} MB file, built in {ix['build_s']:.1f} s): "
+            f"open {ix['open_s'] * 1000:.1f} ms (read, CRC and every check), +{ix['rss_added_by_open_MB']:.1f} MB RSS "
+            f"at open (the index is held in the process's own memory), +{ix['rss_added_after_200k_stats_MB']:.1f} MB "
+            f"after 200k random stats (of which {ix['anon_added_after_200k_stats_MB']:.1f} MB anonymous), "
+            f"{ix['stat_per_s']:,.0f} stat/s (lookup + stat)"
+        )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

@@ -17,9 +17,8 @@ import os
 import statistics
 import time
 
-import numpy as np
-
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
+import numpy as np
 
 from blockfs.serve.cache.memory_plan import STRATEGIES, make_memory_plan
 
@@ -40,8 +39,9 @@ def measure(n_files: int, repeat: int) -> list[dict]:
     rows = []
     for strategy in STRATEGIES:
         seconds = median_seconds(lambda strategy=strategy: make_memory_plan(sizes, budget, strategy=strategy), repeat)
-        rows.append({"files": n_files, "strategy": strategy, "plan_s": seconds, "argsort_s": floor,
-                     "ratio": seconds / floor})  # fmt: skip
+        rows.append(
+            {"files": n_files, "strategy": strategy, "plan_s": seconds, "argsort_s": floor, "ratio": seconds / floor}
+        )
     return rows
 
 
@@ -54,8 +54,10 @@ def main() -> None:
     rows = [row for n in args.files for row in measure(n, args.repeat)]
     print(f"{'files':>10} {'strategy':>11} {'plan':>9} {'argsort':>9} {'plan/argsort':>13}")
     for r in rows:
-        print(f"{r['files']:>10,} {r['strategy']:>11} {r['plan_s'] * 1e3:>7.1f}ms {r['argsort_s'] * 1e3:>7.1f}ms"
-              f" {r['ratio']:>12.1f}x")  # fmt: skip
+        print(
+            f"{r['files']:>10,} {r['strategy']:>11} {r['plan_s'] * 1e3:>7.1f}ms {r['argsort_s'] * 1e3:>7.1f}ms"
+            f" {r['ratio']:>12.1f}x"
+        )
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

@@ -70,7 +70,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
 from helpers import HELPERS
 from helpers.benchutil import child_server, free_port, stop_process
 
@@ -107,8 +106,10 @@ def stopped_by_sigterm() -> Iterator[None]:
 
 # --- the server ------------------------------------------------------------------------------------
 # moto's server, its request log quietened (one line per request would cost the server time).
-MOTO_MAIN = ("import logging, sys; logging.getLogger('werkzeug').setLevel(logging.WARNING); "
-             "from moto.server import main; main(sys.argv[1:])")  # fmt: skip
+MOTO_MAIN = (
+    "import logging, sys; logging.getLogger('werkzeug').setLevel(logging.WARNING); "
+    "from moto.server import main; main(sys.argv[1:])"
+)
 
 
 def moto_server(log: Path) -> contextlib.AbstractContextManager[str]:
@@ -139,8 +140,12 @@ def boto3_client():
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=os.environ["AWS_REGION"],
-                        config=Config(max_pool_connections=32))  # fmt: skip
+    return boto3.client(
+        "s3",
+        endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+        region_name=os.environ["AWS_REGION"],
+        config=Config(max_pool_connections=32),
+    )
 
 
 def obstore_store(bucket: str, prefix: str = ""):
@@ -204,8 +209,13 @@ def timed_pass(read_one: Callable[[str], int], names: list[str], readers: int) -
         with ThreadPoolExecutor(readers) as pool:
             nbytes = sum(pool.map(work, [names[k::readers] for k in range(readers)]))
     seconds = time.perf_counter() - start
-    return {"files": len(names), "bytes": nbytes, "seconds": seconds, "files_s": len(names) / seconds,
-            "mb_s": nbytes / seconds / 1e6}  # fmt: skip
+    return {
+        "files": len(names),
+        "bytes": nbytes,
+        "seconds": seconds,
+        "files_s": len(names) / seconds,
+        "mb_s": nbytes / seconds / 1e6,
+    }
 
 
 def file_reader(root: Path) -> Callable[[str], int]:
@@ -272,7 +282,12 @@ def run_scenario(url: str, mnt: Path, args: list[str], orders: list[list[str]], 
             result["file_hit_rate"] = result["file_hits"] / max(1, result["files_served"])
             epochs.append(result)
         final = read_stats(root)
-    return {"mount_args": args, "at_mount": at_mount, "epochs": epochs, "disk_tier": final.get("storage", {}).get("disk_tier")}
+    return {
+        "mount_args": args,
+        "at_mount": at_mount,
+        "epochs": epochs,
+        "disk_tier": final.get("storage", {}).get("disk_tier"),
+    }
 
 
 def bench_mounts(url: str, work: Path, dataset_bytes: int, orders: list[list[str]], args: argparse.Namespace) -> dict:
@@ -321,8 +336,10 @@ def bench_clients(bucket: str, prefix: str, small_n: int, big_n: int) -> dict:
 
     client = boto3_client()
     rng = np.random.default_rng(1)
-    objects = {"small": (f"{prefix}/small.bin", 64 << 10, 16 << 10, 4 << 10, small_n),  # key, size, start, length, n
-               "big": (f"{prefix}/big.bin", 16 * MiB, 4 * MiB, 8 * MiB, big_n)}  # fmt: skip
+    objects = {
+        "small": (f"{prefix}/small.bin", 64 << 10, 16 << 10, 4 << 10, small_n),  # key, size, start, length, n
+        "big": (f"{prefix}/big.bin", 16 * MiB, 4 * MiB, 8 * MiB, big_n),
+    }
     for key, size, *_ in objects.values():
         client.put_object(Bucket=bucket, Key=key, Body=rng.bytes(size))
     store = obstore_store(bucket)
@@ -338,8 +355,9 @@ def bench_clients(bucket: str, prefix: str, small_n: int, big_n: int) -> dict:
     try:
         import s3fs
 
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"],
-                                              "region_name": os.environ["AWS_REGION"]})  # fmt: skip
+        fs = s3fs.S3FileSystem(
+            client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"], "region_name": os.environ["AWS_REGION"]}
+        )
         getters["s3fs"] = lambda key, start, n: len(fs.cat_file(f"{bucket}/{key}", start=start, end=start + n))
     except ImportError:
         notes.append("s3fs is not installed: skipped (pip install s3fs)")
@@ -357,16 +375,20 @@ def bench_clients(bucket: str, prefix: str, small_n: int, big_n: int) -> dict:
                     times[name].append(time.perf_counter() - t)
                     if got != length:
                         raise RuntimeError(f"{name}: a ranged GET of {length} bytes returned {got}")
-            out["results"][what] = {"bytes": length, "requests": n,
-                                    "median_s": {name: statistics.median(t) for name, t in times.items()}}  # fmt: skip
+            out["results"][what] = {
+                "bytes": length,
+                "requests": n,
+                "median_s": {name: statistics.median(t) for name, t in times.items()},
+            }
     finally:
         remote.close()
     return out
 
 
 # --- part size x concurrency ------------------------------------------------------------------------
-def sweep_parts(url: str, size: int, expected: int, part_sizes: list[int], concurrencies: list[int],
-                repeats: int) -> list[dict]:  # fmt: skip
+def sweep_parts(
+    url: str, size: int, expected: int, part_sizes: list[int], concurrencies: list[int], repeats: int
+) -> list[dict]:
     """``url``/object.bin fetched whole by RemoteStore.get_into with each part size and concurrency."""
     from blockfs.storage.remote import RemoteStore
 
@@ -390,14 +412,23 @@ def sweep_parts(url: str, size: int, expected: int, part_sizes: list[int], concu
             finally:
                 store.close()
             median = statistics.median(times)
-            rows.append({"part_size": part, "concurrency": concurrency, "requests_per_fetch": requests,
-                         "median_s": median, "mb_s": size / median / 1e6, "samples_s": times})  # fmt: skip
+            rows.append(
+                {
+                    "part_size": part,
+                    "concurrency": concurrency,
+                    "requests_per_fetch": requests,
+                    "median_s": median,
+                    "mb_s": size / median / 1e6,
+                    "samples_s": times,
+                }
+            )
             log(f"  part {part / MiB:g} MiB x {concurrency}: {size / median / 1e6:,.0f} MB/s")
     return rows
 
 
-def bench_parts(bucket: str, prefix: str, work: Path, size: int, part_sizes: list[int], concurrencies: list[int],
-                repeats: int) -> dict:  # fmt: skip
+def bench_parts(
+    bucket: str, prefix: str, work: Path, size: int, part_sizes: list[int], concurrencies: list[int], repeats: int
+) -> dict:
     """The sweep against the S3 server, then against tools/bench/helpers/range_server.py serving the same object."""
     data = np.random.default_rng(2).bytes(size)
     expected = zlib.crc32(data)
@@ -429,67 +460,94 @@ def table(results: dict) -> str:
     mount = results.get("mount")
     if mount:
         d = results["dataset"]
-        lines.append(f"dataset: {d['files']:,} files, {_mib(d['bytes'])} MiB ({d['min_size'] >> 10}-{d['max_size'] >> 10} KiB "
-                     f"each), {d['blocks']} blocks of {d['block_size'] / MiB:g} MiB; order {d['order']}, "
-                     f"{d['readers']} reader(s), {d['epochs']} epochs")  # fmt: skip
+        lines.append(
+            f"dataset: {d['files']:,} files, {_mib(d['bytes'])} MiB ({d['min_size'] >> 10}-{d['max_size'] >> 10} KiB "
+            f"each), {d['blocks']} blocks of {d['block_size'] / MiB:g} MiB; order {d['order']}, "
+            f"{d['readers']} reader(s), {d['epochs']} epochs"
+        )
     lines.append("")
     if mount:
         base = {name: _rate(b["epochs"]) for name, b in mount["baseline"].items()}
-        lines.append("mount scenarios: files/s per epoch and its ratio to one GET per file (boto3, obstore); that epoch's")
-        lines.append("bytes served, remote requests and bytes, bytes memory did not serve, disk-tier reads, memory file hit rate")
-        lines.append(f"  {'reader':26} {'epoch':>5} {'files/s':>8} {'x boto3':>7} {'x obstore':>9} {'served MiB':>10} "
-                     f"{'remote req':>10} {'remote MiB':>10} {'mem missed MiB':>14} {'disk MiB':>8} {'mem hits':>8}")  # fmt: skip
+        lines.append(
+            "mount scenarios: files/s per epoch and its ratio to one GET per file (boto3, obstore); that epoch's"
+        )
+        lines.append(
+            "bytes served, remote requests and bytes, bytes memory did not serve, disk-tier reads, memory file hit rate"
+        )
+        lines.append(
+            f"  {'reader':26} {'epoch':>5} {'files/s':>8} {'x boto3':>7} {'x obstore':>9} {'served MiB':>10} "
+            f"{'remote req':>10} {'remote MiB':>10} {'mem missed MiB':>14} {'disk MiB':>8} {'mem hits':>8}"
+        )
         for name, b in mount["baseline"].items():
             for i, e in enumerate(b["epochs"], 1):
-                lines.append(f"  {'GET per object, ' + name:26} {i:>5} {e['files_s']:>8,.0f} "
-                             f"{e['files_s'] / base['boto3']:>7.2f} {e['files_s'] / base['obstore']:>9.2f} "
-                             f"{_mib(e['bytes']):>10} {e['files']:>10,} {_mib(e['bytes']):>10} {'-':>14} {'-':>8} "
-                             f"{'-':>8}")  # fmt: skip
+                lines.append(
+                    f"  {'GET per object, ' + name:26} {i:>5} {e['files_s']:>8,.0f} "
+                    f"{e['files_s'] / base['boto3']:>7.2f} {e['files_s'] / base['obstore']:>9.2f} "
+                    f"{_mib(e['bytes']):>10} {e['files']:>10,} {_mib(e['bytes']):>10} {'-':>14} {'-':>8} "
+                    f"{'-':>8}"
+                )
         for name, s in mount["scenarios"].items():
             for i, e in enumerate(s["epochs"], 1):
-                lines.append(f"  {name:26} {i:>5} {e['files_s']:>8,.0f} "
-                             f"{e['files_s'] / base['boto3']:>7.2f} {e['files_s'] / base['obstore']:>9.2f} "
-                             f"{_mib(e['bytes_served']):>10} {e['remote_requests']:>10,} {_mib(e['remote_bytes']):>10} "
-                             f"{_mib(e['memory_missed_bytes']):>14} {_mib(e['disk_bytes']):>8} {e['file_hit_rate']:>8.3f}")  # fmt: skip
-        lines.append("  before epoch 1 (open: metadata and index; prefill so far): " + "; ".join(
-            f"{name} {s['at_mount']['remote_requests']} requests, {_mib(s['at_mount']['remote_bytes'])} MiB"
-            for name, s in mount["scenarios"].items()))  # fmt: skip
+                lines.append(
+                    f"  {name:26} {i:>5} {e['files_s']:>8,.0f} "
+                    f"{e['files_s'] / base['boto3']:>7.2f} {e['files_s'] / base['obstore']:>9.2f} "
+                    f"{_mib(e['bytes_served']):>10} {e['remote_requests']:>10,} {_mib(e['remote_bytes']):>10} "
+                    f"{_mib(e['memory_missed_bytes']):>14} {_mib(e['disk_bytes']):>8} {e['file_hit_rate']:>8.3f}"
+                )
+        lines.append(
+            "  before epoch 1 (open: metadata and index; prefill so far): "
+            + "; ".join(
+                f"{name} {s['at_mount']['remote_requests']} requests, {_mib(s['at_mount']['remote_bytes'])} MiB"
+                for name, s in mount["scenarios"].items()
+            )
+        )
         remount = mount["scenarios"].get("disk-tier-remount")
         if remount:
             e = remount["epochs"][0]
-            lines.append(f"  disk-tier-remount epoch 1: {e['disk_remote_bytes']:,} block bytes from the remote "
-                         f"({e['remote_requests']} remote requests, {e['remote_bytes']:,} bytes in all), "
-                         f"{_mib(e['disk_bytes'])} MiB read from the disk tier")  # fmt: skip
+            lines.append(
+                f"  disk-tier-remount epoch 1: {e['disk_remote_bytes']:,} block bytes from the remote "
+                f"({e['remote_requests']} remote requests, {e['remote_bytes']:,} bytes in all), "
+                f"{_mib(e['disk_bytes'])} MiB read from the disk tier"
+            )
         lines.append("")
     clients = results.get("clients")
     if clients:
         r = clients["results"]
         small, big = r["small"], r["big"]
-        lines.append(f"client libraries, one ranged GET, median of {small['requests']} ({small['bytes'] >> 10} KiB) "
-                     f"and {big['requests']} ({big['bytes'] / MiB:g} MiB); ratio: time / obstore's")  # fmt: skip
+        lines.append(
+            f"client libraries, one ranged GET, median of {small['requests']} ({small['bytes'] >> 10} KiB) "
+            f"and {big['requests']} ({big['bytes'] / MiB:g} MiB); ratio: time / obstore's"
+        )
         lines.append(f"  {'client':22} {'4 KiB ms':>9} {'ratio':>6} {'8 MiB ms':>9} {'MB/s':>7} {'ratio':>6}")
         ref_s, ref_b = small["median_s"]["obstore"], big["median_s"]["obstore"]
         for name in small["median_s"]:
             ts, tb = small["median_s"][name], big["median_s"][name]
-            lines.append(f"  {name:22} {ts * 1e3:>9.2f} {ts / ref_s:>6.2f} {tb * 1e3:>9.1f} "
-                         f"{big['bytes'] / tb / 1e6:>7,.0f} {tb / ref_b:>6.2f}")  # fmt: skip
+            lines.append(
+                f"  {name:22} {ts * 1e3:>9.2f} {ts / ref_s:>6.2f} {tb * 1e3:>9.1f} "
+                f"{big['bytes'] / tb / 1e6:>7,.0f} {tb / ref_b:>6.2f}"
+            )
         lines += [f"  note: {n}" for n in clients["notes"]]
         lines.append("")
     parts = results.get("parts")
     if parts:
-        labels = {"s3": results["server"],
-                  "http": "tools/bench/helpers/range_server.py (HTTP, sendfile: a GET costs its range)"}
+        labels = {
+            "s3": results["server"],
+            "http": "tools/bench/helpers/range_server.py (HTTP, sendfile: a GET costs its range)",
+        }
         for server, rows in parts["servers"].items():
             concurrencies = sorted({row["concurrency"] for row in rows})
-            lines.append(f"RemoteStore.get_into of a whole {parts['object_bytes'] / MiB:g} MiB object, MB/s "
-                         f"(median of {parts['repeats']}), over {labels[server]}; columns: concurrency")  # fmt: skip
+            lines.append(
+                f"RemoteStore.get_into of a whole {parts['object_bytes'] / MiB:g} MiB object, MB/s "
+                f"(median of {parts['repeats']}), over {labels[server]}; columns: concurrency"
+            )
             lines.append(f"  {'part size':18}" + "".join(f"{c:>9}" for c in concurrencies))
             for part in sorted({row["part_size"] for row in rows}):
                 cells = {row["concurrency"]: row for row in rows if row["part_size"] == part}
                 gets = -(-parts["object_bytes"] // part)
-                lines.append(f"  {f'{part / MiB:g} MiB ({gets} GETs)':18}" +
-                             "".join(f"{cells[c]['mb_s']:>9,.0f}" if c in cells else f"{'-':>9}"
-                                     for c in concurrencies))  # fmt: skip
+                lines.append(
+                    f"  {f'{part / MiB:g} MiB ({gets} GETs)':18}"
+                    + "".join(f"{cells[c]['mb_s']:>9,.0f}" if c in cells else f"{'-':>9}" for c in concurrencies)
+                )
         if results["server"].startswith("moto"):
             lines.append("  note: moto reads an object's whole value for every GET, under a per-object lock, so there")
             lines.append("  small and parallel parts pay for the whole object each; loopback has no network latency,")
@@ -514,14 +572,18 @@ def checks(results: dict) -> list[tuple[str, bool]]:
     later = [e["remote_bytes"] for e in sc["memory"]["epochs"][1:]]
     out.append((f"memory: epochs 2+ fetch nothing from the remote ({later} bytes)", not any(later)))
     ratios = [e["remote_bytes"] / max(1, e["memory_missed_bytes"]) for e in sc["small-memory"]["epochs"]]
-    what = (f"small-memory: remote bytes / bytes memory did not serve = {', '.join(f'{r:.3f}' for r in ratios)} "
-            f"per epoch (<= {REMOTE_OVER_MISSED_MAX})")  # fmt: skip
+    what = (
+        f"small-memory: remote bytes / bytes memory did not serve = {', '.join(f'{r:.3f}' for r in ratios)} "
+        f"per epoch (<= {REMOTE_OVER_MISSED_MAX})"
+    )
     out.append((what, max(ratios) <= REMOTE_OVER_MISSED_MAX))
     later = [e["remote_bytes"] for e in sc["disk-tier"]["epochs"][1:]]
     out.append((f"disk-tier: epochs 2+ fetch nothing from the remote ({later} bytes)", not any(later)))
     e = sc["disk-tier-remount"]["epochs"][0]
-    what = (f"disk-tier-remount: epoch 1 fetches 0 block bytes from the remote ({e['disk_remote_bytes']:,}; "
-            f"{e['remote_bytes']:,} remote bytes in all)")  # fmt: skip
+    what = (
+        f"disk-tier-remount: epoch 1 fetches 0 block bytes from the remote ({e['disk_remote_bytes']:,}; "
+        f"{e['remote_bytes']:,} remote bytes in all)"
+    )
     out.append((what, e["disk_remote_bytes"] == 0 and e["remote_bytes"] == 0))
     return out
 
@@ -566,8 +628,12 @@ def run(args: argparse.Namespace, work: Path, sections: list[str]) -> dict:
     min_size, max_size = parse_size(args.min_size), parse_size(args.max_size)
     results: dict = {
         "command": " ".join([sys.executable, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "loadavg_start": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "loadavg_start": os.getloadavg(),
+        },
         "sections": sections,
         "server": server_name(args.endpoint),
     }
@@ -587,13 +653,24 @@ def run(args: argparse.Namespace, work: Path, sections: list[str]) -> dict:
             log("uploading the packed dataset and the tree (one object per file)")
             upload_tree(client, args.bucket, f"{run_prefix}/packed", packed)
             upload_tree(client, args.bucket, f"{run_prefix}/raw", work / "src")
-            results["dataset"] = {"files": files, "bytes": nbytes, "min_size": min_size, "max_size": max_size,
-                                  "blocks": result.n_blocks, "block_size": block_size, "order": args.order,
-                                  "readers": args.readers, "epochs": args.epochs, "seed": args.seed}  # fmt: skip
+            results["dataset"] = {
+                "files": files,
+                "bytes": nbytes,
+                "min_size": min_size,
+                "max_size": max_size,
+                "blocks": result.n_blocks,
+                "block_size": block_size,
+                "order": args.order,
+                "readers": args.readers,
+                "epochs": args.epochs,
+                "seed": args.seed,
+            }
             orders = epoch_orders(block_order(packed), args.order, args.seed, args.epochs)
             url = f"s3://{args.bucket}/{run_prefix}/packed"
-            results["mount"] = {"baseline": bench_baseline(args.bucket, f"{run_prefix}/raw", orders, args.readers),
-                                "scenarios": bench_mounts(url, work, nbytes, orders, args)}  # fmt: skip
+            results["mount"] = {
+                "baseline": bench_baseline(args.bucket, f"{run_prefix}/raw", orders, args.readers),
+                "scenarios": bench_mounts(url, work, nbytes, orders, args),
+            }
         if "clients" in sections:
             log("client libraries")
             small_n, big_n = (50, 5) if quick else (200, 20)
@@ -612,9 +689,12 @@ def run(args: argparse.Namespace, work: Path, sections: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--work", type=Path, help="scratch directory (default: a new one in the temp dir, removed after)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--work", type=Path, help="scratch directory (default: a new one in the temp dir, removed after)"
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     sections = parser.add_argument_group("sections (given none: all three)")
     sections.add_argument("--mount", action="store_true", help="the mount scenarios and the GET-per-file baseline")
@@ -626,16 +706,28 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--max-size", default="100KiB", help="largest file (default 100KiB)")
     data.add_argument("--classes", type=int, default=10, help="directories the files are spread over")
     data.add_argument("--block-size", help="pack's block size (default 4MiB; 1MiB with --quick)")
-    data.add_argument("--order", choices=("random", "block"), default="random",
-                      help="random: a new seeded shuffle per epoch; block: the order files are stored in blocks")
+    data.add_argument(
+        "--order",
+        choices=("random", "block"),
+        default="random",
+        help="random: a new seeded shuffle per epoch; block: the order files are stored in blocks",
+    )
     data.add_argument("--epochs", type=int, default=2, help="epochs per scenario (default 2)")
     data.add_argument("--readers", type=int, default=1, help="reader threads (default 1)")
     data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--mount-arg", action="append", default=[], metavar="ARG",
-                      help="an extra 'blockfs mount' argument for every scenario (repeat; e.g. --mount-arg=--no-prefill)")
+    data.add_argument(
+        "--mount-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra 'blockfs mount' argument for every scenario (repeat; e.g. --mount-arg=--no-prefill)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
-    parser.add_argument("--endpoint", help="an S3-compatible server already running (credentials from AWS_*) "
-                        "instead of starting moto; this run's objects are deleted afterwards")  # fmt: skip
+    parser.add_argument(
+        "--endpoint",
+        help="an S3-compatible server already running (credentials from AWS_*) "
+        "instead of starting moto; this run's objects are deleted afterwards",
+    )
     parser.add_argument("--bucket", default=BUCKET, help=f"bucket to use (created if missing; default {BUCKET})")
     args = parser.parse_args(argv)
     chosen = [s for s in ("mount", "clients", "parts") if getattr(args, s)] or ["mount", "clients", "parts"]
@@ -658,8 +750,11 @@ def main(argv: list[str] | None = None) -> int:
         with stopped_by_sigterm():
             results = run(args, work, chosen)
     except KeyboardInterrupt as e:
-        print(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'}: every mount unmounted, the server "
-              "stopped", file=sys.stderr)  # fmt: skip
+        print(
+            f"{'terminated' if isinstance(e, Terminated) else 'interrupted'}: every mount unmounted, the server "
+            "stopped",
+            file=sys.stderr,
+        )
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if not args.work:

@@ -73,8 +73,10 @@ def main() -> None:
             print(r, {name: tuple(round(x, 2) for x in got[-1]) for name, got in runs.items()}, flush=True)
     for name, got in runs.items():
         wall, cpu = [w for w, _ in got], [c for _, c in got]
-        print(f"{name:12} wall median {statistics.median(wall):.2f} s ({min(wall):.2f}-{max(wall):.2f}); "
-              f"CPU median {statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f})")  # fmt: skip
+        print(
+            f"{name:12} wall median {statistics.median(wall):.2f} s ({min(wall):.2f}-{max(wall):.2f}); "
+            f"CPU median {statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"dataset": ds, "rounds": args.rounds, "runs": runs}, f, indent=1)

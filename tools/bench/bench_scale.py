@@ -99,8 +99,13 @@ def walk(root: Path) -> dict:
     for _, ds, fs in os.walk(root):
         dirs += len(ds)
         files += len(fs)
-    return {"seconds": time.perf_counter() - start, "files": files, "dirs": dirs, "slab_grew": slab_bytes() - slab,
-            "slab": slab_bytes()}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - start,
+        "files": files,
+        "dirs": dirs,
+        "slab_grew": slab_bytes() - slab,
+        "slab": slab_bytes(),
+    }
 
 
 def read_sample(root: Path, names: list[str], threads: int = 4) -> dict:
@@ -124,15 +129,31 @@ class Mount:
         log = str(self.mnt) + ".log"
         start = time.perf_counter()
         if self.kind == "blockfs":
-            command = [sys.executable, "-m", "blockfs", "mount", str(self.what), str(self.mnt), "--fuse", self.route,
-                       "--log", log]  # fmt: skip
-            subprocess.run(command, env=self.env, check=True, stdout=subprocess.DEVNULL, cwd="/")  # returns once it serves
+            command = [
+                sys.executable,
+                "-m",
+                "blockfs",
+                "mount",
+                str(self.what),
+                str(self.mnt),
+                "--fuse",
+                self.route,
+                "--log",
+                log,
+            ]
+            subprocess.run(
+                command, env=self.env, check=True, stdout=subprocess.DEVNULL, cwd="/"
+            )  # returns once it serves
             seconds = time.perf_counter() - start
             self.pid = serving_pid(self.mnt, timeout=30)
         else:  # null_fs: a foreground server, mounted once it has walked SRC
             with open(log, "ab") as f:
-                self.proc = subprocess.Popen([sys.executable, str(HELPERS / "null_fs.py"), str(self.what), str(self.mnt),
-                                              "--fuse", self.route], stdout=f, stderr=f, stdin=subprocess.DEVNULL)  # fmt: skip
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(HELPERS / "null_fs.py"), str(self.what), str(self.mnt), "--fuse", self.route],
+                    stdout=f,
+                    stderr=f,
+                    stdin=subprocess.DEVNULL,
+                )
             wait_until_mounted(self.mnt, self.proc, 3600, log)
             seconds = time.perf_counter() - start
             self.pid = self.proc.pid
@@ -231,10 +252,15 @@ def table(r: dict) -> str:
     def fmt_bytes(b: int | None) -> str:
         return "—" if b is None else f"{b / 1e6:,.0f} MB"
 
-    lines = [f"{r['files']:,} files in {r['dirs']:,} directories, sample {r['sample']:,}, route {r['route']}"
-             f" ({r['machine']})", ""]  # fmt: skip
+    lines = [
+        f"{r['files']:,} files in {r['dirs']:,} directories, sample {r['sample']:,}, route {r['route']}"
+        f" ({r['machine']})",
+        "",
+    ]
     p = r["pack"]
-    lines.append(f"pack (synthetic source): {p['seconds']:.1f} s, peak RSS {fmt_bytes(p['peak_rss'])}, {p['n_blocks']} blocks")
+    lines.append(
+        f"pack (synthetic source): {p['seconds']:.1f} s, peak RSS {fmt_bytes(p['peak_rss'])}, {p['n_blocks']} blocks"
+    )
     for name, t in r.get("tools", {}).items():
         lines.append(f"{name}: {t['seconds']:.1f} s, peak RSS {fmt_bytes(t['peak_rss'])}")
     systems = [s for s in (r.get("blockfs"), r.get("plain"), r.get("null_fs")) if s]
@@ -281,9 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_scale-"))
     work.mkdir(parents=True, exist_ok=True)
     source = SyntheticSource(args.files, args.dirs, args.seed)
-    results: dict = {"files": args.files, "dirs": args.dirs, "sample": min(args.sample, args.files), "route": args.fuse,
-                     "machine": f"{platform.node()}, {os.cpu_count()} cores", "root": os.geteuid() == 0,
-                     "argv": sys.argv[1:]}  # fmt: skip
+    results: dict = {
+        "files": args.files,
+        "dirs": args.dirs,
+        "sample": min(args.sample, args.files),
+        "route": args.fuse,
+        "machine": f"{platform.node()}, {os.cpu_count()} cores",
+        "root": os.geteuid() == 0,
+        "argv": sys.argv[1:],
+    }
     started = time.monotonic()
 
     def say(what: str) -> None:
@@ -293,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         dest = work / "ds"
         if args.reuse and (dest / "blockfs.json").exists():
             say(f"reusing {dest} (not timed)")
-            results["pack"] = {"seconds": float("nan"), "peak_rss": None, "n_blocks": json.loads((dest / "blockfs.json").read_text())["n_blocks"]}
+            results["pack"] = {
+                "seconds": float("nan"),
+                "peak_rss": None,
+                "n_blocks": json.loads((dest / "blockfs.json").read_text())["n_blocks"],
+            }
         else:
             say(f"pack {args.files:,} synthetic files")
             results["pack"] = pack(args, dest)
@@ -305,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
             sample = sample_names(source, args.sample, args.seed + 1)
             env = dict(os.environ, PYTHONPATH=str(Path(args.code).resolve()) if args.code else str(ROOT))
             say("blockfs: mount, listing, reads")
-            results["blockfs"] = measure_tree("blockfs", work / "mnt", sample, Mount("blockfs", dest, work / "mnt", args.fuse, env))
+            results["blockfs"] = measure_tree(
+                "blockfs", work / "mnt", sample, Mount("blockfs", dest, work / "mnt", args.fuse, env)
+            )
             if plain:
                 tree = work / "plain"
                 if not (tree / ".complete").exists():

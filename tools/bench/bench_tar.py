@@ -32,12 +32,9 @@ import tempfile
 import time
 
 from helpers.benchutil import drop_caches, evict_file
-
 from make_dataset import make_dataset
 
 TAR_FLAG = {"none": "", "gz": "z", "bz2": "j", "xz": "J"}
-
-
 
 
 def timed(cmd: list[str], then_sync: bool = False) -> float:
@@ -86,24 +83,43 @@ def bench_archive(archive: str, work: str, repeat: int, cold: str) -> dict:
             else:
                 runs[label].append(timed(pack + (["--no-fsync"] if "no-fsync" in label else [])))
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {k: {"seconds": s, "vs_tar_x": med["tar x"] / s, "vs_tar_x_sync": med["tar x + sync"] / s,
-                "all_seconds": runs[k]} for k, s in med.items()}
+    return {
+        k: {
+            "seconds": s,
+            "vs_tar_x": med["tar x"] / s,
+            "vs_tar_x_sync": med["tar x + sync"] / s,
+            "all_seconds": runs[k],
+        }
+        for k, s in med.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=3000, help="files in the tree")
-    ap.add_argument("--mode", choices=("imagenet", "tiny"), default="imagenet",
-                    help="ImageNet-like files (~110 KiB each) or tiny ones (~4 KiB)")
+    ap.add_argument(
+        "--mode",
+        choices=("imagenet", "tiny"),
+        default="imagenet",
+        help="ImageNet-like files (~110 KiB each) or tiny ones (~4 KiB)",
+    )
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--compressions", default="none,gz", help="comma list of none, gz, bz2, xz")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cold", choices=("archive", "all"), default="archive",
-                    help="drop only the archive from the page cache before each run, or the whole cache (root)")
+    ap.add_argument(
+        "--cold",
+        choices=("archive", "all"),
+        default="archive",
+        help="drop only the archive from the page cache before each run, or the whole cache (root)",
+    )
     ap.add_argument("--workdir", default=None, help="where trees and archives go (default: a temp dir in /var/tmp)")
-    ap.add_argument("--scratch", choices=("fresh-ext4", "workdir"), default="fresh-ext4",
-                    help="where tar x and pack write: a new ext4 filesystem in a loop-mounted image in the "
-                         "workdir (root; the default), or the workdir itself")
+    ap.add_argument(
+        "--scratch",
+        choices=("fresh-ext4", "workdir"),
+        default="fresh-ext4",
+        help="where tar x and pack write: a new ext4 filesystem in a loop-mounted image in the "
+        "workdir (root; the default), or the workdir itself",
+    )
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -111,8 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     cold = args.cold
     if cold == "all" and not drop_caches():
         raise SystemExit("--cold all drops the whole page cache, which needs root; use --cold archive")
-    results: dict = {"files": args.files, "cores": os.cpu_count(),
-                     "cache": "archive cold" if cold == "archive" else "all cold", "archives": {}}
+    results: dict = {
+        "files": args.files,
+        "cores": os.cpu_count(),
+        "cache": "archive cold" if cold == "archive" else "all cold",
+        "archives": {},
+    }
     compressions = args.compressions.split(",")
     results["scratch"] = args.scratch
     scratch = work
@@ -135,15 +155,19 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["umount", scratch], check=False)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{args.files} {args.mode} files, {results['bytes'] / 1e6:.0f} MB, {results['cores']} cores, {results['cache']} cache, "
-          f"written to {'a fresh ext4' if args.scratch == 'fresh-ext4' else 'the workdir'}, "
-          f"median of {args.repeat}")
+    print(
+        f"{args.files} {args.mode} files, {results['bytes'] / 1e6:.0f} MB, {results['cores']} cores, {results['cache']} cache, "
+        f"written to {'a fresh ext4' if args.scratch == 'fresh-ext4' else 'the workdir'}, "
+        f"median of {args.repeat}"
+    )
     for comp, res in results["archives"].items():
         print(f"\narchive: tar{'' if comp == 'none' else ' + ' + comp} ({res['archive_bytes'] / 1e6:.0f} MB)")
         print(f"  {'command':<18} {'seconds':>8} {'MB/s':>7} {'vs tar x':>9} {'vs tar x + sync':>16}")
         for label, row in res["rows"].items():
-            print(f"  {label:<18} {row['seconds']:>8.2f} {results['bytes'] / row['seconds'] / 1e6:>7.0f} "
-                  f"{row['vs_tar_x']:>8.2f}x {row['vs_tar_x_sync']:>15.2f}x")
+            print(
+                f"  {label:<18} {row['seconds']:>8.2f} {results['bytes'] / row['seconds'] / 1e6:>7.0f} "
+                f"{row['vs_tar_x']:>8.2f}x {row['vs_tar_x_sync']:>15.2f}x"
+            )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -17,7 +17,6 @@ import tempfile
 import time
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
-
 from bench_pack import synthetic_million
 
 import blockfs.core.index as index_module
@@ -51,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {k: {"min": round(min(v), 4), "median": round(statistics.median(v), 4)} for k, v in runs.items()}
     for clock in ("wall", "cpu"):
         result[f"check_{clock}_s"] = {
-            k: round(result[f"with_check_{clock}_s"][k] - result[f"without_check_{clock}_s"][k], 4) for k in ("min", "median")
+            k: round(result[f"with_check_{clock}_s"][k] - result[f"without_check_{clock}_s"][k], 4)
+            for k in ("min", "median")
         }
     print(json.dumps(result, indent=2))
     return 0

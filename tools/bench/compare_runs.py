@@ -47,8 +47,11 @@ def row_table(before: list[dict], after: list[dict]) -> list[str]:
             for r in run["results"]:
                 key = (r["storage"], r["dataset"], r["system"], r["readers"], r["epoch"])
                 rows.setdefault(key, ([], []))[side].append(r)
-    lines = ["| storage | dataset | system | readers | epoch | files/s before | after | after / before "
-             "| server CPU ms/file before | after |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| storage | dataset | system | readers | epoch | files/s before | after | after / before "
+        "| server CPU ms/file before | after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, (b, a) in rows.items():
         if not (b and a):
             continue

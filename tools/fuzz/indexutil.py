@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
+from blockfs.core import format as fmt
+from blockfs.core.dataset import PackedDataset
 from blockfs.core.digest import digest
 from blockfs.core.format import INDEX_NAME, crc32
 from blockfs.core.index import PackedIndex
-from blockfs.core import format as fmt
-from blockfs.core.dataset import PackedDataset
 from blockfs.core.index_format import DIGEST_ARRAYS, write_arrays
 
 Arrays = dict[str, np.ndarray]

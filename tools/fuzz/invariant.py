@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mutations import Pristine
-
 from blockfs import cli
+
+from .mutations import Pristine
 
 READER_LIMIT_S = 20  # a reader of this tiny pack taking longer is hung (issue 17 #7)
 
@@ -142,8 +142,9 @@ class _Judge:
         return not found
 
 
-def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool,
-                  expect: str | None = None) -> tuple[list[str], dict[str, int]]:  # fmt: skip
+def check_readers(
+    p: Pristine, dest: Path, work: Path, authentic: bool, expect: str | None = None
+) -> tuple[list[str], dict[str, int]]:
     """Run every reader (:attr:`Pristine.readers` runs) on ``dest``; return the invariant's violations and a count of outcomes.
 
     ``expect``: every reader pins the pristine pack's name (``--expect``): whatever was mutated, a success
@@ -161,6 +162,7 @@ def check_readers(p: Pristine, dest: Path, work: Path, authentic: bool,
         judge(f"ls {directory!r}", run_cli("ls", dest, directory))
     cats_ok = True
     for rel, data in sorted(p.files.items()):
+
         def same(o: Outcome, rel: bytes = rel, data: bytes = data) -> list[str]:
             return [] if o.out == data else [f"cat {rel!r}: exit 0, {len(o.out)} wrong bytes ({len(data)} expected)"]
 
@@ -190,8 +192,15 @@ def _check_unpack(p: Pristine, dest: Path, work: Path, authentic: bool, judge: _
             judge.problems.append(f"unpack wrote wrong bytes to {rel!r}")
         if authentic and rel not in p.snapshot:
             judge.problems.append(f"unpack made {rel!r}, which the source does not have")
-    return judge("unpack", o, lambda o: [] if not authentic or tree_snapshot(out) == p.snapshot else
-                 ["unpack: exit 0 but the tree differs from the source"])  # fmt: skip
+    return judge(
+        "unpack",
+        o,
+        lambda o: (
+            []
+            if not authentic or tree_snapshot(out) == p.snapshot
+            else ["unpack: exit 0 but the tree differs from the source"]
+        ),
+    )
 
 
 # --- reads through a disk tier and flaky fetches (issue 21) -------------------------------------------
@@ -210,8 +219,11 @@ def read_through(p: Pristine, store, *, cached: bool) -> tuple[list[str], dict[s
     try:
         with PackedDataset(p.pack) as ds:
             a = ds.index.arrays
-            where = {rel: (int(a["block"][e]), int(a["slot"][e]), int(a["crc"][e]))
-                     for rel in sorted(p.files) for e in (ds.lookup(rel),)}  # fmt: skip
+            where = {
+                rel: (int(a["block"][e]), int(a["slot"][e]), int(a["crc"][e]))
+                for rel in sorted(p.files)
+                for e in (ds.lookup(rel),)
+            }
         for rel, (block, slot, crc) in where.items():
             try:
                 data = reader.read_file(block, slot, crc)
@@ -236,8 +248,11 @@ def wrong_copies(p: Pristine, tier_root: Path) -> list[str]:
     from blockfs.core import format as fmt
 
     blocks = tier_root / fmt.BLOCKS_DIR
-    return [name for name in sorted(os.listdir(blocks))
-            if (blocks / name).read_bytes() != (p.pack / fmt.BLOCKS_DIR / name).read_bytes()]  # fmt: skip
+    return [
+        name
+        for name in sorted(os.listdir(blocks))
+        if (blocks / name).read_bytes() != (p.pack / fmt.BLOCKS_DIR / name).read_bytes()
+    ]
 
 
 def check_flaky_fetches(p: Pristine, work: Path, rnd) -> list[str]:

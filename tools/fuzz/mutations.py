@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from .indexutil import read_toc, resign
 
 import blockfs
 from blockfs.core import format as fmt
 from blockfs.core.index_format import DIGEST_ARRAYS
+
+from .indexutil import read_toc, resign
 
 BLOCK_SIZE = 600  # several blocks from a tree of a few dozen small files
 
@@ -158,16 +159,27 @@ def mutate_index_arrays(dest: Path, rnd: random.Random, digests: bool = False) -
     toc, _ = read_toc(index)
     steps = []
     for _ in range(rnd.randint(1, 2)):
-        name = rnd.choice(sorted(n for n, spec in toc["arrays"].items()
-                                 if spec[2] > 0 and (n in DIGEST_ARRAYS) == digests))  # fmt: skip
+        name = rnd.choice(
+            sorted(n for n, spec in toc["arrays"].items() if spec[2] > 0 and (n in DIGEST_ARRAYS) == digests)
+        )
         dtype, offset, count = toc["arrays"][name]
         i = rnd.randrange(count)
         info = np.iinfo(np.dtype(dtype))
         raw = bytearray(index.read_bytes())
         a = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)  # a writable view of raw
         old = int(a[i])
-        new = rnd.choice((old + 1, old - 1, old ^ (1 << rnd.randrange(info.bits)), 0, info.max, info.min,
-                          info.max // 2 + 1, rnd.randint(info.min, info.max)))  # fmt: skip
+        new = rnd.choice(
+            (
+                old + 1,
+                old - 1,
+                old ^ (1 << rnd.randrange(info.bits)),
+                0,
+                info.max,
+                info.min,
+                info.max // 2 + 1,
+                rnd.randint(info.min, info.max),
+            )
+        )
         a[i] = min(max(new, info.min), info.max)
         index.write_bytes(bytes(raw))
         steps.append(f"{name}[{i}] {old} -> {int(a[i])}")
@@ -214,8 +226,9 @@ def _toc_edit(toc: dict, rnd: random.Random) -> str:
         return f"delete array {name}"
     if what == 7:
         old = toc.get("n_entries")
-        toc["n_entries"] = rnd.choice((old + 1 if isinstance(old, int) else 0, old - 1 if isinstance(old, int) else 0,
-                                       *ODD_VALUES))  # fmt: skip
+        toc["n_entries"] = rnd.choice(
+            (old + 1 if isinstance(old, int) else 0, old - 1 if isinstance(old, int) else 0, *ODD_VALUES)
+        )
         return f"n_entries {old!r} -> {toc['n_entries']!r}"
     key = rnd.choice(("arrays", "n_entries", "extra"))
     toc[key] = rnd.choice(ODD_VALUES)
@@ -267,8 +280,9 @@ def mutate_metadata(dest: Path, rnd: random.Random) -> list[str]:
         return [f"blockfs.json cut to {cut} bytes or replaced"]
     steps = []
     for _ in range(rnd.randint(1, 2)):
-        keys = [k for k in meta] + [f"{k}.{sub}" for k in ("index", "pack") if isinstance(meta.get(k), dict)
-                                    for sub in meta[k]]  # fmt: skip
+        keys = [k for k in meta] + [
+            f"{k}.{sub}" for k in ("index", "pack") if isinstance(meta.get(k), dict) for sub in meta[k]
+        ]
         key = rnd.choice(keys)
         obj, leaf = (meta[key.split(".")[0]], key.split(".")[1]) if "." in key else (meta, key)
         old = obj[leaf]
@@ -300,8 +314,14 @@ def _block_regions(block: Path) -> dict[str, tuple[int, int]]:
     sizes = offsets + word * n
     labels = sizes + word * n
     data = labels + 4 * n
-    return {"preamble": (0, 32), "count": (32, 36), "offsets": (offsets, sizes), "sizes": (sizes, labels),
-            "labels": (labels, data), "data": (data, len(raw))}  # fmt: skip
+    return {
+        "preamble": (0, 32),
+        "count": (32, 36),
+        "offsets": (offsets, sizes),
+        "sizes": (sizes, labels),
+        "labels": (labels, data),
+        "data": (data, len(raw)),
+    }
 
 
 def _pick_block(dest: Path, rnd: random.Random) -> Path:

@@ -14,7 +14,7 @@ RecordIO's ``labels.json``, and the description ``blockfs.json`` records under `
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...errors import SourceError
 from ..sources import DirectorySource, Source

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import stat
 from abc import abstractmethod
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from ...errors import SourceError
 from ...core.index import KIND_DIR, KIND_FILE
+from ...errors import SourceError
 from ..sources import Source, SourceEntry
 
 DIR_MODE = stat.S_IFDIR | 0o755  # directories a container implies but does not list

@@ -65,7 +65,6 @@ def sniff(path: str) -> tuple[str, str | None]:
     )
 
 
-
 def _stream_head(path: str, compression: str, n: int) -> tuple[bytes, bool]:
     """The first ``n`` decompressed bytes (bzip2 needs up to a whole block of input for them), and
     whether the file ended, mid-stream, before giving that many."""

@@ -38,17 +38,18 @@ import logging
 import math
 import os
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...core.digest import digest
 from ...core.format import METADATA_NAME
+from ...core.index import KIND_FILE
 from ...errors import FormatError, SourceError
 from ...storage.owned import USER_DIR_FLAGS, read_regular_at, write_file_at
-from ...core.index import KIND_FILE
 from ..sources import SourceEntry
 from .base import DIR_MODE, FILE_MODE, DamageLog, ListedOnce, TreeBuilder, WindowReader, pread_into
 
@@ -131,8 +132,7 @@ def parse_parts(reader: WindowReader, pos: int, size: int) -> tuple[Parts, int]:
             raise DamagedRecord(p, f"{_where(pos, p)}bad magic 0x{magic:08x} (expected 0x{RECORD_MAGIC:08x})")
         cflag, length = lrecord >> 29, lrecord & LENGTH_MASK
         if p + 8 + length > size:
-            raise DamagedRecord(
-                p, f"{_where(pos, p)}length {length} runs past the end of the file ({size} bytes)")
+            raise DamagedRecord(p, f"{_where(pos, p)}length {length} runs past the end of the file ({size} bytes)")
         if cflag > 3 or (not parts and cflag in (2, 3)) or (parts and cflag in (0, 1)):
             raise DamagedRecord(p, f"{_where(pos, p)}continuation flag {cflag} out of sequence")
         parts.append((p + 8, length))
@@ -298,14 +298,16 @@ class RecordIOSource(ListedOnce):
         total = sum(length for _, length in parts) + 4 * (len(parts) - 1)
         head = self._payload(parts, 0, HEAD_BYTES)  # header, labels and image signature, usually
         if len(head) < IR_HEADER.size:
-            self._damage.report(pos, f"a record of {total} bytes is too short for the "
-                                     f"{IR_HEADER.size}-byte image record header")
+            self._damage.report(
+                pos, f"a record of {total} bytes is too short for the {IR_HEADER.size}-byte image record header"
+            )
             return None
         flag, label, rec_id, _id2 = IR_HEADER.unpack_from(head)
         skip = IR_HEADER.size + 4 * flag
         if skip > total:
-            self._damage.report(pos, f"the record header announces {flag} labels, "
-                                     f"more than the record's {total} bytes hold")
+            self._damage.report(
+                pos, f"the record header announces {flag} labels, more than the record's {total} bytes hold"
+            )
             return None
         if skip + SIGNATURE_BYTES > len(head) < total:  # many labels: read on
             head = self._payload(parts, 0, skip + SIGNATURE_BYTES)
@@ -321,8 +323,7 @@ class RecordIOSource(ListedOnce):
         label_int = index_label(first)
         if flag > 0 or label_int != first:
             self._full_labels[os.fsdecode(path)] = [float(str(np.float32(v))) for v in labels]
-        return RecordEntry(path, KIND_FILE, FILE_MODE, mtime_ns, total - skip, label=label_int,
-                           parts=parts, skip=skip)
+        return RecordEntry(path, KIND_FILE, FILE_MODE, mtime_ns, total - skip, label=label_int, parts=parts, skip=skip)
 
     def _payload(self, parts: Parts, start: int, n: int) -> bytes:
         if len(parts) == 1:
@@ -333,7 +334,7 @@ class RecordIOSource(ListedOnce):
         return bytes(buf[:got])
 
 
-def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
+def read_record_labels(ds: PackedDataset) -> dict[str, list[float]]:
     """Every file's full labels in a dataset packed from RecordIO: path -> float32 labels.
 
     Files not in ``labels.json`` had one integer label, the one in the index.
@@ -346,16 +347,20 @@ def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
         name = source["labels_file"]
         path = os.path.join(ds.root, str(name))
         if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            raise FormatError(f"{ds.root}: {METADATA_NAME} names the labels file {name!r}, not a file of the "
-                              "dataset: restore the dataset from a good copy or pack it again")  # fmt: skip
+            raise FormatError(
+                f"{ds.root}: {METADATA_NAME} names the labels file {name!r}, not a file of the "
+                "dataset: restore the dataset from a good copy or pack it again"
+            )
         dir_fd = os.open(ds.root, USER_DIR_FLAGS)
         try:  # a regular file of the dataset only: never a link out of it, a FIFO or a device
             raw = read_regular_at(dir_fd, name)
         finally:
             os.close(dir_fd)
         if raw is None:
-            raise FormatError(f"{path}: missing, unreadable or not a regular file: restore the dataset from a good "
-                              "copy or pack it again")  # fmt: skip
+            raise FormatError(
+                f"{path}: missing, unreadable or not a regular file: restore the dataset from a good "
+                "copy or pack it again"
+            )
         if ds.has_digests and digest(raw).hex() != source.get("labels_blake3"):
             raise FormatError(
                 f"{path}: not the labels {METADATA_NAME} names (its BLAKE3 digest differs): restore the dataset "
@@ -367,4 +372,3 @@ def read_record_labels(ds: "PackedDataset") -> dict[str, list[float]]:
         path = os.fsdecode(ds.path_of(int(e)))
         out[path] = full.get(path, [float(ds.labels[e])])
     return out
-

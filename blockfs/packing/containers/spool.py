@@ -24,7 +24,8 @@ import os
 import signal
 import tempfile
 import zlib
-from typing import BinaryIO, Callable, Iterator, Union
+from collections.abc import Callable, Iterator
+from typing import BinaryIO, Union
 
 from ...errors import SourceError
 from ..forking import fork_child
@@ -159,8 +160,10 @@ class Spool:
         if not line:
             self._done = True
             status = self._reap()
-            raise SourceError(f"the process decompressing {self._damage.where!r} died (wait status {status}); "
-                              "retry, and if it happens again, test the archive with its own tool (gzip -t, bzip2 -t or xz -t)")
+            raise SourceError(
+                f"the process decompressing {self._damage.where!r} died (wait status {status}); "
+                "retry, and if it happens again, test the archive with its own tool (gzip -t, bzip2 -t or xz -t)"
+            )
         kind, *rest = json.loads(line)
         if kind == "written":
             self._written = rest[0]
@@ -196,8 +199,11 @@ def _decompress_into(fd: int, path: str, compression: str, messages: int) -> Non
                     written += len(piece)
                     say("written", written)
             except _Damaged as e:
-                say("damaged", f"{compression} stream damaged near compressed byte {raw.tell()} ({e}); "
-                               "offsets count decompressed bytes")  # fmt: skip
+                say(
+                    "damaged",
+                    f"{compression} stream damaged near compressed byte {raw.tell()} ({e}); "
+                    "offsets count decompressed bytes",
+                )
                 return
     except OSError as e:
         say("oserror", e.errno, e.strerror, e.filename)
@@ -207,4 +213,4 @@ def _decompress_into(fd: int, path: str, compression: str, messages: int) -> Non
 
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]

@@ -22,12 +22,12 @@ import stat
 import tarfile
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Iterator
 
-from ...errors import SourceError
 from ...core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
+from ...errors import SourceError
 from ..sources import SourceEntry
 from .base import DamageLog, ListedOnce, TreeBuilder, WindowReader, clean_member_name, pread_into
 from .spool import Spool
@@ -101,7 +101,7 @@ class TarSource(ListedOnce):
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "TarSource":
+    def __enter__(self) -> TarSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -130,7 +130,7 @@ class TarSource(ListedOnce):
             spool.cancel()  # before anyone closes the descriptor it writes to
             raise
 
-    def _list(self, extent: "_Extent | Spool") -> list[SourceEntry]:
+    def _list(self, extent: _Extent | Spool) -> list[SourceEntry]:
         tree = TreeBuilder(self.path)
         n_links = 0
         with open(self._fd, "rb", buffering=LIST_BUFFER, closefd=False) as f:
@@ -153,11 +153,25 @@ class TarSource(ListedOnce):
         if m.isdir():
             return TarEntry(name, KIND_DIR, stat.S_IFDIR | perm, mtime_ns, shard=self._shard)
         if m.issym():
-            return TarEntry(name, KIND_SYMLINK, stat.S_IFLNK | perm, mtime_ns, link_target=os.fsencode(m.linkname),
-                            shard=self._shard)
+            return TarEntry(
+                name,
+                KIND_SYMLINK,
+                stat.S_IFLNK | perm,
+                mtime_ns,
+                link_target=os.fsencode(m.linkname),
+                shard=self._shard,
+            )
         if m.isreg() or m.type not in tarfile.SUPPORTED_TYPES:  # GNU tar extracts unknown types as files
-            return TarEntry(name, KIND_FILE, stat.S_IFREG | perm, mtime_ns, m.size, shard=self._shard,
-                            data_offset=m.offset_data, sparse=m if m.issparse() else None)
+            return TarEntry(
+                name,
+                KIND_FILE,
+                stat.S_IFREG | perm,
+                mtime_ns,
+                m.size,
+                shard=self._shard,
+                data_offset=m.offset_data,
+                sparse=m if m.issparse() else None,
+            )
         self._skipped.append(name)  # character and block devices, FIFOs
         return None
 
@@ -165,19 +179,30 @@ class TarSource(ListedOnce):
         target_name = clean_member_name(os.fsencode(m.linkname))
         target = tree.get(target_name) if target_name is not None else None
         if target is None or target.kind == KIND_DIR:
-            self._damage.report(m.offset, f"hard link {os.fsdecode(name)!r} names {m.linkname!r}, "
-                                          "which is not an earlier file of the archive")
+            self._damage.report(
+                m.offset,
+                f"hard link {os.fsdecode(name)!r} names {m.linkname!r}, which is not an earlier file of the archive",
+            )
             return None
         if target.kind == KIND_SYMLINK:  # a hard link to a symlink: keep it as a symlink of its own
-            return TarEntry(name, KIND_SYMLINK, target.mode, target.mtime_ns, link_target=target.link_target,
-                            shard=self._shard)
+            return TarEntry(
+                name, KIND_SYMLINK, target.mode, target.mtime_ns, link_target=target.link_target, shard=self._shard
+            )
         assert isinstance(target, TarEntry)
         if target.hardlink_key is None:
             target.hardlink_key = (self._shard, n)
         # One inode: the link shows the target's mode and mtime, as after `tar x`.
-        return TarEntry(name, KIND_FILE, target.mode, target.mtime_ns, target.size,
-                        hardlink_key=target.hardlink_key, shard=self._shard, data_offset=target.data_offset,
-                        sparse=target.sparse)
+        return TarEntry(
+            name,
+            KIND_FILE,
+            target.mode,
+            target.mtime_ns,
+            target.size,
+            hardlink_key=target.hardlink_key,
+            shard=self._shard,
+            data_offset=target.data_offset,
+            sparse=target.sparse,
+        )
 
     # --- reading ---------------------------------------------------------------------------------
     def _read_sparse(self, member: tarfile.TarInfo, buf: memoryview, offset: int) -> int:
@@ -186,8 +211,9 @@ class TarSource(ListedOnce):
                 # Its own open file (a fresh offset): forked packers must not move each other's offset.
                 own = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
                 self._sparse_pid = os.getpid()
-                self._sparse_tar = tarfile.open(fileobj=open(own, "rb"), mode="r:",
-                                                encoding=ENCODING[0], errors=ENCODING[1])
+                self._sparse_tar = tarfile.open(
+                    fileobj=open(own, "rb"), mode="r:", encoding=ENCODING[0], errors=ENCODING[1]
+                )
             f = self._sparse_tar.extractfile(member)
             assert f is not None
             f.seek(offset)
@@ -268,7 +294,9 @@ def _members(f, extent: _Extent | Spool, damage: DamageLog) -> Iterator[tarfile.
             window = _Window(f, base)
             tar = tarfile.open(fileobj=window, mode="r:", encoding=ENCODING[0], errors=ENCODING[1])  # type: ignore[call-overload]
         except tarfile.ReadError as e:
-            base = damage.report(base, f"not a tar header ({e})", functools.partial(_next_header, fd, base + BLOCK, size))
+            base = damage.report(
+                base, f"not a tar header ({e})", functools.partial(_next_header, fd, base + BLOCK, size)
+            )
             continue
         while True:
             at = base + tar.offset
@@ -299,8 +327,11 @@ def _cut_short(m: tarfile.TarInfo, size: int, damage: DamageLog) -> bool:
     """Report (and say) that the member's data runs past the end of the archive."""
     if m.issparse() or m.offset_data + _data_size(m) <= size:
         return False
-    damage.report(m.offset, f"member {m.name!r} needs {m.size} bytes of data from byte offset "
-                            f"{m.offset_data}, past the end of the archive ({size} bytes): the archive is truncated")
+    damage.report(
+        m.offset,
+        f"member {m.name!r} needs {m.size} bytes of data from byte offset "
+        f"{m.offset_data}, past the end of the archive ({size} bytes): the archive is truncated",
+    )
     return True
 
 

@@ -14,7 +14,7 @@ caller's ``tarfile`` path takes over from there, damage reporting included.
 from __future__ import annotations
 
 import tarfile
-from typing import Callable, Generator
+from collections.abc import Callable, Generator
 
 BLOCK = tarfile.BLOCKSIZE
 ZERO_BLOCK = bytes(BLOCK)
@@ -121,7 +121,12 @@ def fast_members(
 
 
 def _member(
-    head: bytes, kind: int, size: int, long_names: dict[int, bytes], pax: dict[bytes, bytes], encoding: str,
+    head: bytes,
+    kind: int,
+    size: int,
+    long_names: dict[int, bytes],
+    pax: dict[bytes, bytes],
+    encoding: str,
     errors: str,
 ) -> tarfile.TarInfo:
     """A TarInfo as tarfile's frombuf, _proc_gnulong and _apply_pax_info would make it."""

@@ -15,8 +15,8 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ...errors import SourceError
 from ...core.index import KIND_DIR, KIND_FILE
+from ...errors import SourceError
 from ..sources import SourceEntry
 from .base import ListedOnce, TreeBuilder
 from .tar import TarEntry, TarSource
@@ -77,8 +77,10 @@ class WebDatasetSource(ListedOnce):
     ) -> None:
         if not shards:
             raise SourceError("no WebDataset shards given")
-        self.shards = [TarSource(s, c, skip_damaged=skip_damaged, spool_dir=spool_dir, shard=i)
-                       for i, (s, c) in enumerate(zip(shards, compressions, strict=True))]
+        self.shards = [
+            TarSource(s, c, skip_damaged=skip_damaged, spool_dir=spool_dir, shard=i)
+            for i, (s, c) in enumerate(zip(shards, compressions, strict=True))
+        ]
         self.description = f"{len(shards)} WebDataset shards ({shards[0]} ...)" if len(shards) > 1 else shards[0]
         self._workers = workers or os.cpu_count() or 1
 
@@ -152,7 +154,8 @@ def _read_cls(shard: TarSource, entry: SourceEntry) -> int:
     except ValueError:
         value = -2
     if value < -1 or value >= 2**31 or entry.size > MAX_CLS_BYTES:
-        log.warning("%s: %s does not hold an integer label; its sample gets label -1",
-                    shard.path, os.fsdecode(entry.path))
+        log.warning(
+            "%s: %s does not hold an integer label; its sample gets label -1", shard.path, os.fsdecode(entry.path)
+        )
         return -1
     return value

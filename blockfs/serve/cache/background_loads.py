@@ -18,8 +18,9 @@ read.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 LOADER_THREADS = 2  # background loaders
 READAHEAD_BLOCKS = 2  # blocks loaded ahead once reads move through blocks in order
@@ -47,8 +48,9 @@ class AheadLoadable(Protocol):
 class BackgroundLoads:
     """A pool of ``threads`` loader threads (started on first use) in front of ``cache``."""
 
-    def __init__(self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int,
-                 to_disk: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int, to_disk: bool = False
+    ) -> None:
         self._cache = cache
         self._to_disk = to_disk  # announced blocks memory will not hold go to a remote dataset's disk tier
         self._n_blocks = n_blocks

@@ -37,15 +37,16 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 from ...core import format as fmt
 from ...core.store import BlockStore
 from ...errors import BlockReadError, CorruptBlockError
 from .background_loads import LOADER_THREADS, READAHEAD_BLOCKS, BackgroundLoads
-from .cache_stats import CacheCounters
 from .block_memory import BlockMemory
+from .cache_stats import CacheCounters
 from .policies import DEFAULT_POLICY, make_policy
 from .readahead import SequentialReads
 from .uncached import UncachedFiles
@@ -285,8 +286,11 @@ class BlockCache:
         """``block`` in the cache, loaded (or waited for) now if need be; NotShared if it is not admitted."""
         cached = self.load(block)
         if cached is None:
-            why = "damaged (its checksum or header is wrong, or it is not this dataset's)" if (
-                block in self._damaged) else "not admitted: the cache budget is full"  # fmt: skip
+            why = (
+                "damaged (its checksum or header is wrong, or it is not this dataset's)"
+                if (block in self._damaged)
+                else "not admitted: the cache budget is full"
+            )
             raise NotShared(f"block {block} is {why}")
         return cached
 

@@ -14,16 +14,30 @@ from typing import Any
 EPOCHS_KEPT = 64  # per-epoch hit rates kept in the statistics
 
 COUNTERS = (
-    "reads", "bytes_served", "files_served", "file_hits", "file_misses", "block_hits", "block_misses",
-    "block_loads", "readahead_loads", "prefill_loads", "load_waits", "block_bytes_read", "file_reads",
-    "file_bytes_read", "buffer_hits",
+    "reads",
+    "bytes_served",
+    "files_served",
+    "file_hits",
+    "file_misses",
+    "block_hits",
+    "block_misses",
+    "block_loads",
+    "readahead_loads",
+    "prefill_loads",
+    "load_waits",
+    "block_bytes_read",
+    "file_reads",
+    "file_bytes_read",
+    "buffer_hits",
     "damaged_blocks",  # blocks found damaged or not this dataset's (each counted once)
     "load_errors",  # block loads that failed, for any reason
     "read_errors",  # reads answered with a failed read of a block file (EIO; the next read tries again)
-    "announcements", "prefetch_loads", "blocks_shared",
+    "announcements",
+    "prefetch_loads",
+    "blocks_shared",
     "replaced_loads",  # damaged blocks loaded in the background once found replaced (a new stored version)
     "disk_copies_ahead",  # announced blocks memory would not hold, fetched into a remote dataset's disk tier
-)  # fmt: skip
+)
 
 
 class CacheCounters:

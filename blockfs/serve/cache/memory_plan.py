@@ -51,6 +51,7 @@ DEFAULT_RETAIN_SHARE = 1.0
 # in /proc/meminfo across a listing: 1.18 GB for 1,000,000 entries (issue 30), docs/benchmarks.md.
 KERNEL_BYTES_PER_ENTRY = 1_180
 
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """What :func:`make_memory_plan` chose.  Hit rates are expected per epoch from the second on.
@@ -96,12 +97,14 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready values (without the per-file mask)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "retained"}
-        return fields | {"expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch,
-                         "page_cache_bytes": self.page_cache_bytes,
-                         "kernel_listing_bytes": self.kernel_listing_bytes}  # fmt: skip
+        return fields | {
+            "expected_storage_bytes_per_epoch": self.expected_storage_bytes_per_epoch,
+            "page_cache_bytes": self.page_cache_bytes,
+            "kernel_listing_bytes": self.kernel_listing_bytes,
+        }
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "MemoryPlan":
+    def from_dict(cls, values: dict[str, Any]) -> MemoryPlan:
         """The plan :meth:`to_dict` gave (a server's report), without the per-file mask: enough to describe it."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "retained" and f.name in values]
         return cls(**{name: values[name] for name in names}, retained=np.zeros(0, dtype=bool))
@@ -137,9 +140,12 @@ class MemoryPlan:
                 how += f", lowered from {size(self.requested_threshold)} to fit"
             if self.retain_share < 1:
                 how += f", within {self.retain_share:.0%} of the budget"
-            blocks = (f"less than one block ({size(self.block_bytes)}): holds none, so every file not retained "
-                      "is read alone, one request per file" if self.per_file_requests  # fmt: skip
-                      else f"cache-once (about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)")
+            blocks = (
+                f"less than one block ({size(self.block_bytes)}): holds none, so every file not retained "
+                "is read alone, one request per file"
+                if self.per_file_requests
+                else f"cache-once (about {_pct(self.block_cache_bytes, self.dataset_bytes)} of the blocks)"
+            )
             lines += [
                 f"retained files:   {self.retained_files:,} files ({_pct(self.retained_files, self.n_files)} "
                 f"of them), {size(self.retained_bytes)} ({_pct(self.retained_bytes, self.dataset_bytes)} "
@@ -268,9 +274,7 @@ def _expected_hit_rates(
     return file_hits / sizes.size, byte_hits / dataset_bytes
 
 
-def _select(
-    sizes: np.ndarray, share: int, strategy: str, requested: int | None
-) -> tuple[np.ndarray, int | None, int]:
+def _select(sizes: np.ndarray, share: int, strategy: str, requested: int | None) -> tuple[np.ndarray, int | None, int]:
     """(retained mask, threshold applied, retained bytes) for a dataset larger than ``share``."""
     order = np.argsort(sizes, kind="stable")  # by size, then by id
     ordered = sizes[order]

@@ -56,8 +56,13 @@ class MountPlan:
 
     def report(self) -> dict[str, Any]:
         """The plan as plain JSON-ready values: what the server reports and ``blockfs plan --json`` adds to."""
-        return {"plan": self.memory.to_dict(), "dataset": self.dataset, "remote": self.remote,
-                "disk_tier": self.disk_tier, "nodes": self.nodes}  # fmt: skip
+        return {
+            "plan": self.memory.to_dict(),
+            "dataset": self.dataset,
+            "remote": self.remote,
+            "disk_tier": self.disk_tier,
+            "nodes": self.nodes,
+        }
 
 
 def retains(retain: bool, policy: str) -> bool:
@@ -82,13 +87,21 @@ def make_mount_plan(
     memory, files = plan_dataset(ds.index.arrays, budget_bytes, strategy=strategy, threshold=threshold, retain=keeps)
     memory = dataclasses.replace(memory, n_entries=ds.index.n_entries - 1)  # every entry but the root is listed
     meta = ds.metadata
-    dataset = {"n_files": int(meta["n_files"]), "file_bytes": int(meta["file_bytes"]), "n_blocks": int(meta["n_blocks"])}
+    dataset = {
+        "n_files": int(meta["n_files"]),
+        "file_bytes": int(meta["file_bytes"]),
+        "n_blocks": int(meta["n_blocks"]),
+    }
     tier, disk = ds.disk_tier, None
     if tier is not None:
-        disk = disk_tier_plan(memory, int(meta["block_bytes"]), tier.budget, tier.stats()["used"], tier.root,
-                              one_block=memory.block_bytes)  # fmt: skip
+        disk = disk_tier_plan(
+            memory, int(meta["block_bytes"]), tier.budget, tier.stats()["used"], tier.root, one_block=memory.block_bytes
+        )
     parts = None
     if nodes > 1:
-        parts = {"nodes": nodes, "partition_seed": partition_seed,
-                 "part_bytes": node_part_bytes(ds, nodes, partition_seed)}  # fmt: skip
+        parts = {
+            "nodes": nodes,
+            "partition_seed": partition_seed,
+            "part_bytes": node_part_bytes(ds, nodes, partition_seed),
+        }
     return MountPlan(memory, files, keeps, dataset, ds.is_remote, disk, parts)

@@ -145,8 +145,7 @@ class BlockPolicy(ABC):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(budget_bytes={self.budget_bytes}, used_bytes={self.used_bytes}, "
-            f"blocks={len(self)})"
+            f"{type(self).__name__}(budget_bytes={self.budget_bytes}, used_bytes={self.used_bytes}, blocks={len(self)})"
         )
 
     def _check_new(self, key: int, nbytes: int) -> None:

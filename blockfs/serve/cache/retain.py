@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import mmap
 import threading
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
+from ...core.index import KIND_FILE
 from .block_cache import BlockCache
 from .block_memory import MemoryLock
-from ...core.index import KIND_FILE
 
 
 def slot_base(block_counts: np.ndarray) -> np.ndarray:
@@ -90,8 +91,13 @@ class RetainingReader:
         self._memlock = MemoryLock(lock_memory and self.capacity > 0)
         self._locked = self._memlock.lock(self._arena) if self.capacity else False
         self._lock = threading.Lock()
-        self._c = {"retained_files": 0, "retained_bytes": 0, "retained_hits": 0, "retained_reads": 0,
-                   "storage_bytes_avoided": 0}  # fmt: skip
+        self._c = {
+            "retained_files": 0,
+            "retained_bytes": 0,
+            "retained_hits": 0,
+            "retained_reads": 0,
+            "storage_bytes_avoided": 0,
+        }
 
     def _row(self, block: int, slot: int) -> int:
         """The table row of a target file, or -1."""
@@ -150,8 +156,13 @@ class RetainingReader:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             c = dict(self._c)
-        return {**c, "target_files": self.n_targets, "target_bytes": self.capacity,
-                "locked": self._locked, "mlock": self._memlock.failure or ("locked" if self._locked else "off")}  # fmt: skip
+        return {
+            **c,
+            "target_files": self.n_targets,
+            "target_bytes": self.capacity,
+            "locked": self._locked,
+            "mlock": self._memlock.failure or ("locked" if self._locked else "off"),
+        }
 
     def close(self) -> None:
         with self._lock:
@@ -179,6 +190,12 @@ def plan_dataset(
         threshold = None
     block_sizes = arrays.get("block_sizes") if hasattr(arrays, "get") else None
     one_block = int(np.median(block_sizes)) if block_sizes is not None and len(block_sizes) else 0
-    plan = make_memory_plan(sizes, budget_bytes, strategy=strategy, threshold=threshold,
-                            retain_share=1.0 if retain else 0.0, block_bytes=one_block)  # fmt: skip
+    plan = make_memory_plan(
+        sizes,
+        budget_bytes,
+        strategy=strategy,
+        threshold=threshold,
+        retain_share=1.0 if retain else 0.0,
+        block_bytes=one_block,
+    )
     return plan, (blocks, slots, sizes)

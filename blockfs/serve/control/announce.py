@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 from ... import protocol
 from .listener import Connection, SocketServer
@@ -33,8 +33,13 @@ class PrefetchListener(SocketServer):
         self._on_blocks = on_blocks
         self._n_blocks = n_blocks
         self._limit = protocol.announcement_limit(n_blocks)
-        super().__init__(socket.SOCK_STREAM, protocol.PREFETCH_SOCKET_PREFIX, "prefetch announcement",
-                         MAX_CONNECTIONS, "blockfs-prefetch")  # fmt: skip
+        super().__init__(
+            socket.SOCK_STREAM,
+            protocol.PREFETCH_SOCKET_PREFIX,
+            "prefetch announcement",
+            MAX_CONNECTIONS,
+            "blockfs-prefetch",
+        )
 
     def on_readable(self, conn: Connection) -> bool:
         """Collect the announcement; at its end (the client closed, or the limit) hand it to the cache."""

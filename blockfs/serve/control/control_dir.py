@@ -36,7 +36,8 @@ import os
 import stat
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,9 @@ class ControlDirectory:
         self._ds = ds
         self._stats = stats
         self._metadata = ds.metadata_bytes  # the bytes that name the dataset served, not DEST's file now
-        self._index: memoryview | bytes = ds.index.raw  # the bytes the mount serves from, not DEST's file (which may change)
+        self._index: memoryview | bytes = (
+            ds.index.raw
+        )  # the bytes the mount serves from, not DEST's file (which may change)
         arrays = ds.index.arrays
         self._block_sizes = arrays["block_sizes"]
         self._root_ino = int(arrays["ino"][0])
@@ -206,17 +209,25 @@ class ControlDirectory:
         parent = self._root_ino if not leaf else self._ino
         entries = [(".", stat.S_IFDIR, here.ino), ("..", stat.S_IFDIR, parent)]
         if leaf == BLOCKS:
-            return entries + [(protocol.block_file_name(b), stat.S_IFREG, self._first_block_ino + b)
-                              for b in range(len(self._block_sizes))]  # fmt: skip
+            return entries + [
+                (protocol.block_file_name(b), stat.S_IFREG, self._first_block_ino + b)
+                for b in range(len(self._block_sizes))
+            ]
         if leaf == SNAPSHOTS:
             with self._lock:
                 kept = list(self._snapshots)
-            return entries + [(os.fsdecode(self._snapshot_name(g)).partition("/")[2], stat.S_IFREG,
-                               self._first_snapshot_ino + g) for g in kept]  # fmt: skip
+            return entries + [
+                (os.fsdecode(self._snapshot_name(g)).partition("/")[2], stat.S_IFREG, self._first_snapshot_ino + g)
+                for g in kept
+            ]
         return entries + [
-            (os.fsdecode(name), stat.S_IFMT(self.getattr(self.path + b"/" + name).mode),
-             self._ino + self._file_inos[name]) for name in LISTED_FILES
-        ]  # fmt: skip
+            (
+                os.fsdecode(name),
+                stat.S_IFMT(self.getattr(self.path + b"/" + name).mode),
+                self._ino + self._file_inos[name],
+            )
+            for name in LISTED_FILES
+        ]
 
     def is_block_file(self, raw: bytes) -> bool:
         """Whether ``raw`` is a ``blocks/NNNNNNNN`` file (its reads go through the cache to storage)."""

@@ -21,7 +21,7 @@ import concurrent.futures
 import logging
 import os
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 from ... import protocol
 from .listener import Connection, SocketServer
@@ -43,8 +43,9 @@ class ShareServer(SocketServer):
         self._share = share
         self._n_blocks = n_blocks
         self._pool = concurrent.futures.ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="blockfs-share")
-        super().__init__(socket.SOCK_SEQPACKET, protocol.SHARE_SOCKET_PREFIX, "block share", max_connections,
-                         "blockfs-share")  # fmt: skip
+        super().__init__(
+            socket.SOCK_SEQPACKET, protocol.SHARE_SOCKET_PREFIX, "block share", max_connections, "blockfs-share"
+        )
 
     def on_readable(self, conn: Connection) -> bool:
         request = conn.sock.recv(protocol.SHARE_REQUEST_BYTES)

@@ -8,7 +8,8 @@ branches on the route.  Importing this package imports nothing (no binding, no N
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import threading

@@ -37,8 +37,9 @@ import logging
 import queue
 import stat
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -53,8 +54,7 @@ log = logging.getLogger(__name__)
 
 READER_THREADS = 2  # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
-INIT_FLAGS = (wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT
-              | wire.PARALLEL_DIROPS | wire.MAX_PAGES)  # fmt: skip
+INIT_FLAGS = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | wire.PARALLEL_DIROPS | wire.MAX_PAGES
 # --listing (MountOptions.listing): the INIT flags that make the kernel send READDIR (plain), READDIRPLUS
 # (plus) or READDIRPLUS for a directory's first request and after lookups in it (auto, the kernel's heuristic).
 LISTING_FLAGS = {"plain": 0, "plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO}
@@ -65,7 +65,7 @@ def answers(method: Callable) -> Callable:
     """Turn blockfs errors into their errno (logged and counted as the view's error mapping says)."""
 
     @functools.wraps(method)
-    def call(self: "KernelFS", nodeid: int, body: memoryview, unique: int) -> Any:
+    def call(self: KernelFS, nodeid: int, body: memoryview, unique: int) -> Any:
         try:
             return method(self, nodeid, body, unique)
         except Exception as e:
@@ -90,10 +90,14 @@ class KernelFS:
         self.served = False
         pushes: queue.SimpleQueue = queue.SimpleQueue()
         pushing = self.open_mode in ("enosys", "keep_cache")  # pages kept: pushing them pays off
-        self.view = build(Route(
-            {"binding": "kernel", "open_mode": self.open_mode, "listing": options.listing}, self.open_mode, stats=self._stats,
-            on_load=(lambda block: pushes.put(("block", block))) if pushing else None,
-        ))  # fmt: skip
+        self.view = build(
+            Route(
+                {"binding": "kernel", "open_mode": self.open_mode, "listing": options.listing},
+                self.open_mode,
+                stats=self._stats,
+                on_load=(lambda block: pushes.put(("block", block))) if pushing else None,
+            )
+        )
         # The node table: arrays sized by the view's entries, nothing per node (node id = node + 1); the
         # view's nodes past them carry no per-node state.
         self._n = self.view.n_entries
@@ -139,12 +143,21 @@ class KernelFS:
     def _handlers(self) -> dict[int, Callable]:
         refuse = self._refuse
         return {
-            wire.LOOKUP: self.lookup, wire.GETATTR: self.getattr, wire.READDIRPLUS: self.readdirplus,
-            wire.READDIR: self.readdir, wire.READ: self.read, wire.READLINK: self.readlink,
-            wire.GETXATTR: self.getxattr, wire.LISTXATTR: self.listxattr, wire.STATFS: self.statfs,
-            wire.FORGET: self.forget, wire.BATCH_FORGET: self.batch_forget, wire.SETATTR: refuse,
-            wire.DESTROY: self.destroy, **({wire.OPEN: self.open} if self.open_mode != "enosys" else {}),
-        }  # fmt: skip
+            wire.LOOKUP: self.lookup,
+            wire.GETATTR: self.getattr,
+            wire.READDIRPLUS: self.readdirplus,
+            wire.READDIR: self.readdir,
+            wire.READ: self.read,
+            wire.READLINK: self.readlink,
+            wire.GETXATTR: self.getxattr,
+            wire.LISTXATTR: self.listxattr,
+            wire.STATFS: self.statfs,
+            wire.FORGET: self.forget,
+            wire.BATCH_FORGET: self.batch_forget,
+            wire.SETATTR: refuse,
+            wire.DESTROY: self.destroy,
+            **({wire.OPEN: self.open} if self.open_mode != "enosys" else {}),
+        }
         # Everything else (OPEN, OPENDIR, FLUSH, RELEASE, ACCESS, INTERRUPT, LSEEK, locks) is answered
         # ENOSYS by the session, which the kernel remembers: it stops sending them.
 
@@ -163,7 +176,9 @@ class KernelFS:
             with self._nodes:
                 self._lookup_counts[node] += 1
         a = self.view.attr(node)
-        return wire.entry(node + 1, self._valid, a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid)
+        return wire.entry(
+            node + 1, self._valid, a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid
+        )
 
     # --- metadata ---------------------------------------------------------------------------------------
     @answers
@@ -227,8 +242,9 @@ class KernelFS:
         rows = np.zeros(fit, dtype=wire.DIRENTPLUS_ROW)
         wire.dirent_rows(a["ino"], next_offset, length, a["mode"], out=rows["dirent"])
         entry = rows["entry"]  # a view: the fields below are written into rows
-        wire.attr_rows(a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"], self.view.uid, self.view.gid,
-                       out=entry["attr"])  # fmt: skip
+        wire.attr_rows(
+            a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"], self.view.uid, self.view.gid, out=entry["attr"]
+        )
         entry["nodeid"] = nodes.astype(np.uint64) + 1
         entry["entry_valid"] = entry["attr_valid"] = self._valid
         linked = self._linkable(Listing(nodes, table, start, length, a))
@@ -251,8 +267,11 @@ class KernelFS:
         for i in range(offset, 2):
             a = self.view.attr(node if i == 0 else self.view.parent(node))
             name = b"." if i == 0 else b".."
-            one = (wire.direntplus(wire.negative_entry(0), a.ino, i + 1, name, a.mode) if plus
-                   else wire.dirent(a.ino, i + 1, name, a.mode))  # fmt: skip
+            one = (
+                wire.direntplus(wire.negative_entry(0), a.ino, i + 1, name, a.mode)
+                if plus
+                else wire.dirent(a.ino, i + 1, name, a.mode)
+            )
             if used + len(one) > size:
                 break
             out.append(one)

@@ -9,8 +9,8 @@ take libfuse's options as they are.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_NOATIME = 1024
@@ -22,21 +22,76 @@ MOUNT_FLAGS = {"noexec": MS_NOEXEC, "noatime": MS_NOATIME}  # applied (libfuse's
 ALWAYS = frozenset({"ro", "nosuid", "nodev", "nodiratime"})  # every blockfs mount is so already (read-only)
 # libfuse's own settings: each changes nothing on this route, which already does what they ask or has
 # nothing for them to act on (no writes, no locks, its own request loop, the index's inode numbers).
-LIBFUSE_ONLY = frozenset({
-    "use_ino", "readdir_ino", "kernel_cache", "auto_cache", "noauto_cache", "big_writes", "max_write",
-    "writeback_cache", "no_writeback_cache", "atomic_o_trunc", "hard_remove", "no_remote_lock",
-    "no_remote_posix_lock", "no_remote_flock", "splice_read", "splice_write", "splice_move", "no_splice_read",
-    "no_splice_write", "no_splice_move", "async_read", "sync_read", "max_threads", "max_idle_threads",
-    "clone_fd", "nonempty", "intr", "intr_signal", "rw", "suid", "dev", "exec", "atime", "relatime",
-    "strictatime", "sync", "async", "dirsync",
-})  # fmt: skip
+LIBFUSE_ONLY = frozenset(
+    {
+        "use_ino",
+        "readdir_ino",
+        "kernel_cache",
+        "auto_cache",
+        "noauto_cache",
+        "big_writes",
+        "max_write",
+        "writeback_cache",
+        "no_writeback_cache",
+        "atomic_o_trunc",
+        "hard_remove",
+        "no_remote_lock",
+        "no_remote_posix_lock",
+        "no_remote_flock",
+        "splice_read",
+        "splice_write",
+        "splice_move",
+        "no_splice_read",
+        "no_splice_write",
+        "no_splice_move",
+        "async_read",
+        "sync_read",
+        "max_threads",
+        "max_idle_threads",
+        "clone_fd",
+        "nonempty",
+        "intr",
+        "intr_signal",
+        "rw",
+        "suid",
+        "dev",
+        "exec",
+        "atime",
+        "relatime",
+        "strictatime",
+        "sync",
+        "async",
+        "dirsync",
+    }
+)
 # libfuse's options the kernel route refuses (they would need libfuse to act on them): with LIBFUSE_ONLY and the
 # rest above, every option a libfuse route takes — what mount.fuse.blockfs lets through to -o.
-LIBFUSE_OTHER = frozenset({
-    "allow_root", "auto_unmount", "uid", "gid", "umask", "entry_timeout", "negative_timeout", "attr_timeout",
-    "ac_attr_timeout", "noforget", "remember", "modules", "subdir", "direct_io", "nopath", "debug",
-    "max_readahead", "max_background", "congestion_threshold", "time_gran", "large_read", "blkdev",
-})  # fmt: skip
+LIBFUSE_OTHER = frozenset(
+    {
+        "allow_root",
+        "auto_unmount",
+        "uid",
+        "gid",
+        "umask",
+        "entry_timeout",
+        "negative_timeout",
+        "attr_timeout",
+        "ac_attr_timeout",
+        "noforget",
+        "remember",
+        "modules",
+        "subdir",
+        "direct_io",
+        "nopath",
+        "debug",
+        "max_readahead",
+        "max_background",
+        "congestion_threshold",
+        "time_gran",
+        "large_read",
+        "blkdev",
+    }
+)
 ACCEPTED = (*KERNEL_FLAGS, *(f"{k}=N" for k in KERNEL_VALUES), *(f"{k}=NAME" for k in NAMES), *MOUNT_FLAGS)
 
 
@@ -85,11 +140,18 @@ def parse(options: Iterable[str]) -> KernelMount:
             f"{'are not ones' if len(refused) > 1 else 'is not one'} the kernel route takes (it takes {', '.join(ACCEPTED)}; "
             f"libfuse's own settings are ignored): remove {'them' if len(refused) > 1 else 'it'} from -o, or mount "
             "with --fuse mfusepy for libfuse's options"
-        )  # fmt: skip
+        )
     return out
 
 
 def is_fuse_option(key: str) -> bool:
     """Whether ``key`` names a FUSE mount option that some route takes (the kernel's or libfuse's)."""
-    return (key in KERNEL_FLAGS or key in KERNEL_VALUES or key in NAMES or key in MOUNT_FLAGS or key in ALWAYS
-            or key in LIBFUSE_ONLY or key in LIBFUSE_OTHER)  # fmt: skip
+    return (
+        key in KERNEL_FLAGS
+        or key in KERNEL_VALUES
+        or key in NAMES
+        or key in MOUNT_FLAGS
+        or key in ALWAYS
+        or key in LIBFUSE_ONLY
+        or key in LIBFUSE_OTHER
+    )

@@ -41,9 +41,10 @@ import os
 import stat
 import threading
 from collections import Counter
+from collections.abc import Callable
 from ctypes.util import find_library
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import MountError
 from ..mount_options import MountOptions
@@ -98,7 +99,7 @@ def fuse_call(method: Callable) -> Callable:
     name = method.__name__
 
     @functools.wraps(method)
-    def call(self: "BlockFS", *args: Any) -> Any:
+    def call(self: BlockFS, *args: Any) -> Any:
         self.requests[name] += 1  # unlocked: a rare lost count is cheaper than a lock per request
         keep_thread_state()
         try:
@@ -162,8 +163,13 @@ class BlockFS:
         self.served = False  # set once libfuse has mounted and called init
         self.stopped = threading.Event()
         self._said: StderrCapture | None = None  # what libfuse prints while mounting (run)
-        self.view = build(Route({"binding": self.route, "libfuse": self.libfuse, "open_mode": self.open_mode},
-                                self.open_mode, stats=lambda: {"requests": dict(self.requests)}))  # fmt: skip
+        self.view = build(
+            Route(
+                {"binding": self.route, "libfuse": self.libfuse, "open_mode": self.open_mode},
+                self.open_mode,
+                stats=lambda: {"requests": dict(self.requests)},
+            )
+        )
 
     # --- life cycle -----------------------------------------------------------------------------
     def run(self, mountpoint: str, fsname: str) -> None:
@@ -193,8 +199,13 @@ class BlockFS:
                 options = fuse_kwargs(self.options, fsname)
                 if applied and not options.get("nothreads"):  # metadata must not wait behind reads (libfuse_threads.py)
                     options.setdefault("max_threads", str(MAX_THREADS))
-                self.binding.FUSE(self, os.fsencode(mountpoint).decode(ENCODING), raw_fi=self.open_mode != "enosys",
-                                  encoding=ENCODING, **options)  # fmt: skip
+                self.binding.FUSE(
+                    self,
+                    os.fsencode(mountpoint).decode(ENCODING),
+                    raw_fi=self.open_mode != "enosys",
+                    encoding=ENCODING,
+                    **options,
+                )
         except RuntimeError as e:
             if not self.served:
                 raise MountError(f"libfuse could not mount {mountpoint!r} (status {e}); see the messages above") from e
@@ -254,10 +265,14 @@ class BlockFS:
         # inode numbers as two lists; the binding makes its own object per entry from these tuples.
         names = view.child_names(node).decode(ENCODING).split("\0")[:-1]  # each name ends in a NUL
         a = view.listing(node).attrs
-        out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(node).ino}, 0),
-               ("..", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(view.parent(node)).ino}, 0)]  # fmt: skip
-        out += [(name, {"st_mode": mode, "st_ino": ino}, 0)
-                for name, mode, ino in zip(names, a["mode"].tolist(), a["ino"].tolist())]  # fmt: skip
+        out = [
+            (".", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(node).ino}, 0),
+            ("..", {"st_mode": stat.S_IFDIR, "st_ino": view.attr(view.parent(node)).ino}, 0),
+        ]
+        out += [
+            (name, {"st_mode": mode, "st_ino": ino}, 0)
+            for name, mode, ino in zip(names, a["mode"].tolist(), a["ino"].tolist(), strict=True)
+        ]
         return out
 
     @fuse_call
@@ -267,8 +282,17 @@ class BlockFS:
     @fuse_call
     def statfs(self, path: str) -> dict[str, int]:
         blocks, files = self.view.statfs()
-        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
-                "f_files": files, "f_ffree": 0, "f_favail": 0, "f_namemax": 255}  # fmt: skip
+        return {
+            "f_bsize": 4096,
+            "f_frsize": 4096,
+            "f_blocks": blocks,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": files,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
+        }
 
     @fuse_call
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:

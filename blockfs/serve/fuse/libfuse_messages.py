@@ -16,21 +16,32 @@ FUSE_CONF = "/etc/fuse.conf"
 
 # (what libfuse or fusermount3 writes, the line to show); the first that matches wins.
 _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"unknown option\(s\): `-o ([^']*)'"),
-     "libfuse does not know the option '{0}' (given with -o or in fstab): remove it; "
-     "'blockfs mount --help' lists blockfs's own options"),
-    (re.compile(r"user_allow_other"),
-     "--allow-other (allow_other) needs the line 'user_allow_other' in " + FUSE_CONF +
-     ": add it as root, or mount as root, or mount without --allow-other"),
-    (re.compile(r"device not found|No such file or directory.*/dev/fuse|/dev/fuse.*No such file"),
-     "there is no /dev/fuse: load the module (modprobe fuse), or in a container run it with "
-     "--device /dev/fuse --cap-add SYS_ADMIN"),
-    (re.compile(r"/dev/fuse.*(Permission denied|Operation not permitted)"),
-     "/dev/fuse is not accessible to this user: give the user access to it (ls -l /dev/fuse), or in a "
-     "container run it with --device /dev/fuse --cap-add SYS_ADMIN"),
-    (re.compile(r"mount failed: (Permission denied|Operation not permitted)"),
-     "the kernel refused the mount (no CAP_SYS_ADMIN): in a container run it with --device /dev/fuse "
-     "--cap-add SYS_ADMIN (and --security-opt apparmor:unconfined where AppArmor applies)"),
+    (
+        re.compile(r"unknown option\(s\): `-o ([^']*)'"),
+        "libfuse does not know the option '{0}' (given with -o or in fstab): remove it; "
+        "'blockfs mount --help' lists blockfs's own options",
+    ),
+    (
+        re.compile(r"user_allow_other"),
+        "--allow-other (allow_other) needs the line 'user_allow_other' in "
+        + FUSE_CONF
+        + ": add it as root, or mount as root, or mount without --allow-other",
+    ),
+    (
+        re.compile(r"device not found|No such file or directory.*/dev/fuse|/dev/fuse.*No such file"),
+        "there is no /dev/fuse: load the module (modprobe fuse), or in a container run it with "
+        "--device /dev/fuse --cap-add SYS_ADMIN",
+    ),
+    (
+        re.compile(r"/dev/fuse.*(Permission denied|Operation not permitted)"),
+        "/dev/fuse is not accessible to this user: give the user access to it (ls -l /dev/fuse), or in a "
+        "container run it with --device /dev/fuse --cap-add SYS_ADMIN",
+    ),
+    (
+        re.compile(r"mount failed: (Permission denied|Operation not permitted)"),
+        "the kernel refused the mount (no CAP_SYS_ADMIN): in a container run it with --device /dev/fuse "
+        "--cap-add SYS_ADMIN (and --security-opt apparmor:unconfined where AppArmor applies)",
+    ),
 )
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+from collections.abc import Iterator
 from ctypes.util import find_library
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ def main_with_max_threads(f: dict, argc: int, argv: Any, operations: Any, operat
     try:
         if not opts.mountpoint:
             return 2
-        fuse = f["fuse_new_31"](ctypes.byref(args), ctypes.cast(operations, ctypes.c_void_p), operations_size,
-                                user_data)  # fmt: skip
+        fuse = f["fuse_new_31"](
+            ctypes.byref(args), ctypes.cast(operations, ctypes.c_void_p), operations_size, user_data
+        )
         if not fuse:
             return 3
         try:
@@ -142,13 +144,13 @@ def max_threads_applied(binding: ModuleType) -> Iterator[bool]:
         yield False
         return
     # getattr/setattr: the binding is a module chosen at run time, whose attributes mypy cannot know
-    original = getattr(binding, "fuse_main_real")
+    original = getattr(binding, "fuse_main_real")  # noqa: B009
 
     def main(argc, argv, operations, operations_size, user_data):
         return main_with_max_threads(functions, argc, argv, operations, operations_size, user_data)
 
-    setattr(binding, "fuse_main_real", main)
+    setattr(binding, "fuse_main_real", main)  # noqa: B010
     try:
         yield True
     finally:
-        setattr(binding, "fuse_main_real", original)
+        setattr(binding, "fuse_main_real", original)  # noqa: B010

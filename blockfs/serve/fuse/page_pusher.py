@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,16 @@ class PagePusher:
     """Pushes of one mount: ``jobs`` takes ("block", block) and ("entries", [entry...]); :meth:`run` is the
     pusher thread; ``store(nodeid, bytes)`` is the session's, True when the kernel took the pages."""
 
-    def __init__(self, view: MountView, jobs: queue.SimpleQueue, lookups: np.ndarray,
-                 store: Callable[[int, Any], bool], stopped: threading.Event, *, enabled: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        view: MountView,
+        jobs: queue.SimpleQueue,
+        lookups: np.ndarray,
+        store: Callable[[int, Any], bool],
+        stopped: threading.Event,
+        *,
+        enabled: bool,
+    ) -> None:
         self.view = view
         self.jobs = jobs
         self.enabled = enabled  # pages kept across opens: pushing them pays off
@@ -104,7 +113,11 @@ class PagePusher:
         """Count a file the kernel would not take; say so once a mount (its reads are served as usual)."""
         self.counts["push_errors"] += 1
         if self.counts["push_errors"] == 1:
-            log.warning("pushing %s into the page cache failed: %s; its reads are served as usual (later "
-                        "failures are counted in page_cache.push_errors)", self.view.path_of(e), err)  # fmt: skip
+            log.warning(
+                "pushing %s into the page cache failed: %s; its reads are served as usual (later "
+                "failures are counted in page_cache.push_errors)",
+                self.view.path_of(e),
+                err,
+            )
         else:
             log.debug("pushing entry %d into the page cache failed: %s", e, err)

@@ -35,10 +35,10 @@ import socket
 import stat
 import subprocess
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from . import kernel_options
-from . import wire
+from . import kernel_options, wire
 from .kernel_options import MS_NODEV, MS_NOSUID, MS_RDONLY
 
 log = logging.getLogger(__name__)
@@ -100,12 +100,22 @@ class Session:
     @staticmethod
     def _mount_directly(mountpoint: str, fsname: str, subtype: str, given: kernel_options.KernelMount) -> int:
         fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        opts = [f"fd={fd}", f"rootmode={stat.S_IFDIR:o}",
-                f"user_id={os.getuid()}", f"group_id={os.getgid()}", *sorted(given.flags),
-                *(f"{k}={v}" for k, v in sorted(given.values.items()))]  # fmt: skip
+        opts = [
+            f"fd={fd}",
+            f"rootmode={stat.S_IFDIR:o}",
+            f"user_id={os.getuid()}",
+            f"group_id={os.getgid()}",
+            *sorted(given.flags),
+            *(f"{k}={v}" for k, v in sorted(given.values.items())),
+        ]
         libc = _libc()
-        rc = libc.mount(os.fsencode(fsname), os.fsencode(mountpoint), f"fuse.{subtype}".encode(),
-                        MS_RDONLY | MS_NOSUID | MS_NODEV | given.mount_flags, ",".join(opts).encode())  # fmt: skip
+        rc = libc.mount(
+            os.fsencode(fsname),
+            os.fsencode(mountpoint),
+            f"fuse.{subtype}".encode(),
+            MS_RDONLY | MS_NOSUID | MS_NODEV | given.mount_flags,
+            ",".join(opts).encode(),
+        )
         if rc != 0:
             err = ctypes.get_errno()
             os.close(fd)
@@ -117,14 +127,25 @@ class Session:
         tool = shutil.which("fusermount3") or shutil.which("fusermount")
         if tool is None:
             raise MountFailed(errno.ENOENT, "fusermount3 is not installed: install the fuse3 package")
-        opts = ["ro", "nosuid", "nodev", *given.flag_names(), f"fsname={fsname}", f"subtype={subtype}",
-                *sorted(given.flags), *(f"{k}={v}" for k, v in sorted(given.values.items()))]  # fmt: skip
+        opts = [
+            "ro",
+            "nosuid",
+            "nodev",
+            *given.flag_names(),
+            f"fsname={fsname}",
+            f"subtype={subtype}",
+            *sorted(given.flags),
+            *(f"{k}={v}" for k, v in sorted(given.values.items())),
+        ]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             done = subprocess.run(
-                [tool, "-o", ",".join(opts), "--", mountpoint], pass_fds=(theirs.fileno(),),
-                env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())}, capture_output=True, text=True,
-            )  # fmt: skip
+                [tool, "-o", ",".join(opts), "--", mountpoint],
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())},
+                capture_output=True,
+                text=True,
+            )
             theirs.close()
             if done.returncode != 0:
                 why = (done.stderr or done.stdout).strip().splitlines()
@@ -251,15 +272,21 @@ class Session:
         None, logged, when the kernel is too old."""
         major, minor, max_readahead, kernel_flags = wire.INIT_IN.unpack_from(body)
         if major != wire.KERNEL_MAJOR or minor < wire.MIN_MINOR:
-            log.error("the kernel speaks FUSE %d.%d; blockfs's kernel path needs 7.%d or later (Linux 5.1+): "
-                      "mount with --fuse mfusepy", major, minor, wire.MIN_MINOR)  # fmt: skip
+            log.error(
+                "the kernel speaks FUSE %d.%d; blockfs's kernel path needs 7.%d or later (Linux 5.1+): "
+                "mount with --fuse mfusepy",
+                major,
+                minor,
+                wire.MIN_MINOR,
+            )
             return None
         self.minor = min(minor, wire.KERNEL_MINOR)
         wanted = self._on_init(self.minor, kernel_flags) if self._on_init else 0
         self.flags = wanted & kernel_flags
         max_pages = 256  # 1 MiB reads
-        return wire.INIT_OUT.pack(wire.KERNEL_MAJOR, self.minor, max_readahead, self.flags & 0xFFFFFFFF,
-                                  64, 48, 1 << 16, 1, max_pages, 0, 0)  # fmt: skip
+        return wire.INIT_OUT.pack(
+            wire.KERNEL_MAJOR, self.minor, max_readahead, self.flags & 0xFFFFFFFF, 64, 48, 1 << 16, 1, max_pages, 0, 0
+        )
 
     # --- answering --------------------------------------------------------------------------------
     def reply(self, unique: int, body: Any) -> None:
@@ -305,4 +332,3 @@ class Session:
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
                 raise
-

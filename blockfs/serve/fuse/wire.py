@@ -34,12 +34,32 @@ INTERRUPT, DESTROY, IOCTL, POLL = 36, 38, 39, 40
 BATCH_FORGET, READDIRPLUS, LSEEK, STATX = 42, 44, 46, 52
 
 OPCODE_NAMES = {
-    LOOKUP: "lookup", FORGET: "forget", GETATTR: "getattr", SETATTR: "setattr", READLINK: "readlink",
-    OPEN: "open", READ: "read", STATFS: "statfs", RELEASE: "release", GETXATTR: "getxattr",
-    LISTXATTR: "listxattr", FLUSH: "flush", INIT: "init", OPENDIR: "opendir", READDIR: "readdir",
-    RELEASEDIR: "releasedir", ACCESS: "access", INTERRUPT: "interrupt", DESTROY: "destroy", IOCTL: "ioctl",
-    POLL: "poll", BATCH_FORGET: "batch_forget", READDIRPLUS: "readdirplus", LSEEK: "lseek", STATX: "statx",
-}  # fmt: skip
+    LOOKUP: "lookup",
+    FORGET: "forget",
+    GETATTR: "getattr",
+    SETATTR: "setattr",
+    READLINK: "readlink",
+    OPEN: "open",
+    READ: "read",
+    STATFS: "statfs",
+    RELEASE: "release",
+    GETXATTR: "getxattr",
+    LISTXATTR: "listxattr",
+    FLUSH: "flush",
+    INIT: "init",
+    OPENDIR: "opendir",
+    READDIR: "readdir",
+    RELEASEDIR: "releasedir",
+    ACCESS: "access",
+    INTERRUPT: "interrupt",
+    DESTROY: "destroy",
+    IOCTL: "ioctl",
+    POLL: "poll",
+    BATCH_FORGET: "batch_forget",
+    READDIRPLUS: "readdirplus",
+    LSEEK: "lseek",
+    STATX: "statx",
+}
 
 # FUSE_INIT flags (the first word; bit 30 says a second word follows)
 ASYNC_READ = 1 << 0
@@ -90,15 +110,37 @@ DIRENTPLUS_FIXED = ENTRY_OUT_SIZE + DIRENT_HEAD.size
 
 # The same structures as NumPy rows, for listings packed a whole reply at a time (times as signed
 # integers: the kernel reads the u64 as time64_t, so a time before 1970 is its two's complement).
-ATTR_ROW = np.dtype([
-    ("ino", "=u8"), ("size", "=u8"), ("blocks", "=u8"), ("atime", "=i8"), ("mtime", "=i8"), ("ctime", "=i8"),
-    ("atimensec", "=u4"), ("mtimensec", "=u4"), ("ctimensec", "=u4"), ("mode", "=u4"), ("nlink", "=u4"),
-    ("uid", "=u4"), ("gid", "=u4"), ("rdev", "=u4"), ("blksize", "=u4"), ("flags", "=u4"),
-])  # fmt: skip
-ENTRY_OUT_ROW = np.dtype([
-    ("nodeid", "=u8"), ("generation", "=u8"), ("entry_valid", "=u8"), ("attr_valid", "=u8"),
-    ("entry_valid_nsec", "=u4"), ("attr_valid_nsec", "=u4"), ("attr", ATTR_ROW),
-])  # fmt: skip
+ATTR_ROW = np.dtype(
+    [
+        ("ino", "=u8"),
+        ("size", "=u8"),
+        ("blocks", "=u8"),
+        ("atime", "=i8"),
+        ("mtime", "=i8"),
+        ("ctime", "=i8"),
+        ("atimensec", "=u4"),
+        ("mtimensec", "=u4"),
+        ("ctimensec", "=u4"),
+        ("mode", "=u4"),
+        ("nlink", "=u4"),
+        ("uid", "=u4"),
+        ("gid", "=u4"),
+        ("rdev", "=u4"),
+        ("blksize", "=u4"),
+        ("flags", "=u4"),
+    ]
+)
+ENTRY_OUT_ROW = np.dtype(
+    [
+        ("nodeid", "=u8"),
+        ("generation", "=u8"),
+        ("entry_valid", "=u8"),
+        ("attr_valid", "=u8"),
+        ("entry_valid_nsec", "=u4"),
+        ("attr_valid_nsec", "=u4"),
+        ("attr", ATTR_ROW),
+    ]
+)
 DIRENT_ROW = np.dtype([("ino", "=u8"), ("off", "=u8"), ("namelen", "=u4"), ("type", "=u4")])
 DIRENTPLUS_ROW = np.dtype([("entry", ENTRY_OUT_ROW), ("dirent", DIRENT_ROW)])
 
@@ -115,13 +157,36 @@ def entry_out(nodeid: int, attr_bytes: bytes, valid_s: int) -> bytes:
     return ENTRY_OUT_HEAD.pack(nodeid, 0, valid_s, valid_s, 0, 0) + attr_bytes
 
 
-def entry(nodeid: int, valid_s: int, ino: int, size: int, mode: int, nlink: int, mtime_ns: int, uid: int,
-          gid: int) -> bytes:  # fmt: skip
+def entry(
+    nodeid: int, valid_s: int, ino: int, size: int, mode: int, nlink: int, mtime_ns: int, uid: int, gid: int
+) -> bytes:
     """:func:`entry_out` of :func:`attr` in one pack: a LOOKUP's answer, built once per request."""
     sec, nsec = divmod(mtime_ns, 1_000_000_000)
     blocks = (size + 511) >> 9 if mode & 0o170000 == 0o100000 else 0
-    return ENTRY_OUT.pack(nodeid, 0, valid_s, valid_s, 0, 0,
-                          ino, size, blocks, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, 4096, 0)  # fmt: skip
+    return ENTRY_OUT.pack(
+        nodeid,
+        0,
+        valid_s,
+        valid_s,
+        0,
+        0,
+        ino,
+        size,
+        blocks,
+        sec,
+        sec,
+        sec,
+        nsec,
+        nsec,
+        nsec,
+        mode,
+        nlink,
+        uid,
+        gid,
+        0,
+        4096,
+        0,
+    )
 
 
 def negative_entry(valid_s: int) -> bytes:
@@ -155,8 +220,16 @@ def dirent(ino: int, next_offset: int, name: bytes, mode: int) -> bytes:
     return head + name + _padding(DIRENT_HEAD.size + len(name))
 
 
-def attr_rows(ino: np.ndarray, size: np.ndarray, mode: np.ndarray, nlink: np.ndarray, mtime_ns: np.ndarray,
-              uid: int, gid: int, out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def attr_rows(
+    ino: np.ndarray,
+    size: np.ndarray,
+    mode: np.ndarray,
+    nlink: np.ndarray,
+    mtime_ns: np.ndarray,
+    uid: int,
+    gid: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """:func:`attr` of many entries at once: an :data:`ATTR_ROW` array (written into ``out``, zeroed,
     when given: a field of a larger row)."""
     if out is None:
@@ -172,8 +245,9 @@ def attr_rows(ino: np.ndarray, size: np.ndarray, mode: np.ndarray, nlink: np.nda
     return out
 
 
-def dirent_rows(ino: np.ndarray, next_offset: np.ndarray, name_length: np.ndarray, mode: np.ndarray,
-                out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def dirent_rows(
+    ino: np.ndarray, next_offset: np.ndarray, name_length: np.ndarray, mode: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """The fixed part of many ``fuse_dirent`` at once (each record's name follows it: :func:`records`),
     written into ``out`` when given."""
     if out is None:

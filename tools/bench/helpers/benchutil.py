@@ -52,9 +52,10 @@ class MemoryCgroup:
 
     def __init__(self, name: str, limit_bytes: int) -> None:
         v2, v1 = "/sys/fs/cgroup", "/sys/fs/cgroup/memory"
-        if os.path.exists(os.path.join(v2, "cgroup.controllers")) and "memory" in open(
-            os.path.join(v2, "cgroup.subtree_control")
-        ).read().split():
+        if (
+            os.path.exists(os.path.join(v2, "cgroup.controllers"))
+            and "memory" in open(os.path.join(v2, "cgroup.subtree_control")).read().split()
+        ):
             self.path, limit_file = os.path.join(v2, name), "memory.max"
         elif os.path.isdir(v1) and os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
             self.path, limit_file = os.path.join(v1, name), "memory.limit_in_bytes"
@@ -104,13 +105,15 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def started_server(what: str, command: list[str], port: int, log: Path, env: dict | None = None,
-                   host: str = "127.0.0.1") -> Iterator[subprocess.Popen]:  # fmt: skip
+def started_server(
+    what: str, command: list[str], port: int, log: Path, env: dict | None = None, host: str = "127.0.0.1"
+) -> Iterator[subprocess.Popen]:
     """A server in a child process in its own session (Ctrl-C reaches only the benchmark, whose ``finally``
     stops it); yields the process once ``host:port`` answers."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 60
         while not answers(port, host):
@@ -153,8 +156,12 @@ def run_storage_reader(root: Path, order_file: Path, threads: int) -> dict:
     own) over the files listed in ``order_file`` under ``root``: its JSON result; an error read ends the run."""
     from . import HELPERS
 
-    done = subprocess.run([sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file),
-                           "--threads", str(threads)], capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(order_file), "--threads", str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if result["errors"]:
         raise SystemExit(f"reader errors under {root}: {result}")

@@ -82,16 +82,42 @@ class Cluster:
         _run("ip", "-n", self.fabric_ns, "link", "set", f"{PREFIX}br", "up")
         for k, ns in enumerate(self.node_ns):
             # node k <-> the store, capped on the store's end (what the store sends to node k)
-            _run("ip", "-n", self.store_ns, "link", "add", self.store_link[k], "type", "veth",
-                 "peer", "name", f"{PREFIX}n{k}s", "netns", ns)  # fmt: skip
+            _run(
+                "ip",
+                "-n",
+                self.store_ns,
+                "link",
+                "add",
+                self.store_link[k],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"{PREFIX}n{k}s",
+                "netns",
+                ns,
+            )
             _run("ip", "-n", self.store_ns, "addr", "add", f"{self.store_address[k]}/30", "dev", self.store_link[k])
             _run("ip", "-n", self.store_ns, "link", "set", self.store_link[k], "up")
             _run("ip", "-n", ns, "addr", "add", f"{self.node_store_address[k]}/30", "dev", f"{PREFIX}n{k}s")
             _run("ip", "-n", ns, "link", "set", f"{PREFIX}n{k}s", "up")
             self._cap(self.store_ns, self.store_link[k], self.store_mbit)
             # node k <-> the fabric bridge, capped on both ends
-            _run("ip", "-n", self.fabric_ns, "link", "add", f"{PREFIX}f{k}", "type", "veth",
-                 "peer", "name", f"{PREFIX}n{k}f", "netns", ns)  # fmt: skip
+            _run(
+                "ip",
+                "-n",
+                self.fabric_ns,
+                "link",
+                "add",
+                f"{PREFIX}f{k}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"{PREFIX}n{k}f",
+                "netns",
+                ns,
+            )
             _run("ip", "-n", self.fabric_ns, "link", "set", f"{PREFIX}f{k}", "master", f"{PREFIX}br")
             _run("ip", "-n", self.fabric_ns, "link", "set", f"{PREFIX}f{k}", "up")
             _run("ip", "-n", ns, "addr", "add", f"{self.fabric_address[k]}/24", "dev", f"{PREFIX}n{k}f")
@@ -103,8 +129,25 @@ class Cluster:
     def _cap(ns: str, dev: str, mbit: int) -> None:
         # burst: a few packets' worth at this rate; latency bounds the queue (as a NIC's ring would)
         burst = max(32, mbit // 4)  # KiB: enough for the rate at the kernel's timer granularity
-        _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-             "rate", f"{mbit}mbit", "burst", f"{burst}kb", "latency", "50ms")  # fmt: skip
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{mbit}mbit",
+            "burst",
+            f"{burst}kb",
+            "latency",
+            "50ms",
+        )
 
     def command(self, node: int | None, *cmd: str) -> list[str]:
         """``cmd`` run in node ``node``'s network namespace (None: the store's), this mount namespace kept."""
@@ -113,8 +156,9 @@ class Cluster:
 
     def store_sent(self) -> list[int]:
         """Bytes the store has sent down each node's link so far (frames on the wire: payload, TCP/IP, HTTP)."""
-        done = subprocess.run(["ip", "-n", self.store_ns, "-j", "-s", "link", "show"], capture_output=True,
-                              text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            ["ip", "-n", self.store_ns, "-j", "-s", "link", "show"], capture_output=True, text=True, check=True
+        )
         sent = {link["ifname"]: int(link["stats64"]["tx"]["bytes"]) for link in json.loads(done.stdout)}
         return [sent.get(name, 0) for name in self.store_link]
 

@@ -85,7 +85,9 @@ def _half_duplex(src: socket.socket, dst: socket.socket, delay: float, counters:
             break
         if up:
             seen = tail + chunk  # a request line split across two reads is still counted once
-            counters.add(bytes_up=len(chunk), requests=len(REQUEST_LINE.findall(seen)) - len(REQUEST_LINE.findall(tail)))
+            counters.add(
+                bytes_up=len(chunk), requests=len(REQUEST_LINE.findall(seen)) - len(REQUEST_LINE.findall(tail))
+            )
             tail = seen[-64:]
         else:
             counters.add(bytes_down=len(chunk))

@@ -26,8 +26,18 @@ def entropy_sweep(workdir: Path, seeds: list[int], batch_size: int) -> dict[str,
         for in_flight in IN_FLIGHT_SWEEP:
             ours, uniform = [], []
             for seed in seeds:
-                plan = plan_epoch(layout, batch_size=batch_size, seed=seed, epoch=0, rank=0, world_size=1,
-                                  num_workers=0, blocks_in_flight=in_flight, drop_last=False, reuse=False)  # fmt: skip
+                plan = plan_epoch(
+                    layout,
+                    batch_size=batch_size,
+                    seed=seed,
+                    epoch=0,
+                    rank=0,
+                    world_size=1,
+                    num_workers=0,
+                    blocks_in_flight=in_flight,
+                    drop_last=False,
+                    reuse=False,
+                )
                 ours.append(batch_class_entropy(plan.sequence, labels, batch_size))
                 order = files[global_shuffled_order(files.size, seed=seed, epoch=0)]
                 uniform.append(batch_class_entropy(order, labels, batch_size))
@@ -37,8 +47,10 @@ def entropy_sweep(workdir: Path, seeds: list[int], batch_size: int) -> dict[str,
 
 
 def sweep_table(sweep: dict[str, dict[int, float]]) -> str:
-    lines = ["| pack | " + " | ".join(f"blocks_in_flight={f}" for f in IN_FLIGHT_SWEEP) + " |",
-             "|---|" + "---|" * len(IN_FLIGHT_SWEEP)]  # fmt: skip
+    lines = [
+        "| pack | " + " | ".join(f"blocks_in_flight={f}" for f in IN_FLIGHT_SWEEP) + " |",
+        "|---|" + "---|" * len(IN_FLIGHT_SWEEP),
+    ]
     for pack, ratios in sweep.items():
         lines.append(f"| {pack} | " + " | ".join(f"{ratios[f]:.3f}" for f in IN_FLIGHT_SWEEP) + " |")
     return "\n".join(lines)
@@ -69,24 +81,37 @@ def verdict(summary: dict[str, dict]) -> str | None:
     ref, ours = summary["global"], summary["blockfs"]
     gap = ours["final_accuracy_mean"] - ref["final_accuracy_mean"]
     within = "within" if abs(gap) <= ref["final_accuracy_std"] else "NOT within"
-    return (f"default blockfs vs global shuffle: {gap:+.4f} accuracy, global's std over seeds "
-            f"{ref['final_accuracy_std']:.4f}: {within} one standard deviation")  # fmt: skip
+    return (
+        f"default blockfs vs global shuffle: {gap:+.4f} accuracy, global's std over seeds "
+        f"{ref['final_accuracy_std']:.4f}: {within} one standard deviation"
+    )
 
 
 def table(summary: dict[str, dict]) -> str:
     ref = summary.get("global")
-    rows = [["configuration", "final accuracy (mean ± std)", "vs global", "batch class entropy (bits)",
-             "vs global", "steps", "train s / run"]]  # fmt: skip
+    rows = [
+        [
+            "configuration",
+            "final accuracy (mean ± std)",
+            "vs global",
+            "batch class entropy (bits)",
+            "vs global",
+            "steps",
+            "train s / run",
+        ]
+    ]
     for name, s in summary.items():
-        rows.append([
-            f"`{name}`: {s['what']}",
-            f"{s['final_accuracy_mean']:.4f} ± {s['final_accuracy_std']:.4f}",
-            f"{s['final_accuracy_mean'] - ref['final_accuracy_mean']:+.4f}" if ref else "",
-            f"{s['batch_entropy']:.3f}",
-            f"{s['batch_entropy'] / ref['batch_entropy']:.3f}" if ref else "",
-            str(s["steps"]),
-            f"{s['train_s']:.1f}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"`{name}`: {s['what']}",
+                f"{s['final_accuracy_mean']:.4f} ± {s['final_accuracy_std']:.4f}",
+                f"{s['final_accuracy_mean'] - ref['final_accuracy_mean']:+.4f}" if ref else "",
+                f"{s['batch_entropy']:.3f}",
+                f"{s['batch_entropy'] / ref['batch_entropy']:.3f}" if ref else "",
+                str(s["steps"]),
+                f"{s['train_s']:.1f}",
+            ]
+        )
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
     return "\n".join(lines)

@@ -42,8 +42,17 @@ OWNER_PORT = 8481  # on each node's fabric address
 WORKER_USER = "www-data"
 
 
-def config(prefix: Path, owner_address: str, owners: list[str], store: str, cache_bytes: int, *,
-           keep_host: bool = True, slice_bytes: int = 0, pass_range: bool = False) -> str:  # fmt: skip
+def config(
+    prefix: Path,
+    owner_address: str,
+    owners: list[str],
+    store: str,
+    cache_bytes: int,
+    *,
+    keep_host: bool = True,
+    slice_bytes: int = 0,
+    pass_range: bool = False,
+) -> str:
     """nginx.conf for one node: ``owner_address`` its fabric address, ``owners`` every node's (same order on
     every node), ``store`` the S3 endpoint as ``host:port`` as this node reaches it."""
     # proxy_set_header is inherited only by a block that sets none itself: every location sets all of its own
@@ -51,12 +60,13 @@ def config(prefix: Path, owner_address: str, owners: list[str], store: str, cach
     headers += "            proxy_set_header Host $http_host;\n" if keep_host else ""
     servers = "\n".join(f"        server {a}:{OWNER_PORT} max_fails=1 fail_timeout=10s;" for a in owners)
     if slice_bytes:
-        caching = (f"            slice {slice_bytes};\n"
-                   "            proxy_cache_key $uri$slice_range;\n"
-                   "            proxy_set_header Range $slice_range;\n")  # fmt: skip
+        caching = (
+            f"            slice {slice_bytes};\n"
+            "            proxy_cache_key $uri$slice_range;\n"
+            "            proxy_set_header Range $slice_range;\n"
+        )
     elif pass_range:  # the client's Range to the store as signed; each range cached apart
-        caching = ("            proxy_cache_key $uri$http_range;\n"
-                   "            proxy_set_header Range $http_range;\n")  # fmt: skip
+        caching = "            proxy_cache_key $uri$http_range;\n            proxy_set_header Range $http_range;\n"
     else:
         caching = "            proxy_cache_key $uri;\n"
     return f"""\
@@ -133,12 +143,21 @@ def started(command_prefix: list[str], prefix: Path, text: str) -> Iterator[subp
     conf.write_text(text)
     log = prefix / "stderr.log"
     with open(log, "ab") as out:
-        check = subprocess.run([*command_prefix, NGINX, "-t", "-q", "-p", str(prefix), "-c", str(conf)],
-                               stdout=out, stderr=out, check=False)  # fmt: skip
+        check = subprocess.run(
+            [*command_prefix, NGINX, "-t", "-q", "-p", str(prefix), "-c", str(conf)],
+            stdout=out,
+            stderr=out,
+            check=False,
+        )
         if check.returncode != 0:
             raise RuntimeError(f"nginx refused {conf}: {log.read_text(errors='replace').strip()[-400:]}")
-        proc = subprocess.Popen([*command_prefix, NGINX, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*command_prefix, NGINX, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:

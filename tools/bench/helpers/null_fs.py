@@ -56,8 +56,10 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus")
     stats, children = walk(src)
     paths = sorted(stats)  # node id = position + 1: the root (b"") first
     node_of = {p: i + 1 for i, p in enumerate(paths)}
-    attrs = [wire.attr(node_of[p], st.st_size, st.st_mode & ~0o222, st.st_nlink, st.st_mtime_ns, 0, 0)
-             for p, st in ((p, stats[p]) for p in paths)]  # fmt: skip
+    attrs = [
+        wire.attr(node_of[p], st.st_size, st.st_mode & ~0o222, st.st_nlink, st.st_mtime_ns, 0, 0)
+        for p, st in ((p, stats[p]) for p in paths)
+    ]
     sizes = [stats[p].st_size for p in paths]
     valid = 86400
 
@@ -79,8 +81,9 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus")
         out, used = [], 0
         for i in range(offset, len(names)):
             child = node_of[os.path.join(parent, names[i]) if parent else names[i]]
-            one = wire.direntplus(wire.entry_out(child, attrs[child - 1], valid), child, i + 1, names[i],
-                                  stats[paths[child - 1]].st_mode)  # fmt: skip
+            one = wire.direntplus(
+                wire.entry_out(child, attrs[child - 1], valid), child, i + 1, names[i], stats[paths[child - 1]].st_mode
+            )
             if used + len(one) > size:
                 break
             out.append(one)
@@ -112,12 +115,27 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus")
     def enosys(nodeid: int, body: memoryview, unique: int) -> bytes:
         raise OSError(errno.ENOSYS, "not implemented")
 
-    handlers = {wire.LOOKUP: lookup, wire.GETATTR: getattr_, wire.READDIRPLUS: readdirplus, wire.READ: read,
-                wire.READDIR: readdir,
-                wire.STATFS: statfs, wire.OPEN: enosys, wire.OPENDIR: enosys, wire.INTERRUPT: enosys,
-                wire.FORGET: lambda *a: NO_REPLY, wire.BATCH_FORGET: lambda *a: NO_REPLY}  # fmt: skip
-    flags = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | \
-        wire.PARALLEL_DIROPS | wire.MAX_PAGES | wire.CACHE_SYMLINKS
+    handlers = {
+        wire.LOOKUP: lookup,
+        wire.GETATTR: getattr_,
+        wire.READDIRPLUS: readdirplus,
+        wire.READ: read,
+        wire.READDIR: readdir,
+        wire.STATFS: statfs,
+        wire.OPEN: enosys,
+        wire.OPENDIR: enosys,
+        wire.INTERRUPT: enosys,
+        wire.FORGET: lambda *a: NO_REPLY,
+        wire.BATCH_FORGET: lambda *a: NO_REPLY,
+    }
+    flags = (
+        wire.ASYNC_READ
+        | wire.NO_OPEN_SUPPORT
+        | wire.NO_OPENDIR_SUPPORT
+        | wire.PARALLEL_DIROPS
+        | wire.MAX_PAGES
+        | wire.CACHE_SYMLINKS
+    )
     flags |= {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
     session = Session(handlers, on_init=lambda minor, kernel: flags)
     session.mount(mountpoint, src.replace(",", "_"), "nullfs")
@@ -141,18 +159,35 @@ def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
     node_of = {p: i + 1 for i, p in enumerate(paths)}
 
     class Stat(ctypes.Structure):  # x86_64 struct stat
-        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64), ("st_nlink", ctypes.c_uint64),
-                    ("st_mode", ctypes.c_uint32), ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                    ("pad0", ctypes.c_int), ("st_rdev", ctypes.c_uint64), ("st_size", ctypes.c_int64),
-                    ("st_blksize", ctypes.c_int64), ("st_blocks", ctypes.c_int64),
-                    ("st_atime", ctypes.c_int64), ("st_atime_ns", ctypes.c_int64),
-                    ("st_mtime", ctypes.c_int64), ("st_mtime_ns", ctypes.c_int64),
-                    ("st_ctime", ctypes.c_int64), ("st_ctime_ns", ctypes.c_int64),
-                    ("reserved", ctypes.c_int64 * 3)]  # fmt: skip
+        _fields_ = [
+            ("st_dev", ctypes.c_uint64),
+            ("st_ino", ctypes.c_uint64),
+            ("st_nlink", ctypes.c_uint64),
+            ("st_mode", ctypes.c_uint32),
+            ("st_uid", ctypes.c_uint32),
+            ("st_gid", ctypes.c_uint32),
+            ("pad0", ctypes.c_int),
+            ("st_rdev", ctypes.c_uint64),
+            ("st_size", ctypes.c_int64),
+            ("st_blksize", ctypes.c_int64),
+            ("st_blocks", ctypes.c_int64),
+            ("st_atime", ctypes.c_int64),
+            ("st_atime_ns", ctypes.c_int64),
+            ("st_mtime", ctypes.c_int64),
+            ("st_mtime_ns", ctypes.c_int64),
+            ("st_ctime", ctypes.c_int64),
+            ("st_ctime_ns", ctypes.c_int64),
+            ("reserved", ctypes.c_int64 * 3),
+        ]
 
     class EntryParam(ctypes.Structure):
-        _fields_ = [("ino", ctypes.c_uint64), ("generation", ctypes.c_uint64), ("attr", Stat),
-                    ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]  # fmt: skip
+        _fields_ = [
+            ("ino", ctypes.c_uint64),
+            ("generation", ctypes.c_uint64),
+            ("attr", Stat),
+            ("attr_timeout", ctypes.c_double),
+            ("entry_timeout", ctypes.c_double),
+        ]
 
     def entry(node: int) -> EntryParam:
         st = stats[paths[node - 1]]
@@ -168,8 +203,14 @@ def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
     lib.fuse_reply_attr.argtypes = (req, ctypes.POINTER(Stat), ctypes.c_double)
     lib.fuse_reply_buf.argtypes = (req, ctypes.c_char_p, ctypes.c_size_t)
     lib.fuse_reply_err.argtypes = (req, ctypes.c_int)
-    lib.fuse_add_direntry_plus.argtypes = (req, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
-                                           ctypes.POINTER(EntryParam), ctypes.c_int64)  # fmt: skip
+    lib.fuse_add_direntry_plus.argtypes = (
+        req,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_char_p,
+        ctypes.POINTER(EntryParam),
+        ctypes.c_int64,
+    )
     lib.fuse_add_direntry_plus.restype = ctypes.c_size_t
 
     def lookup(r, parent, name):
@@ -199,8 +240,9 @@ def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
         used = 0
         for i in range(off, len(names)):
             node = node_of[os.path.join(p, names[i]) if p else names[i]]
-            n = lib.fuse_add_direntry_plus(r, base + used, size - used, names[i],
-                                           ctypes.byref(entries[node - 1]), i + 1)  # fmt: skip
+            n = lib.fuse_add_direntry_plus(
+                r, base + used, size - used, names[i], ctypes.byref(entries[node - 1]), i + 1
+            )
             if n > size - used:
                 break
             used += n
@@ -210,16 +252,19 @@ def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
         want = ctypes.cast(conn, ctypes.POINTER(ctypes.c_uint * 10)).contents
         want[6] = (want[6] | (1 << 17) | (1 << 24) | (1 << 13)) & ~(1 << 14)  # no open/opendir, always plus
 
-    names = ("init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir symlink rename link "
-             "open read write flush release fsync opendir readdir releasedir fsyncdir statfs setxattr getxattr "
-             "listxattr removexattr access create getlk setlk bmap ioctl poll write_buf retrieve_reply "
-             "forget_multi flock fallocate readdirplus copy_file_range lseek").split()  # fmt: skip
+    names = (
+        "init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir symlink rename link "
+        "open read write flush release fsync opendir readdir releasedir fsyncdir statfs setxattr getxattr "
+        "listxattr removexattr access create getlk setlk bmap ioctl poll write_buf retrieve_reply "
+        "forget_multi flock fallocate readdirplus copy_file_range lseek"
+    ).split()
     types = {
-        "init": ctypes.CFUNCTYPE(None, vp, vp), "lookup": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_char_p),
+        "init": ctypes.CFUNCTYPE(None, vp, vp),
+        "lookup": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_char_p),
         "getattr": ctypes.CFUNCTYPE(None, req, ino_t, vp),
         "read": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_size_t, ctypes.c_int64, vp),
         "readdirplus": ctypes.CFUNCTYPE(None, req, ino_t, ctypes.c_size_t, ctypes.c_int64, vp),
-    }  # fmt: skip
+    }
     funcs = {"init": init, "lookup": lookup, "getattr": getattr_, "read": read, "readdirplus": readdirplus}
 
     class Ops(ctypes.Structure):
@@ -263,7 +308,7 @@ def serve_pyfuse3(src: str, mountpoint: str) -> None:
     paths = sorted(stats)
     node_of = {p: i + 1 for i, p in enumerate(paths)}
 
-    def entry(node: int) -> "pyfuse3.EntryAttributes":
+    def entry(node: int) -> pyfuse3.EntryAttributes:
         st = stats[paths[node - 1]]
         e = pyfuse3.EntryAttributes()
         e.st_ino, e.st_mode, e.st_size, e.st_nlink = node, st.st_mode & ~0o222, st.st_size, st.st_nlink
@@ -320,11 +365,12 @@ def serve_mfusepy(src: str, mountpoint: str) -> None:
 
     binding = load_binding("mfusepy")
     fs = make_mfusepy_null(binding)(src)
-    binding.FUSE(fs, mountpoint, raw_fi=False, encoding=ENCODING,
-                 **fuse_kwargs(MountOptions(cache_bytes=0), mount_source(src)))  # fmt: skip
+    binding.FUSE(
+        fs, mountpoint, raw_fi=False, encoding=ENCODING, **fuse_kwargs(MountOptions(cache_bytes=0), mount_source(src))
+    )
 
 
-def make_mfusepy_null(binding: "ModuleType") -> type:
+def make_mfusepy_null(binding: ModuleType) -> type:
     """The no-work server class on the mfusepy/fusepy binding ``binding``."""
     from blockfs.serve.fuse.libfuse_adapter import keep_thread_state
 
@@ -344,8 +390,15 @@ def make_mfusepy_null(binding: "ModuleType") -> type:
 
         @staticmethod
         def _attr(st: os.stat_result) -> dict:
-            return {"st_mode": st.st_mode & ~0o222, "st_size": st.st_size, "st_nlink": st.st_nlink,
-                    "st_ino": st.st_ino, "st_mtime": st.st_mtime_ns, "st_uid": 0, "st_gid": 0}  # fmt: skip
+            return {
+                "st_mode": st.st_mode & ~0o222,
+                "st_size": st.st_size,
+                "st_nlink": st.st_nlink,
+                "st_ino": st.st_ino,
+                "st_mtime": st.st_mtime_ns,
+                "st_uid": 0,
+                "st_gid": 0,
+            }
 
         def getattr(self, path: str, fh: object = None) -> dict:
             keep_thread_state()
@@ -378,9 +431,18 @@ def main() -> int:
     parser.add_argument("src")
     parser.add_argument("mountpoint")
     parser.add_argument("--fuse", choices=("kernel", "mfusepy", "lowlevel", "pyfuse3"), default="mfusepy")
-    parser.add_argument("--threads", type=int, default=2, help="threads of the kernel route (lowlevel: 1 = libfuse's single-threaded loop)")
-    parser.add_argument("--listing", choices=("plus", "auto", "plain"), default="plus",
-                        help="kernel route: READDIRPLUS always, when the kernel asks, or never (READDIR)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="threads of the kernel route (lowlevel: 1 = libfuse's single-threaded loop)",
+    )
+    parser.add_argument(
+        "--listing",
+        choices=("plus", "auto", "plain"),
+        default="plus",
+        help="kernel route: READDIRPLUS always, when the kernel asks, or never (READDIR)",
+    )
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")

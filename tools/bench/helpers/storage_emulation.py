@@ -61,7 +61,9 @@ def disk_of(path: str) -> str:
     dev = os.stat(path).st_dev
     node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
     if not node.exists():
-        raise Unavailable(f"{path} is not on a block device (its filesystem has device {os.major(dev)}:{os.minor(dev)})")
+        raise Unavailable(
+            f"{path} is not on a block device (its filesystem has device {os.major(dev)}:{os.minor(dev)})"
+        )
     if (node / "partition").exists():
         node = node.resolve().parent  # the partition's directory sits inside its disk's
     return (node / "dev").read_text().strip()
@@ -105,8 +107,10 @@ class ThrottledDisk:
 
     def counters(self) -> dict[str, int]:
         """Bytes and requests read from the disk by the group's processes since it was made."""
-        return {"bytes": self._read_counter("blkio.throttle.io_service_bytes"),
-                "requests": self._read_counter("blkio.throttle.io_serviced")}  # fmt: skip
+        return {
+            "bytes": self._read_counter("blkio.throttle.io_service_bytes"),
+            "requests": self._read_counter("blkio.throttle.io_serviced"),
+        }
 
     def close(self) -> None:
         """Move any process left in the group back to the root group, then remove it."""
@@ -161,8 +165,25 @@ class NetworkLink:
             _run("ip", "-n", name, "link", "set", self.store_end, "up")
             _run("ip", "-n", name, "link", "set", "lo", "up")
             # burst: a few packets' worth at this rate; latency bounds the queue (as a NIC's ring would).
-            _run("ip", "netns", "exec", name, "tc", "qdisc", "replace", "dev", self.store_end, "root", "tbf",
-                 "rate", f"{rate_mbit}mbit", "burst", "256kb", "latency", "20ms")  # fmt: skip
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                name,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                self.store_end,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_mbit}mbit",
+                "burst",
+                "256kb",
+                "latency",
+                "20ms",
+            )
         except Unavailable:
             self.close()
             raise

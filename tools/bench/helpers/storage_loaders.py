@@ -74,8 +74,9 @@ class Gets(Dataset):
             import boto3
             from botocore.config import Config
 
-            self._client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                                        config=Config(max_pool_connections=4))  # fmt: skip
+            self._client = boto3.client(
+                "s3", endpoint_url=self.endpoint, region_name="us-east-1", config=Config(max_pool_connections=4)
+            )
         return self._client.get_object(Bucket=self.bucket, Key=self.names[i])["Body"].read()
 
 
@@ -94,8 +95,12 @@ def _import_streaming():
         tv.transforms.functional.to_tensor = None
         import importlib.machinery
 
-        for name, mod in {"torchvision": tv, "torchvision.datasets": tv.datasets, "torchvision.transforms": tv.transforms,
-                          "torchvision.transforms.functional": tv.transforms.functional}.items():  # fmt: skip
+        for name, mod in {
+            "torchvision": tv,
+            "torchvision.datasets": tv.datasets,
+            "torchvision.transforms": tv.transforms,
+            "torchvision.transforms.functional": tv.transforms.functional,
+        }.items():
             mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
             sys.modules[name] = mod
     import streaming
@@ -105,8 +110,13 @@ def _import_streaming():
 
 def _loader(args: argparse.Namespace):
     workers = args.workers
-    common = {"batch_size": BATCH, "num_workers": workers, "collate_fn": _keep_bytes,
-                  "persistent_workers": False, "prefetch_factor": 4 if workers else None}  # fmt: skip
+    common = {
+        "batch_size": BATCH,
+        "num_workers": workers,
+        "collate_fn": _keep_bytes,
+        "persistent_workers": False,
+        "prefetch_factor": 4 if workers else None,
+    }
     if args.kind in ("files", "gets"):
         with open(args.list) as f:
             names = [line.rstrip("\n") for line in f if line.strip()]
@@ -118,8 +128,14 @@ def _loader(args: argparse.Namespace):
         return BlockLoader(args.root, batch_size=BATCH, num_workers=workers, seed=args.seed)
     if args.kind == "mosaic":
         streaming = _import_streaming()
-        data = streaming.StreamingDataset(remote=args.remote, local=args.local, shuffle=True, shuffle_seed=args.seed,
-                                          batch_size=BATCH, cache_limit=args.cache_limit)  # fmt: skip
+        data = streaming.StreamingDataset(
+            remote=args.remote,
+            local=args.local,
+            shuffle=True,
+            shuffle_seed=args.seed,
+            batch_size=BATCH,
+            cache_limit=args.cache_limit,
+        )
         # Reading index.json made a boto3 client in this process; forked workers would share its pooled
         # socket and read each other's responses (seen: a shard holding another shard's bytes at 10 ms).
         # Dropping it makes each worker open its own.
@@ -158,8 +174,11 @@ def main() -> int:
         p.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
         p.add_argument("--epochs", type=int, default=1)
         p.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
-        p.add_argument("--step", action="store_true",
-                       help="print each epoch's result as it ends and wait for a line on stdin before the next")  # fmt: skip
+        p.add_argument(
+            "--step",
+            action="store_true",
+            help="print each epoch's result as it ends and wait for a line on stdin before the next",
+        )
     args = parser.parse_args()
     if args.wait_mount:
         from storage_reader import wait_for_mount

@@ -38,8 +38,9 @@ def main() -> int:
     parser.add_argument("list")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long (slow systems)")
-    parser.add_argument("--list", dest="list_first", action="store_true",
-                        help="list every directory first, as ImageFolder does")
+    parser.add_argument(
+        "--list", dest="list_first", action="store_true", help="list every directory first, as ImageFolder does"
+    )
     parser.add_argument("--wait-mount", default=None, help="print 'ready', then start once this path is mounted")
     args = parser.parse_args()
     with open(args.list) as f:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -37,7 +37,9 @@ class SyntheticSource(Source):
             raise ValueError("need files >= 0 and dirs >= 1")
         self.files, self.dirs, self.seed = files, dirs, seed
         self.description = f"synthetic:{files}x{dirs}:seed={seed}"
-        self._pattern = np.random.default_rng([seed, 1]).integers(0, 256, PATTERN_SIZE + MAX_SIZE, dtype=np.uint8).tobytes()
+        self._pattern = (
+            np.random.default_rng([seed, 1]).integers(0, 256, PATTERN_SIZE + MAX_SIZE, dtype=np.uint8).tobytes()
+        )
         self._view = memoryview(self._pattern)
 
     def per_dir(self, d: int) -> int:

@@ -35,8 +35,10 @@ def vcl(owners: list[str], store: str) -> str:
     """The VCL for one node: ``owners`` every node's fabric address (same order on every node), ``store``
     the S3 endpoint as ``host:port`` as this node reaches it."""
     host, port = store.rsplit(":", 1)
-    backends = "\n".join(f'backend owner{k} {{ .host = "{a}"; .port = "{OWNER_PORT}"; .probe = owner_up; }}'
-                         for k, a in enumerate(owners))  # fmt: skip
+    backends = "\n".join(
+        f'backend owner{k} {{ .host = "{a}"; .port = "{OWNER_PORT}"; .probe = owner_up; }}'
+        for k, a in enumerate(owners)
+    )
     adds = "\n".join(f"    owners.add_backend(owner{k});" for k in range(len(owners)))
     return f"""\
 vcl 4.1;
@@ -83,17 +85,37 @@ sub vcl_backend_response {{
 
 
 @contextlib.contextmanager
-def started(command_prefix: list[str], workdir: Path, text: str, owner_address: str,
-            cache_bytes: int) -> Iterator[subprocess.Popen]:  # fmt: skip
+def started(
+    command_prefix: list[str], workdir: Path, text: str, owner_address: str, cache_bytes: int
+) -> Iterator[subprocess.Popen]:
     """varnishd with VCL ``text`` in the foreground (``-F``), work directory ``workdir``; stopped on the way out."""
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "cluster.vcl"
     conf.write_text(text)
     log = workdir.parent / f"{workdir.name}.log"
-    command = [*command_prefix, VARNISHD, "-F", "-n", str(workdir / "instance"), "-j", "none",
-               "-a", f"front=127.0.0.1:{FRONT_PORT}", "-a", f"owner={owner_address}:{OWNER_PORT}",
-               "-f", str(conf), "-s", f"malloc,{max(cache_bytes, 16 << 20)}",
-               "-p", "thread_pools=1", "-p", "thread_pool_min=16", "-p", "thread_pool_max=200"]  # fmt: skip
+    command = [
+        *command_prefix,
+        VARNISHD,
+        "-F",
+        "-n",
+        str(workdir / "instance"),
+        "-j",
+        "none",
+        "-a",
+        f"front=127.0.0.1:{FRONT_PORT}",
+        "-a",
+        f"owner={owner_address}:{OWNER_PORT}",
+        "-f",
+        str(conf),
+        "-s",
+        f"malloc,{max(cache_bytes, 16 << 20)}",
+        "-p",
+        "thread_pools=1",
+        "-p",
+        "thread_pool_min=16",
+        "-p",
+        "thread_pool_max=200",
+    ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     try:
@@ -105,11 +127,15 @@ def started(command_prefix: list[str], workdir: Path, text: str, owner_address: 
 def store_bytes(workdir: Path) -> int:
     """Bytes this node's varnish has received from the store so far (headers and bodies; ``varnishstat``'s
     counters of the ``store`` backend)."""
-    done = subprocess.run(["varnishstat", "-n", str(workdir / "instance"), "-1", "-j"], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["varnishstat", "-n", str(workdir / "instance"), "-1", "-j"], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         return 0
     counters = json.loads(done.stdout)
     counters = counters.get("counters", counters)
-    return sum(int(v["value"]) for k, v in counters.items()
-               if k.startswith("VBE.") and ".store." in k and k.endswith(("beresp_bodybytes", "beresp_hdrbytes")))  # fmt: skip
+    return sum(
+        int(v["value"])
+        for k, v in counters.items()
+        if k.startswith("VBE.") and ".store." in k and k.endswith(("beresp_bodybytes", "beresp_hdrbytes"))
+    )

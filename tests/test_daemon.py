@@ -18,6 +18,7 @@ from polling import wait_until
 import blockfs
 from blockfs.errors import MountError
 from blockfs.serve import daemon as process
+from blockfs.serve import mount_files
 from blockfs.storage.owned import UnsafeDirectoryError
 
 
@@ -41,13 +42,13 @@ def target(tmp_path):
 
 def test_the_default_log_directory_is_private_and_a_planted_link_is_never_followed(tmp_path, private, target):
     mnt = tmp_path / "mnt"
-    first = process.default_log_path(mnt)
+    first = mount_files.default_log_path(mnt)
     directory = os.path.dirname(first)
     assert directory == str(private / "blockfs")
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     os.symlink(target, first)
-    path = process.default_log_path(mnt)  # our own name in our own directory: the link is removed
-    fd = process.open_log(path)
+    path = mount_files.default_log_path(mnt)  # our own name in our own directory: the link is removed
+    fd = mount_files.open_log(path)
     try:
         os.write(fd, b"a line\n")
         assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
@@ -60,7 +61,7 @@ def test_a_log_path_that_is_a_link_is_refused_in_one_line(tmp_path, target):
     link = tmp_path / "given.log"
     os.symlink(target, link)
     with pytest.raises(MountError) as raised:
-        process.open_log(link)
+        mount_files.open_log(link)
     assert "symbolic link" in str(raised.value) and "\n" not in str(raised.value)
     assert target.read_bytes() == b"untouched\n"
 
@@ -70,7 +71,7 @@ def test_a_log_directory_of_another_user_is_refused(tmp_path, private):
     (private / "blockfs").mkdir()
     os.chown(private / "blockfs", 65534, 65534)
     with pytest.raises(UnsafeDirectoryError, match="uid 65534"):
-        process.default_log_path(tmp_path / "mnt")
+        mount_files.default_log_path(tmp_path / "mnt")
 
 
 def test_old_logs_are_removed(tmp_path, private):
@@ -79,10 +80,10 @@ def test_old_logs_are_removed(tmp_path, private):
     old, recent, other = directory / "blockfs-old.log", directory / "blockfs-recent.log", directory / "notes.txt"
     for path in (old, recent, other):
         path.write_text("x")
-    long_ago = time.time() - (process.LOG_KEEP_DAYS + 1) * 86400
+    long_ago = time.time() - (mount_files.LOG_KEEP_DAYS + 1) * 86400
     os.utime(old, (long_ago, long_ago))
     os.utime(other, (long_ago, long_ago))
-    process.default_log_path(tmp_path / "mnt")
+    mount_files.default_log_path(tmp_path / "mnt")
     assert not old.exists() and recent.exists() and other.exists()
 
 

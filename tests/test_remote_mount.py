@@ -259,7 +259,8 @@ def test_umount_of_a_killed_remote_mount_removes_its_fetched_directory_and_nothi
     mount point's."""
     import signal
 
-    from blockfs.serve.daemon import FETCHED_PREFIX, is_mounted
+    from blockfs.serve.daemon import is_mounted
+    from blockfs.serve.mount_files import FETCHED_PREFIX
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -237,6 +237,7 @@ def _take_handoff(args: argparse.Namespace) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from ..serve import daemon as mnt
+    from ..serve import mount_files
 
     if args.handoff_fd is not None:
         _take_handoff(args)
@@ -251,8 +252,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     # plan once and reports it here to be printed.
     fetched = None
     if is_remote(args.dest) and not args.disk_cache and not args.fetched_dir:
-        mnt.remove_fetched(args.mountpoint)  # left by a killed server of an earlier mount here
-        fetched = mnt.fetched_directory(args.mountpoint)
+        mount_files.remove_fetched(args.mountpoint)  # left by a killed server of an earlier mount here
+        fetched = mount_files.fetched_directory(args.mountpoint)
         if args.foreground:
             args.fetched_dir = fetched  # this process serves: it removes it when it ends
     try:
@@ -261,7 +262,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
                 pass
         if args.foreground:
             return _serve_here(args, size, why)
-        log_path = os.path.abspath(args.log) if args.log else mnt.default_log_path(args.mountpoint)
+        log_path = os.path.abspath(args.log) if args.log else mount_files.default_log_path(args.mountpoint)
         # The serving process gets the user's own command line: every option is declared once, in the parser.
         # Only what this process decided is added: the budget (MemAvailable changes) and the log file.
         # Secrets (storage options, a URL's user and token) go through a pipe, never the command line.
@@ -298,7 +299,8 @@ def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
 def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
     """Serve in this process until unmounted (``--foreground``).  The plan the server makes goes to the
     command that started it (``--report-fd``), or is printed here when a person started it."""
-    from ..serve.daemon import open_log, send_report
+    from ..serve.daemon import send_report
+    from ..serve.mount_files import open_log
     from ..serve.server import serve
 
     if args.log:
@@ -333,7 +335,7 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
     """After a clean unmount, remove a background mount's default log (in the temp directory) when it holds
     no warning, error or traceback: the logs of many mount points do not pile up there, and a log with
     something to read stays."""
-    from ..serve.daemon import default_log_path
+    from ..serve.mount_files import default_log_path
 
     if not args.log or os.path.abspath(args.log) != default_log_path(args.mountpoint):
         return  # a log the user named is theirs

@@ -8,32 +8,23 @@ statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is import
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import logging
 import os
 import select
 import shutil
-import stat
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
-from ..storage.owned import open_owned_dir, regular_files_at, unlink_quietly_at
+from .mount_files import canonical, open_log, remove_fetched
 
 __all__ = [
     "check_mountpoint",
-    "default_log_path",
-    "fetched_directory",
     "is_mounted",
-    "log_directory",
     "mount_entry",
-    "open_log",
-    "remove_fetched",
     "serving_pid",
     "start_background",
     "unmount",
@@ -41,9 +32,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-LOG_KEEP_DAYS = 14  # a default log not written for this long is removed when the next mount starts
-LOGS_KEPT = 64  # and only this many, the most recently written, are kept
 
 
 def _unescape(field: str) -> str:
@@ -59,16 +47,9 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def _canonical(path: str | os.PathLike) -> str:
-    """An absolute path with the parent resolved, without touching the last component (maybe a dead mount)."""
-    path = os.path.abspath(os.fspath(path))
-    parent, leaf = os.path.split(path)
-    return os.path.join(os.path.realpath(parent), leaf)
-
-
 def mount_entry(mountpoint: str | os.PathLike) -> dict[str, str] | None:
     """The mount table's entry for ``mountpoint`` (fstype, source), or None; works on dead FUSE mounts."""
-    target = _canonical(mountpoint)
+    target = canonical(mountpoint)
     with open("/proc/self/mountinfo", "rb") as f:
         lines = f.read().decode("utf-8", "surrogateescape").splitlines()
     found = None
@@ -264,119 +245,6 @@ def read_handoff(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def open_log(path: str | os.PathLike) -> int:
-    """A descriptor to append to the log file ``path``: created 0600, never through a symbolic link."""
-    path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise MountError(
-                f"log file {path!r} is a symbolic link: give the file itself with --log, or remove the link"
-            ) from None
-        raise MountError(f"cannot open the log file {path!r}: {e.strerror or e}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise MountError(f"log file {path!r} is not a regular file: give another with --log")
-    return fd
-
-
-def log_directory() -> str:
-    """Where background mounts log unless told: a directory of this user's alone, never the shared temp
-    directory (where another user could plant a link at a predictable name)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "blockfs")
-    if os.geteuid() == 0:
-        return "/run/blockfs"
-    return os.path.join(os.path.expanduser("~"), ".cache", "blockfs", "logs")
-
-
-def default_log_path(mountpoint: str | os.PathLike) -> str:
-    """The log file of a background mount of ``mountpoint``: one per mount point, in :func:`log_directory`
-    (created 0700 and checked: this user's, not a link, writable by no one else).  Logs not written for
-    :data:`LOG_KEEP_DAYS` days, and all but the newest :data:`LOGS_KEPT`, are removed."""
-    directory = log_directory()
-    fd = open_owned_dir(directory, "log directory", "set XDG_RUNTIME_DIR to a private directory, or pass --log FILE")
-    tag = "".join(c if c.isalnum() else "_" for c in _canonical(mountpoint).strip("/"))[-80:]
-    name = f"blockfs-{tag}.log"
-    try:
-        _remove_old_logs(fd)
-        try:
-            if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                os.unlink(name, dir_fd=fd)  # our own name in our own directory: the link goes, never its target
-        except FileNotFoundError:
-            pass
-    finally:
-        os.close(fd)
-    return os.path.join(directory, name)
-
-
-def _remove_old_logs(dir_fd: int) -> None:
-    logs = regular_files_at(dir_fd, [n for n in os.listdir(dir_fd) if n.startswith("blockfs-") and n.endswith(".log")])
-    logs.sort(reverse=True)
-    cutoff = time.time_ns() - LOG_KEEP_DAYS * 86400 * 10**9
-    unlink_quietly_at(dir_fd, [name for k, (mtime, name) in enumerate(logs) if k >= LOGS_KEPT or mtime < cutoff])
-
-
-FETCHED_PREFIX = "blockfs-fetched-"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _fetched_prefix(mountpoint: str | os.PathLike) -> str:
-    """The start of the names of ``mountpoint``'s fetched directories: the mount point's hash in them."""
-    return f"{FETCHED_PREFIX}{hashlib.sha256(os.fsencode(_canonical(mountpoint))).hexdigest()[:16]}-"
-
-
-def fetched_directory(mountpoint: str | os.PathLike) -> str:
-    """A new private directory (0700, a random name) in the temporary directory for what a mount of a remote
-    dataset fetched (its ``blockfs.json`` and index), named after ``mountpoint``: the serving process
-    removes it when it ends, and :func:`remove_fetched` finds it when that process was killed."""
-    return tempfile.mkdtemp(prefix=_fetched_prefix(mountpoint))
-
-
-def remove_fetched(mountpoint: str | os.PathLike) -> int:
-    """Remove the fetched directories of mounts of ``mountpoint`` (see :func:`fetched_directory`) that a
-    killed serving process left in the temporary directory: only directories of this user's with that
-    name (never a link, never another user's), and in them only files; how many were removed."""
-    prefix, removed = _fetched_prefix(mountpoint), 0
-    try:
-        tmp = os.open(tempfile.gettempdir(), _DIR_FLAGS)
-    except OSError:
-        return 0
-    try:
-        for name in os.listdir(tmp):
-            if name.startswith(prefix) and _remove_own_dir(tmp, name):
-                removed += 1
-    finally:
-        os.close(tmp)
-    return removed
-
-
-def _remove_own_dir(parent: int, name: str) -> bool:
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)  # O_NOFOLLOW: a link there is not ours to follow
-    except OSError:
-        return False
-    try:
-        if os.fstat(fd).st_uid != os.getuid():
-            return False
-        for entry in os.listdir(fd):
-            try:
-                if not stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
-                    os.unlink(entry, dir_fd=fd)  # a link inside goes, never what it points at
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(name, dir_fd=parent)
-    except OSError as e:
-        log.warning("cannot remove %s: %s", os.path.join(tempfile.gettempdir(), name), e.strerror or e)
-        return False
-    return True
-
-
 def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | None:
     """The pid of the process serving a live mount (None if dead or not answering within ``timeout``)."""
     result: list[int | None] = [None]
@@ -418,7 +286,7 @@ def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
     Plain unmounts first, lazy ones last.  A command that does not return within :data:`UNMOUNT_WAIT_S`
     (a live server that does not answer) is stopped, and the lazy unmounts are tried next; True when the
     mount was detached lazily for that reason (it goes once nothing uses it)."""
-    path = _canonical(mountpoint)
+    path = canonical(mountpoint)
     entry = mount_entry(path)
     if entry is None:
         raise MountError(f"{os.fspath(mountpoint)!r} is not mounted")

@@ -1,5 +1,6 @@
 """``Attr``: what ``stat`` shows of a node of the mount — the one attribute type of the dataset's entries and
-the control directory's files alike, so each adapter maps attributes once (:mod:`blockfs.serve.view`)."""
+the control directory's files alike, so each adapter maps attributes once (:mod:`blockfs.serve.view`) — and
+``Listing``, a directory's children in bulk with their attributes as :data:`ATTRS` rows."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ class Attr(NamedTuple):
 def attr_rows(attrs: list[Attr]) -> np.ndarray:
     """``attrs`` as an :data:`ATTRS` array."""
     return np.array([tuple(a) for a in attrs], dtype=ATTRS)
+
+
+class Listing(NamedTuple):
+    """Children ``first..stop-1`` of a directory: their nodes, their names (name ``i`` is
+    ``table[start[i] : start[i] + length[i]]``, a uint8 array) and their attributes (:data:`ATTRS` rows)."""
+
+    nodes: np.ndarray
+    table: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    attrs: np.ndarray

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .cache.retain import RetainingReader
 from .control.control_dir import ControlDirectory, control_name_for
 from .errorlog import ErrorLog
 from .mount_options import MountOptions
-from .node_attr import ATTRS, Attr, attr_rows
+from .node_attr import ATTRS, Attr, Listing, attr_rows
 
 __all__ = ["ATTRS", "ROOT", "Attr", "Listing", "MountView", "Route"]
 
@@ -52,17 +52,6 @@ class Route:
     open_mode: str  # enosys, keep_cache, targets or none (MountOptions.open_mode_for)
     stats: Callable[[], dict[str, Any]] | None = None  # the adapter's own counters, merged into the statistics
     on_load: Callable[[int], None] | None = None  # a block just loaded (the kernel adapter pushes its pages)
-
-
-class Listing(NamedTuple):
-    """Children ``first..stop-1`` of a directory: their nodes, their names (name ``i`` is
-    ``table[start[i] : start[i] + length[i]]``, a uint8 array) and their attributes (:data:`ATTRS` rows)."""
-
-    nodes: np.ndarray
-    table: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    attrs: np.ndarray
 
 
 class MountView:

@@ -747,7 +747,7 @@ def test_a_background_mount_serves_with_the_options_given(tiny, tmp_path, monkey
 
 
 def test_a_clean_background_mount_leaves_no_log_behind(tiny, tmp_path, monkeypatch, capsys):
-    from blockfs.serve.daemon import default_log_path
+    from blockfs.serve.mount_files import default_log_path
 
     runtime = tmp_path / "runtime"  # where the default log goes (serve/daemon.log_directory), this test's own
     runtime.mkdir(mode=0o700)

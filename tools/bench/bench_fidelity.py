@@ -47,6 +47,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_dataset, blockfs)
+
+# isort: split
 import make_dataset as md
 import numpy as np
 from bench_loader import FileDataset, list_tree, mean_batch_entropy, mounted

@@ -42,6 +42,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_dataset, blockfs)
+
+# isort: split
 import make_dataset as md
 import numpy as np
 from helpers.benchutil import drop_caches

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_dataset, blockfs)
+
+# isort: split
 import make_dataset as md
 from helpers import HELPERS, ROOT
 from helpers.benchutil import drop_caches, run_storage_reader

@@ -36,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_dataset, blockfs)
+
+# isort: split
 import make_dataset as md
 from helpers.benchutil import MemoryCgroup, drop_caches
 from helpers.storage_emulation import evict

@@ -40,6 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_dataset, blockfs)
+
+# isort: split
 import make_dataset as md
 import numpy as np
 from helpers import HELPERS

@@ -442,14 +442,14 @@ def test_a_block_found_damaged_while_claiming_ahead_is_declined(packed, monkeypa
     # before the claim takes the lock, and the claim then has no load to run.
     dest, _ = packed
     ds, cache = open_cached(dest, 1 << 30, readahead=0)
-    looked = cache._is_damaged
+    looked = cache._damaged.is_damaged
 
     def look_then_found_damaged(block):
         answer = looked(block)
-        cache._mark_damaged(block)  # what the reader that failed does, between the look and the lock
+        cache._damaged.mark(block)  # what the reader that failed does, between the look and the lock
         return answer
 
-    monkeypatch.setattr(cache, "_is_damaged", look_then_found_damaged)
+    monkeypatch.setattr(cache._damaged, "is_damaged", look_then_found_damaged)
     try:
         assert cache.load_ahead(0, "prefill_loads", fill_only=False) is None
         assert 0 not in cache._blocks and 0 not in cache._loading and cache.stats()["cache"]["used_bytes"] == 0

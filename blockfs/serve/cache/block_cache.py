@@ -32,10 +32,7 @@ own (:mod:`blockfs.serve.cache.retain`), consulted before the blocks and funded 
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -45,48 +42,19 @@ from ...core import format as fmt
 from ...core.store import BlockStore
 from ...errors import BlockReadError, CorruptBlockError
 from .background_loads import LOADER_THREADS, READAHEAD_BLOCKS, BackgroundLoads
+from .block_loads import BlockLoads
 from .block_memory import BlockMemory
 from .cache_stats import CacheCounters
+from .cached_block import CachedBlock
+from .damaged_blocks import DAMAGE_RECHECK_S, DamagedBlocks
 from .policies import DEFAULT_POLICY, make_policy
 from .readahead import SequentialReads
+from .shared_blocks import NotShared, SharedBlocks
 from .uncached import UncachedFiles
 
 log = logging.getLogger(__name__)
 
-__all__ = ["READAHEAD_BLOCKS", "BlockCache", "NotShared"]
-
-DAMAGE_RECHECK_S = 2.0  # how often a damaged block's stored version is looked at again (a stat, or a HEAD)
-
-
-class NotShared(Exception):
-    """Why :meth:`BlockCache.share` hands out no descriptor for a block (the caller reads it otherwise)."""
-
-
-class _CachedBlock:
-    """One block's data section in memory, with its file table."""
-
-    __slots__ = ("buf", "fd", "offsets", "sizes", "nbytes", "locked")
-
-    def __init__(self, buf: mmap.mmap | bytes, fd: int | None, head: fmt.BlockHeader, locked: bool) -> None:
-        self.buf = buf
-        self.fd = fd  # the sealed memfd behind ``buf``, or None (not shareable)
-        self.nbytes = head.data_size
-        self.locked = locked
-        # memoryviews (ndarray.data) index to Python ints several times faster than numpy arrays do.
-        self.offsets = head.offsets.data
-        self.sizes = head.sizes.data
-
-    def view(self, slot: int) -> memoryview:
-        """One file's bytes without a copy (they stay valid while the view is held)."""
-        start = self.offsets[slot]
-        return memoryview(self.buf)[start : start + self.sizes[slot]]
-
-    def read(self, slot: int, offset: int, size: int) -> bytes:
-        start, length = self.offsets[slot], self.sizes[slot]
-        if size < 0 or offset + size > length:
-            size = max(0, length - offset)
-        start += offset
-        return self.buf[start : start + size]
+__all__ = ["DAMAGE_RECHECK_S", "READAHEAD_BLOCKS", "BlockCache", "NotShared"]
 
 
 class BlockCache:
@@ -111,27 +79,45 @@ class BlockCache:
         on_load: Callable[[int], None] | None = None,
         admits: Callable[[BlockCache, int, int], bool] | None = None,
     ) -> None:
-        self._store = store
         self._policy = make_policy(policy, budget_bytes)
         self._touch = self._policy.name == "lru"  # only recency-ordered policies care about hits
         # Only a policy that never evicts shares: a loader's map would keep an evicted block's pages alive.
         self.shares = share and not self._policy.evicts and self._policy.name != "none"
         self._memory = BlockMemory(lock=lock_memory, memfds=self.shares)
         self._lock = threading.Lock()
-        self._blocks: dict[int, _CachedBlock] = {}
+        self._blocks: dict[int, CachedBlock] = {}
         self._loading: dict[int, Future] = {}
-        # Damaged blocks -> (the stored version found damaged, when it was last looked at): never cached,
-        # their files served one by one, until the stored block is another version (replaced, restored).
-        self._damaged: dict[int, tuple[object, float]] = {}
-        self._looks: dict[int, threading.Timer] = {}  # damaged blocks read since: a look at their version due
         self.closed = False
-        # Called with the block each time a block is published; the kernel adapter pushes its files into
-        # the page cache from there.  Runs in the loading thread: it must only queue work.
-        self._on_load = on_load
         # Asked (this cache, block, data bytes) before the policy, under the lock: False keeps the block out of
         # memory (with peers, room is kept for the blocks this node owns; serve/peers.py).  It must not block.
         self._admits = admits
         self._counters = CacheCounters(n_files)
+        # Lambdas over a proxy, not bound methods: a cycle would keep an unclosed cache's memory (see below).
+        me = weakref.proxy(self)
+        # Never cached, their files served one by one, until the stored block is another version.
+        self._damaged = DamagedBlocks(store, self._counters, self._lock, lambda block: me._load_if_replaced(block))
+        # ``on_load`` is called with the block each time a block is published; the kernel adapter pushes its
+        # files into the page cache from there.  Runs in the loading thread: it must only queue work.
+        self._loads = BlockLoads(
+            store,
+            self._memory,
+            self._damaged,
+            self._counters,
+            self._lock,
+            self._policy,
+            self._blocks,
+            self._loading,
+            on_load,
+        )
+        self._shared = SharedBlocks(
+            self.shares,
+            self._policy.name,
+            self._blocks,
+            lambda block: me.load(block),
+            self._damaged,
+            self._lock,
+            self._counters,
+        )
         self._files = UncachedFiles(store, self._counters)
         self._sequence = SequentialReads()
         # A proxy, not a reference: a cycle would keep an unclosed cache's memory until the cycle collector ran.
@@ -157,7 +143,7 @@ class BlockCache:
         """Whether ``block`` is cached now (a read of it will not wait on storage)."""
         return block in self._blocks
 
-    def cached(self, block: int) -> _CachedBlock | None:
+    def cached(self, block: int) -> CachedBlock | None:
         """The cached block, or None; what it holds stays valid for as long as the caller keeps it."""
         return self._blocks.get(block)
 
@@ -176,9 +162,10 @@ class BlockCache:
             self._background.read_ahead(block)
 
     def _read_miss(self, block: int, slot: int, crc: int, offset: int, size: int) -> bytes:
-        if self._is_damaged(block):  # a damaged block replaced since is forgotten here, before its header is read
-            self._look_again_later(block)
-        head = self._header(block)  # small; raises for a missing, foreign or damaged header
+        # A damaged block replaced since is forgotten here, before its header is read.
+        if self._damaged.is_damaged(block):
+            self._damaged.look_again_later(block)
+        head = self._loads.header(block)  # small; raises for a missing, foreign or damaged header
         with self._lock:
             cached = self._blocks.get(block)
             if cached is None:
@@ -199,65 +186,10 @@ class BlockCache:
         self._counters.add("bytes_served", len(loaded))
         return loaded
 
-    def _header(self, block: int) -> fmt.BlockHeader:
-        """The store's header of ``block``; a damaged or foreign one is remembered and counted once."""
-        try:
-            return self._store.header(block)
-        except CorruptBlockError:
-            self._mark_damaged(block)
-            raise
-
-    def _mark_damaged(self, block: int) -> None:
-        version = self._store.version(block)
-        with self._lock:
-            if block in self._damaged:
-                return
-            self._damaged[block] = (version, time.monotonic())
-        self._counters.add("damaged_blocks")
-
-    def _is_damaged(self, block: int) -> bool:
-        """Whether ``block`` is known damaged.  At most every :data:`DAMAGE_RECHECK_S` the stored block's
-        version is looked at again: a block replaced since (a file renamed over it, an object restored) is
-        forgotten as damaged and read anew."""
-        with self._lock:
-            known = self._damaged.get(block)
-        if known is None:
-            return False
-        version, checked = known
-        now = time.monotonic()
-        if now - checked < DAMAGE_RECHECK_S:
-            return True
-        current = self._store.version(block)
-        with self._lock:
-            if current is None or current == version:
-                self._damaged[block] = (version, now)
-                return True
-            self._damaged.pop(block, None)
-        self._store.renew(block)
-        log.info("block %d was replaced since it was found damaged: reading it anew", block)
-        return False
-
-    def _look_again_later(self, block: int) -> None:
-        """Once :data:`DAMAGE_RECHECK_S` have passed since the last look, look at damaged ``block``'s version
-        again and load it if it was replaced, whether or not another read comes (at most one look due)."""
-        with self._lock:
-            known = self._damaged.get(block)
-            if self.closed or known is None or block in self._looks:
-                return
-            delay = max(0.0, known[1] + DAMAGE_RECHECK_S - time.monotonic()) + 0.01
-            timer = self._looks[block] = threading.Timer(delay, self._look_again, (block,))
-        timer.name = f"blockfs-look-{block}"
-        timer.daemon = True
-        timer.start()
-
-    def _look_again(self, block: int) -> None:
-        with self._lock:
-            self._looks.pop(block, None)
-        try:
-            if not self.closed and self.wanted(block):  # wanted() looks at the version: replaced, not damaged
-                self._background.load_soon(block, "replaced_loads")
-        except Exception as e:  # noqa: BLE001 - a look that failed (closing, a store gone): the next read looks
-            log.debug("looking at damaged block %d again failed: %s", block, e)
+    def _load_if_replaced(self, block: int) -> None:
+        """A damaged block read earlier is due a look at its version: load it if it was replaced."""
+        if not self.closed and self.wanted(block):  # wanted() looks at the version: replaced, not damaged
+            self._background.load_soon(block, "replaced_loads")
 
     # --- sharing ----------------------------------------------------------------------------------
     def share(self, block: int) -> int:
@@ -267,40 +199,15 @@ class BlockCache:
         saying why when there is none to give: the policy evicts (or caches nothing), the budget is full,
         the block is damaged or cannot be read, or its memory could not be made shareable.
         """
-        if not self.shares:
-            raise NotShared(f"the {self._policy.name} policy does not share blocks")
-        cached = self._blocks.get(block)
-        if cached is None:
-            try:
-                cached = self._cached_or_loaded(block)
-            except (CorruptBlockError, BlockReadError) as e:
-                raise NotShared(str(e)) from None
-        with self._lock:
-            fd = cached.fd
-            if fd is None:
-                raise NotShared(f"block {block} is held in memory that cannot be shared")
-            self._counters.add("blocks_shared")
-            return os.dup(fd)  # under the lock: a drop cannot close fd in between
+        return self._shared.share(block)
 
-    def _cached_or_loaded(self, block: int) -> _CachedBlock:
-        """``block`` in the cache, loaded (or waited for) now if need be; NotShared if it is not admitted."""
-        cached = self.load(block)
-        if cached is None:
-            why = (
-                "damaged (its checksum or header is wrong, or it is not this dataset's)"
-                if (block in self._damaged)
-                else "not admitted: the cache budget is full"
-            )
-            raise NotShared(f"block {block} is {why}")
-        return cached
-
-    def load(self, block: int) -> _CachedBlock | None:
+    def load(self, block: int) -> CachedBlock | None:
         """``block`` from memory, loaded now (or waited for: single flight with every other load) if the
         policy admits it; None when it does not.  Raises CorruptBlockError / BlockReadError."""
         cached = self._blocks.get(block)
         if cached is not None:
             return cached
-        head = self._header(block)
+        head = self._loads.header(block)
         with self._lock:
             cached = self._blocks.get(block)
             if cached is not None:
@@ -314,7 +221,7 @@ class BlockCache:
         future = self._loading.get(block)
         if future is not None:
             return future, False
-        if self.closed or self._is_damaged_locked(block):
+        if self.closed or block in self._damaged:
             return None, False
         if self._admits is not None and not self._admits(self, block, head.data_size):
             return None, False
@@ -322,26 +229,22 @@ class BlockCache:
         if evicted is None:
             return None, False
         for victim in evicted:
-            self._drop(self._blocks.pop(victim, None))
+            self._loads.drop(self._blocks.pop(victim, None))
         future = Future()
         self._loading[block] = future
         return future, True
 
-    def _await(self, block: int, head: fmt.BlockHeader, future: Future, mine: bool) -> _CachedBlock:
+    def _await(self, block: int, head: fmt.BlockHeader, future: Future, mine: bool) -> CachedBlock:
         """The claimed block: loaded here if this caller claimed it, else waited for (single flight)."""
         if mine:
-            self._load(block, head, future)
+            self._loads.load(block, head, future)
         else:
             self._counters.add("load_waits")
         return future.result()
 
-    def _is_damaged_locked(self, block: int) -> bool:
-        """:meth:`_is_damaged` from under the lock: without a new look at the version (that is I/O)."""
-        return block in self._damaged
-
     def wanted(self, block: int) -> bool:
         """Whether a background load of ``block`` could help: not cached, loading or known damaged."""
-        return block not in self._blocks and block not in self._loading and not self._is_damaged(block)
+        return block not in self._blocks and block not in self._loading and not self._damaged.is_damaged(block)
 
     @property
     def full(self) -> bool:
@@ -353,15 +256,7 @@ class BlockCache:
     def copy_ahead(self, block: int) -> bool:
         """Fetch ``block`` into the disk tier before a read needs it (a loader announced it, and memory
         will not hold it); whether it was copied.  A failure is left for the read to report."""
-        if self._is_damaged(block) or not self._store.files.wants_copy(block):
-            return False
-        try:
-            self._store.copy_into_tier(block)
-        except (CorruptBlockError, BlockReadError) as e:
-            log.debug("copying block %d ahead failed: %s", block, e)
-            return False
-        self._counters.add("disk_copies_ahead")
-        return True
+        return self._loads.copy_ahead(block)
 
     def load_ahead(self, block: int, counter: str, *, fill_only: bool) -> int | None:
         """Load ``block`` before any read asks for it, if :meth:`claim_ahead` lets it.  Returns the block's
@@ -376,10 +271,10 @@ class BlockCache:
         run (it returns the data bytes), None when it declined.  Claiming apart from loading lets a caller
         claim blocks in a chosen order and still load them side by side."""
         try:
-            head = self._header(block)
+            head = self._loads.header(block)
         except (CorruptBlockError, BlockReadError):
             return None  # reported when a file of it is read
-        damaged = self._is_damaged(block)  # outside the lock: it may look at the stored version
+        damaged = self._damaged.is_damaged(block)  # outside the lock: it may look at the stored version
         with self._lock:
             wanted = block not in self._blocks and block not in self._loading and not damaged
             if not wanted or block in self._policy or self.closed:
@@ -393,57 +288,10 @@ class BlockCache:
         self._counters.add(counter)
 
         def load() -> int:
-            self._load(block, head, future)
+            self._loads.load(block, head, future)
             return head.data_size
 
         return load
-
-    def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> None:
-        """Read a claimed block whole, verify it, and publish it (or the error) to every waiter."""
-        try:
-            cached = self._read_block(block, head)
-        except BaseException as e:
-            with self._lock:
-                self._loading.pop(block, None)
-                self._policy.discard(block)
-            self._counters.add("load_errors")
-            if isinstance(e, CorruptBlockError):
-                self._mark_damaged(block)
-            log.debug("loading block %d failed: %s", block, e)
-            future.set_exception(e)
-            return
-        with self._lock:
-            self._loading.pop(block, None)
-            kept = block in self._policy  # not evicted (LRU/FIFO) while it was loading
-            if kept:
-                self._blocks[block] = cached
-            else:
-                self._drop(cached)
-        self._counters.add("block_loads")
-        self._counters.add("block_bytes_read", head.data_size)
-        future.set_result(cached)
-        if kept and self._on_load is not None:
-            self._on_load(block)
-
-    def _read_block(self, block: int, head: fmt.BlockHeader) -> _CachedBlock:
-        """The data section in fresh anonymous memory, read by the store and verified, with the sealed
-        memfd behind it (None where the block is not to be shared)."""
-        if head.data_size == 0:
-            return _CachedBlock(b"", None, head, False)
-        buf, memfd = self._memory.allocate(block, head.data_size)
-        try:
-            # A policy that never evicts keeps the block for the mount's life (an evicting one may drop it).
-            self._store.read_data_into(block, head, buf, held_in_memory=not self._policy.evicts)
-        except BaseException:
-            self._memory.release(memfd)  # the map goes with the last reference (a traceback may hold one)
-            raise
-        return _CachedBlock(buf, self._memory.seal(memfd), head, self._memory.memlock.lock(buf))
-
-    def _drop(self, cached: _CachedBlock | None) -> None:
-        # Readers still holding the block keep it alive; the map goes when the last reference does.
-        if cached is not None:
-            self._memory.release(cached.fd, cached.nbytes if cached.locked else 0)
-            cached.fd = None
 
     # --- loading ahead ----------------------------------------------------------------------------
     def keep_to(self, blocks: list[int]) -> None:
@@ -485,37 +333,17 @@ class BlockCache:
     def stats(self) -> dict[str, Any]:
         """Counters, cache fill and per-epoch hit rates, as plain JSON-ready values."""
         counters, epochs = self._counters.snapshot()
-        with self._lock:
-            policy = self._policy.stats()
-            cached_blocks = len(self._blocks)
-            loading = len(self._loading)
-        memlock = self._memory.memlock
-        return {
-            "counters": counters,
-            "cache": {
-                "policy": self._policy.name,
-                **policy,
-                "cached_blocks": cached_blocks,
-                "loading_blocks": loading,
-                "fill": policy["used_bytes"] / policy["budget_bytes"] if policy["budget_bytes"] else 0.0,
-                "locked_bytes": memlock.locked_bytes,
-                "mlock": memlock.describe(),
-                "file_buffer_bytes": self._files.buffer.nbytes,
-            },
-            "epochs": epochs,
-            "uptime_s": self._counters.uptime_s,
-        }
+        cache = {"policy": self._policy.name, **self._loads.fill(), "file_buffer_bytes": self._files.buffer.nbytes}
+        return {"counters": counters, "cache": cache, "epochs": epochs, "uptime_s": self._counters.uptime_s}
 
     def close(self) -> None:
         """Stop the loaders and drop every cached block."""
         with self._lock:
             self.closed = True
-            looks, self._looks = list(self._looks.values()), {}
-        for timer in looks:
-            timer.cancel()
+        self._damaged.close()
         self._background.close()
         with self._lock:
             for cached in self._blocks.values():
-                self._drop(cached)
+                self._loads.drop(cached)
             self._blocks.clear()
         self._files.buffer.clear()

@@ -25,8 +25,9 @@ plus the three things only this route can do:
 
 Reads whose bytes are in memory are answered by the reader thread that took them; any other read is
 answered from a data thread, and so is the lookup of an empty file whose block's header is not in memory
-(its only check: see ``_listable``), so no reader thread ever waits on storage and lookups and listings
-never wait behind it.
+(its only check: see :meth:`blockfs.serve.fuse.dir_replies.DirReplies.listable`), so no reader thread ever
+waits on storage and lookups and listings never wait behind it.  The listing replies are packed by
+:mod:`blockfs.serve.fuse.dir_replies`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import errno
 import functools
 import logging
 import queue
-import stat
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +45,9 @@ import numpy as np
 
 from ...errors import MountError
 from ..mount_options import MountOptions
-from ..view import Listing, MountView, Route
+from ..view import MountView, Route
 from . import wire
+from .dir_replies import DirReplies
 from .page_pusher import PagePusher
 from .session import DEFERRED, NO_REPLY, Session
 
@@ -106,6 +107,7 @@ class KernelFS:
         self._nodes = threading.Lock()  # lookup counts move in several reader threads
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
         self.pusher = PagePusher(self.view, pushes, self._lookups, self._store, self.stopped, enabled=pushing)
+        self._replies = DirReplies(self.view, self._valid, self._lookups, self._nodes, self.pusher)
         flags = INIT_FLAGS if self.open_mode == "enosys" else INIT_FLAGS & ~wire.NO_OPEN_SUPPORT
         self.listing = options.listing
         flags |= LISTING_FLAGS[self.listing]
@@ -206,98 +208,11 @@ class KernelFS:
 
     @answers
     def readdirplus(self, nodeid: int, body: memoryview, unique: int) -> bytes:
-        return self._list(nodeid, body, plus=True)
+        return self._replies.reply(nodeid, body, plus=True)
 
     @answers
     def readdir(self, nodeid: int, body: memoryview, unique: int) -> bytes:
-        return self._list(nodeid, body, plus=False)
-
-    def _list(self, nodeid: int, body: memoryview, plus: bool) -> bytes:
-        """Entries from the request's offset on, as many as fit: "." and ".." are offsets 0 and 1, the
-        children follow; each entry's offset is the next one's (never 0).
-
-        The children's records are packed from the view's arrays for just the slice this request covers
-        (:meth:`MountView.listing`): a reply costs the same at any offset of any directory, and no Python
-        object is made per entry."""
-        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
-        node = nodeid - 1
-        if not self.view.is_dir(node):
-            raise OSError(errno.ENOTDIR, "not a directory")
-        count = self.view.n_children(node)
-        head = self._dots(node, offset, size, plus)
-        if offset + len(head) < 2:
-            return b"".join(head)  # not even "." and ".." fit
-        first = max(0, offset - 2)  # the first child to send, by its place in the listing
-        room = size - sum(map(len, head))
-        stop = min(count, first + room // (wire.record_width(plus) + 8))
-        if stop <= first:
-            return b"".join(head)
-        nodes, table, start, length, a = self.view.listing(node, first, stop)
-        fit = int(np.searchsorted(wire.record_ends(length, plus), room, side="right"))
-        nodes, start, length, a = nodes[:fit], start[:fit], length[:fit], a[:fit]
-        next_offset = np.arange(first + 3, first + fit + 3, dtype=np.uint64)
-        if not plus:
-            dirents = wire.dirent_rows(a["ino"], next_offset, length, a["mode"])
-            return b"".join(head) + wire.records(dirents, table, start, length)
-        rows = np.zeros(fit, dtype=wire.DIRENTPLUS_ROW)
-        wire.dirent_rows(a["ino"], next_offset, length, a["mode"], out=rows["dirent"])
-        entry = rows["entry"]  # a view: the fields below are written into rows
-        wire.attr_rows(
-            a["ino"], a["size"], a["mode"], a["nlink"], a["mtime_ns"], self.view.uid, self.view.gid, out=entry["attr"]
-        )
-        entry["nodeid"] = nodes.astype(np.uint64) + 1
-        entry["entry_valid"] = entry["attr_valid"] = self._valid
-        linked = self._linkable(Listing(nodes, table, start, length, a))
-        if not linked.all():
-            # Node id 0 and no attributes where the check of an empty file failed: the kernel counts no
-            # lookup for that entry and will LOOKUP it, and the lookup answers the error.
-            entry[~linked] = np.zeros((), dtype=wire.ENTRY_OUT_ROW)
-        reply = b"".join(head) + wire.records(rows, table, start, length)
-        counted = nodes < self._n  # the nodes with per-node state
-        with self._nodes:
-            self._lookups[nodes[counted]] += linked[counted]
-        self.pusher.listed(nodes[counted], linked[counted])
-        return reply
-
-    def _dots(self, node: int, offset: int, size: int, plus: bool) -> list[bytes]:
-        """The records of "." and ".." from ``offset`` on that fit in ``size`` (node id 0 in a listing
-        with attributes: the kernel looks neither up)."""
-        out: list[bytes] = []
-        used = 0
-        for i in range(offset, 2):
-            a = self.view.attr(node if i == 0 else self.view.parent(node))
-            name = b"." if i == 0 else b".."
-            one = (
-                wire.direntplus(wire.negative_entry(0), a.ino, i + 1, name, a.mode)
-                if plus
-                else wire.dirent(a.ino, i + 1, name, a.mode)
-            )
-            if used + len(one) > size:
-                break
-            out.append(one)
-            used += len(one)
-        return out
-
-    def _linkable(self, listed: Listing) -> np.ndarray:
-        """Which of a listing's nodes it may give with attributes: all but the empty files
-        :meth:`_listable` refuses."""
-        a = listed.attrs
-        linked = np.ones(len(a), dtype=bool)
-        empty = np.flatnonzero((a["size"] == 0) & ((a["mode"] & 0o170000) == stat.S_IFREG))
-        for i in empty.tolist():
-            linked[i] = self._listable(int(listed.nodes[i]))
-        return linked
-
-    def _listable(self, node: int) -> bool:
-        """Whether a listing may give an empty file's attributes: only once its block confirms it (the
-        kernel never reads a file of size 0, so a size zeroed in a forged index must not get there).
-        Confirmed from memory only: where that would wait on storage the entry goes without attributes, and
-        the kernel's LOOKUP of it checks it on a data thread (a listing never waits on a store)."""
-        try:
-            return self.view.check_present(node, wait=False)
-        except Exception as err:  # noqa: BLE001 - answered by the lookup the kernel will send instead
-            self.view.report(err, f"the listing of node {node + 1}")
-            return False
+        return self._replies.reply(nodeid, body, plus=False)
 
     @answers
     def readlink(self, nodeid: int, body: memoryview, unique: int) -> bytes:

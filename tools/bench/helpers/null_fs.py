@@ -74,35 +74,34 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus")
     def getattr_(nodeid: int, body: memoryview, unique: int) -> bytes:
         return wire.attr_out(attrs[nodeid - 1], valid)
 
-    def readdirplus(nodeid: int, body: memoryview, unique: int) -> bytes:
+    def entries(nodeid: int, body: memoryview, dirent) -> bytes:
+        """Entries from the request's offset on, as many as fit, each made by ``dirent(child, index, name)``."""
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
         parent = paths[nodeid - 1]
         names = children[parent]
         out, used = [], 0
         for i in range(offset, len(names)):
             child = node_of[os.path.join(parent, names[i]) if parent else names[i]]
-            one = wire.direntplus(
-                wire.entry_out(child, attrs[child - 1], valid), child, i + 1, names[i], stats[paths[child - 1]].st_mode
-            )
+            one = dirent(child, i, names[i])
             if used + len(one) > size:
                 break
             out.append(one)
             used += len(one)
         return b"".join(out)
 
+    def readdirplus(nodeid: int, body: memoryview, unique: int) -> bytes:
+        return entries(
+            nodeid,
+            body,
+            lambda child, i, name: wire.direntplus(
+                wire.entry_out(child, attrs[child - 1], valid), child, i + 1, name, stats[paths[child - 1]].st_mode
+            ),
+        )
+
     def readdir(nodeid: int, body: memoryview, unique: int) -> bytes:
-        _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
-        parent = paths[nodeid - 1]
-        names = children[parent]
-        out, used = [], 0
-        for i in range(offset, len(names)):
-            child = node_of[os.path.join(parent, names[i]) if parent else names[i]]
-            one = wire.dirent(child, i + 1, names[i], stats[paths[child - 1]].st_mode)
-            if used + len(one) > size:
-                break
-            out.append(one)
-            used += len(one)
-        return b"".join(out)
+        return entries(
+            nodeid, body, lambda child, i, name: wire.dirent(child, i + 1, name, stats[paths[child - 1]].st_mode)
+        )
 
     def read(nodeid: int, body: memoryview, unique: int) -> memoryview:
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)

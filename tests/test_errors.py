@@ -333,7 +333,7 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, worker
         "from blockfs.packing.sources import DirectorySource\n"
         "read = DirectorySource.read_into\n"
         "def slow(self, e, buf, offset=0):\n"
-        "    time.sleep(0.2)\n"  # 32 blocks of one file: seconds to go when the signal comes
+        "    time.sleep(0.5)\n"  # 32 blocks of one file: many seconds to go when the signal comes, even under load
         "    return read(self, e, buf, offset)\n"
         "DirectorySource.read_into = slow\n"
         "sys.exit(main(sys.argv[1:]))\n"

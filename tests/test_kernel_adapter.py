@@ -261,9 +261,9 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
     (src / "small.bin").write_bytes(b"beside it")
     blockfs.pack(src, tmp_path / "packed", fsync=False)
     with mounted(tmp_path / "packed", tmp_path / "mnt", "--listing", "plus", binding="kernel") as m:
-        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == 1, "prefill to load the block")
+        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == 1, "prefill to load the block", timeout=60)
         assert sorted(os.listdir(m.path)) == ["big.bin", "small.bin"]  # the kernel learns both nodes
-        wait_until(lambda: stats(m.path)["page_cache"]["files_pushed"] == 2, "both files pushed")
+        wait_until(lambda: stats(m.path)["page_cache"]["files_pushed"] == 2, "both files pushed", timeout=60)
         reads = requests(m.path).get("read", 0)
         assert (m.path / "big.bin").read_bytes() == big and (m.path / "small.bin").read_bytes() == b"beside it"
         assert requests(m.path).get("read", 0) == reads and stats(m.path)["page_cache"]["push_errors"] == 0

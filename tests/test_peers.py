@@ -32,8 +32,8 @@ from blockfs.core import format as fmt
 from blockfs.errors import MountError
 from blockfs.serve.mount_options import MountOptions
 from blockfs.serve.peers import read_secret
-from blockfs.storage.peer_tier import AUTH_HEADER, block_path, rendezvous_owners
-from blockfs.storage.remote_blocks import HEAD_BYTES
+from blockfs.storage.peer_protocol import AUTH_HEADER, block_path
+from blockfs.storage.peer_tier import HEAD_BYTES, rendezvous_owners
 
 pytestmark = pytest.mark.fuse
 SECRET = "peer-test-secret-7Hq2"
@@ -100,12 +100,13 @@ def peer_args(peers: list[str], rank: int, *extra: str) -> tuple[str, ...]:
 
 def store_bytes_bound(tree: Path, nodes: int) -> int:
     """The most the store may send ``nodes`` mounts when each block is fetched once for all of them: each
-    block's head and data section (and its head once more: two threads of a node may read a header at
-    once), and what opening the dataset costs each node."""
+    block's bytes once (its head is fetched once however many threads read its header at once, and a data
+    section read after it takes the head's part of it from there), and what opening the dataset costs each
+    node."""
     with blockfs.open_dataset(tree / "packed") as ds:
         sizes = [int(n) for n in ds.index.arrays["block_sizes"]]
     opening = sum(os.path.getsize(tree / "packed" / name) for name in (fmt.METADATA_NAME, fmt.INDEX_NAME))
-    return sum(size + 2 * min(HEAD_BYTES, size) for size in sizes) + nodes * opening
+    return sum(sizes) + nodes * opening
 
 
 def test_three_nodes_fetch_each_block_from_the_store_once_then_never(url, tree, tmp_path):
@@ -139,10 +140,12 @@ def test_three_nodes_fetch_each_block_from_the_store_once_then_never(url, tree, 
 
 
 class FakePeer:
-    """A peer at ``address`` that answers every block request in one bad way (``mode``)."""
+    """A peer at ``address`` that answers every block request in one bad way (``mode``): flipped bytes, a
+    short body, another dataset's block, nothing (it hangs), another range than the one asked for (headers
+    that name the range asked), or the whole block to a request for a range."""
 
     def __init__(self, mode: str, blocks: Path, other: Path) -> None:
-        self.mode, self.requests, self.stop = mode, 0, threading.Event()
+        self.mode, self.requests, self.ranges, self.stop = mode, 0, 0, threading.Event()
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -155,16 +158,27 @@ class FakePeer:
                     fake.stop.wait(30)
                     return
                 data = Path(fmt.block_path(blocks, block)).read_bytes()
+                asked = self.headers.get("Range")
+                fake.ranges += asked is not None
+                lo, hi = 0, len(data)
+                if asked is not None:
+                    first, last = asked.removeprefix("bytes=").split("-")
+                    lo, hi = int(first), int(last) + 1
                 start = fmt.decode_header(data, "block").data_start  # every file's bytes flipped, the header not
                 body = {
-                    "flipped": lambda: data[:start] + bytes(x ^ 1 for x in data[start:]),
-                    "short": lambda: data[: len(data) // 2],
+                    "flipped": lambda: (data[:start] + bytes(x ^ 1 for x in data[start:]))[lo:hi],
+                    "short": lambda: data[lo:hi][: (hi - lo) // 2],
                     "other": lambda: (
-                        Path(fmt.block_path(other, block)).read_bytes()[: len(data)].ljust(len(data), b"\0")
+                        Path(fmt.block_path(other, block)).read_bytes()[: len(data)].ljust(len(data), b"\0")[lo:hi]
                     ),
+                    "shifted": lambda: (data + data)[lo + 1 : hi + 1],  # one byte on: every file's bytes wrong
+                    "whole": lambda: data,
                 }[fake.mode]()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
+                whole = fake.mode == "whole" or (lo, hi) == (0, len(data))
+                self.send_response(200 if whole else 206)
+                self.send_header("Content-Length", str(len(data) if whole else hi - lo))
+                if not whole:
+                    self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
                 self.end_headers()
                 self.wfile.write(body)
                 self.close_connection = True
@@ -192,7 +206,7 @@ def other(tmp_path_factory) -> Path:
     return root / "packed"
 
 
-@pytest.mark.parametrize("mode", ["flipped", "short", "other", "hangs"])
+@pytest.mark.parametrize("mode", ["flipped", "short", "other", "hangs", "shifted", "whole"])
 def test_a_bad_peer_costs_a_timeout_then_the_store_and_is_avoided(url, tree, other, tmp_path, mode):
     fake = FakePeer(mode, tree / "packed", other)
     try:
@@ -209,9 +223,12 @@ def test_a_bad_peer_costs_a_timeout_then_the_store_and_is_avoided(url, tree, oth
         ) as m:
             assert read_all(m.path, theirs) == {n: want[n] for n in theirs}
             s = read_stats(m.path)["storage"]["peers"]["by_peer"][fake.address]
-            assert s["avoided"] and s[{"flipped": "rejected", "other": "rejected"}.get(mode, "errors")] >= 1
+            failure = "rejected" if mode in ("flipped", "other", "shifted") else "errors"
+            assert s["avoided"] and s[failure] >= 1
             asked = fake.requests
             assert 1 <= asked <= 3  # the first fetch (and any in flight beside it), then none
+            if mode in ("shifted", "whole"):  # refused: bytes not the range asked for, or the whole block
+                assert fake.ranges >= 1
             assert read_all(m.path, list(want)) == want  # every file, the fake's blocks from the store
             assert fake.requests == asked
             assert "avoiding it" in m.log_text() and SECRET not in m.log_text()
@@ -272,8 +289,27 @@ def test_the_endpoint_serves_only_whole_blocks_of_its_dataset_to_the_job(url, tr
         }
         assert not any(block[:64] in body for _status, body in refused.values())
         served = read_stats(m.path)["storage"]["peers"]["served"]
-        assert served["refused"] == len(refused) and served["blocks_served"] == 2
+        assert served["refused"] == len(refused) and served["ranges_served"] == 2
         assert SECRET not in m.log_text()
+
+
+def test_a_file_of_a_block_another_node_owns_is_asked_for_as_its_range(url, tree, tmp_path):
+    peers = ports(2)
+    want = expected(tree)
+    with blockfs.open_dataset(tree / "packed") as ds:
+        owners = rendezvous_owners(ds.n_blocks, peers)
+        sizes = ds.index.arrays["block_sizes"]
+        block = max((b for b in range(ds.n_blocks) if owners[b] == 1), key=lambda b: int(sizes[b]))
+        size, name = int(sizes[block]), min((os.fsdecode(p) for p in ds.files_in_block(block)), key=len)
+    assert HEAD_BYTES + len(want[name]) < size, "choose a tree whose blocks hold more than a head and a file"
+    with (
+        mounted(url, tmp_path / "b", "--cache-size", "0", *peer_args(peers, 1)),
+        mounted(url, tmp_path / "a", "--cache-size", "0", *peer_args(peers, 0)) as a,
+    ):
+        assert read_all(a.path, [name]) == {name: want[name]}
+        got = read_stats(a.path)["storage"]["peers"]["by_peer"][peers[1]]
+        # Its header (in the first HEAD_BYTES) and the file's own bytes: not the block.
+        assert 0 < got["bytes"] <= HEAD_BYTES + len(want[name]), (got, size)
 
 
 def test_a_peer_killed_mid_epoch_then_back_is_used_again(url, tree, tmp_path):

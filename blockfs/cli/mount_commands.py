@@ -414,7 +414,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         )
         served = peers.get("served") or {}
         lines.append(
-            f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('blocks_served', 0):,} blocks "
+            f"peers      {human(peers['bytes'])} from peers ({by}); {served.get('ranges_served', 0):,} ranges "
             f"({human(served.get('bytes_served', 0))}) served to them, {served.get('refused', 0):,} requests "
             "refused"
         )

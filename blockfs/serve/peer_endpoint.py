@@ -2,17 +2,22 @@
 
 The asking side and the protocol are :mod:`blockfs.storage.peer_tier`'s.  What this side promises:
 
-* **Only whole verified blocks of the dataset mounted**, named by the dataset's name and a block number:
-  from memory (the block cache holds verified data only), or, on the node that owns the block, loaded
-  through the cache (single flight with the node's own loads, so a block asked for while it loads is
-  fetched once) or read through the verifier when memory does not admit it.  A block this node neither
-  holds in memory nor owns is refused (404): nothing is fetched for another node's part.
+* **Only verified blocks of the dataset mounted**, whole or one range of each, named by the dataset's name
+  and a block number: from memory (the block cache holds verified data only), or, on the node that owns the
+  block, loaded through the cache (single flight with the node's own loads, so a block asked for while it
+  loads is fetched once) or read through the verifier when memory does not admit it (then kept for the
+  next few requests, which ask for its other files: :data:`KEPT_BLOCKS`).  A block this node neither holds
+  in memory nor owns is refused (404): nothing is fetched for another node's part.
 * **Only to the job**: every request must carry the HMAC of its request line under the job's secret,
   compared in constant time, before anything else about it is looked at (401 otherwise).  Any path but
   ``/blockfs/v1/<dataset>/<block>``, another dataset, a block out of range: 404; a range past the block
   or not ``bytes=a-b``: 416; any method but GET: 405.
 * **On the address the user chose** (``--peer-listen``, by default this node's entry in ``--peers``), in
-  daemon threads, closed with the mount.
+  daemon threads, closed with the mount.  A connection stays open for the asker's next request (HTTP/1.1
+  keep-alive: a file's read costs a round trip, not a connection) until it is idle :data:`IDLE_S` or the
+  mount closes; any answer cut short closes it.
+* **Counted** into the :class:`~blockfs.storage.peer_tier.ServedCounts` the peer tier was made with, so
+  ``blockfs stats`` shows what this node served beside what it fetched.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import hmac
 import http.server
 import logging
 import re
+import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -30,13 +37,19 @@ from ..core import digest as dg
 from ..core import format as fmt
 from ..core.store import BlockStore
 from ..errors import BlockReadError, CorruptBlockError
-from ..storage.peer_tier import AUTH_HEADER, FETCHING_HEADER, sign, split_address
+from ..storage.peer_protocol import AUTH_HEADER, FETCHING_HEADER, sign, split_address
+from ..storage.peer_tier import ServedCounts
 from .cache.block_cache import BlockCache
 
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"/blockfs/v1/([0-9a-f]{1,128})/([0-9]{1,12})")
 _RANGE = re.compile(r"bytes=([0-9]{1,20})-([0-9]{0,20})")
+IDLE_S = 30.0  # a kept connection idle this long is closed
+# Owned blocks read for peers outside memory, kept for the requests for their other files that follow: a
+# window outside the memory plan (the owner's budget normally holds what it owns), so a small one.
+KEPT_BLOCKS = 4
+KEPT_BYTES = 64 << 20
 
 
 class _Refused(Exception):
@@ -46,7 +59,8 @@ class _Refused(Exception):
 
 
 class PeerEndpoint:
-    """Serves ``store``'s blocks that ``cache`` holds, or that this node ``owns``, at ``address``."""
+    """Serves ``store``'s blocks that ``cache`` holds, or that this node ``owns``, at ``address``; counts
+    what it does in ``counts``."""
 
     def __init__(
         self,
@@ -56,6 +70,7 @@ class PeerEndpoint:
         store: BlockStore,
         cache: BlockCache,
         owns: Callable[[int], bool],
+        counts: ServedCounts,
     ) -> None:
         self._dataset = dataset.removeprefix("blake3:")
         self._secret = secret
@@ -64,8 +79,11 @@ class PeerEndpoint:
         self._owns = owns
         self._lock = threading.Lock()
         self._reading: dict[int, Future] = {}  # blocks read for peers outside memory (single flight)
+        self._kept: OrderedDict[int, memoryview] = OrderedDict()  # and the last few of them
+        self._kept_bytes = 0
         self._headers: dict[int, bytes] = {}
-        self._counts = {"requests": 0, "blocks_served": 0, "bytes_served": 0, "refused": 0, "fetched_for_peers": 0}
+        self._connections: set[socket.socket] = set()  # open ones, shut when the endpoint closes
+        self.counts = counts
         host, port = split_address(address)
         self._server = http.server.ThreadingHTTPServer((host, port), _Handler, bind_and_activate=True)
         self._server.daemon_threads = True
@@ -75,8 +93,15 @@ class PeerEndpoint:
         self._thread.start()
 
     def count(self, name: str, n: int = 1) -> None:
+        self.counts.add(name, n)
+
+    def opened(self, conn: socket.socket) -> None:
         with self._lock:
-            self._counts[name] += n
+            self._connections.add(conn)
+
+    def closed(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(conn)
 
     # --- a request, checked ---------------------------------------------------------------------------
     def check(self, path: str, auth: str | None) -> int:
@@ -122,6 +147,10 @@ class PeerEndpoint:
         if cached is not None:
             return memoryview(cached.buf)
         with self._lock:
+            kept = self._kept.get(block)
+            if kept is not None:
+                self._kept.move_to_end(block)
+                return kept
             future = self._reading.get(block)
             mine = future is None
             if mine:
@@ -133,35 +162,56 @@ class PeerEndpoint:
             head = self._store.header(block)
             buf = bytearray(head.data_size)
             self._store.read_data_into(block, head, buf)
-            future.set_result(memoryview(buf))
-            self.count("fetched_for_peers")
         except BaseException as e:
-            future.set_exception(e)
-            raise
-        finally:
             with self._lock:
                 self._reading.pop(block, None)
-        return future.result()
-
-    def stats(self) -> dict[str, Any]:
+            future.set_exception(e)
+            raise
+        data = memoryview(buf)
         with self._lock:
-            return {"listen": self.address, **self._counts}
+            self._reading.pop(block, None)
+            self._kept[block] = data
+            self._kept_bytes += len(data)
+            while (self._kept_bytes > KEPT_BYTES or len(self._kept) > KEPT_BLOCKS) and len(self._kept) > 1:
+                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
+        self.count("fetched_for_peers")
+        future.set_result(data)
+        return data
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            open_now = list(self._connections)
+        for conn in open_now:  # kept-alive connections wait in their threads for a next request
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._thread.join(timeout=5)
+        with self._lock:
+            self._kept.clear()
+            self._kept_bytes = 0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "blockfs-peer"
     sys_version = ""
+    timeout = IDLE_S  # a kept connection's wait for the next request
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.endpoint.opened(self.connection)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self.server.endpoint.closed(self.connection)  # type: ignore[attr-defined]
+        super().finish()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         ep: PeerEndpoint = self.server.endpoint  # type: ignore[attr-defined]
         ep.count("requests")
-        self.close_connection = True
+        self.close_connection = True  # until the whole answer is sent
         try:
             block = ep.check(self.path, self.headers.get(AUTH_HEADER))
             size = int(ep._store.files.size(block))
@@ -195,8 +245,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(header[lo : min(hi, h)])
         if hi > h:
             self.wfile.write(data[max(lo - h, 0) : hi - h])
-        ep.count("blocks_served")
+        ep.count("ranges_served")
         ep.count("bytes_served", hi - lo)
+        self.close_connection = self.headers.get("Connection", "").lower() == "close"
 
     def _range(self, size: int) -> tuple[int, int]:
         text = self.headers.get("Range")

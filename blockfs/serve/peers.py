@@ -132,10 +132,8 @@ def start_endpoint(ds: PackedDataset, cache: BlockCache, tier: PeerTier, peers: 
     """This node's endpoint listening (the caller closes it)."""
     address = peers.listen or peers.addresses[peers.rank]
     try:
-        endpoint = PeerEndpoint(
-            address, ds.digest, peers.secret, ds.store, cache, lambda b: tier.owner(b) == peers.rank
-        )
+        return PeerEndpoint(
+            address, ds.digest, peers.secret, ds.store, cache, lambda b: tier.owner(b) == peers.rank, tier.served
+        )  # counted where the tier's stats (stats.json's storage.peers) show it
     except OSError as e:
         raise MountError(f"--peer-listen {address}: cannot listen there: {e.strerror or e}") from None
-    tier.served = endpoint.stats  # stats.json's storage.peers shows what this node served too
-    return endpoint

@@ -1,55 +1,46 @@
-"""``PeerTier``: the blocks other nodes of the job hold, fetched from the node that owns each one.
+"""``PeerTier``: the blocks other nodes of the job hold, read from the node that owns each one.
 
 Every node computes the same owner for every block (``owner_of``, made by the mount: rendezvous hashing
 over the peer list, or the ``partition="node"`` split), so the owner is the node that caches it and a node
-that lacks a block asks exactly one peer.  What a peer sends is trusted for nothing: the chain hands it to
-the verifier like any tier's bytes, and a failed check drops it (:meth:`PeerTier.drop`), avoids that peer
-for a while and reads the block from further down (the store).
+that lacks a block asks exactly one peer.  It asks for what the read needs, never more: one file's bytes
+(a read of a file of a block this node does not hold), a header (its first :data:`HEAD_BYTES`, kept for
+the few reads that follow, as the remote store keeps a head), or a whole data section (a block memory or
+the disk tier will hold).  The protocol and its client are :mod:`blockfs.storage.peer_protocol`.
 
-The protocol (the server is :mod:`blockfs.serve.peer_endpoint`): ``GET /blockfs/v1/<dataset>/<block>``,
-where ``<dataset>`` is the hex of the dataset's name (``blake3:<hex>``) and ``<block>`` a decimal block
-number, with the header ``X-Blockfs-Auth: <HMAC-SHA256 of "GET <path>" under the job's secret>`` (the
-secret itself never crosses the network).  The answer is the whole block file, or ``Range: bytes=a-b`` of
-it.  An owner that must fetch the block first answers its headers at once with ``X-Blockfs-Fetching: 1``
-and the body when the block is verified; the asker then waits :data:`OWNER_FETCH_S` for it, not its own
-store (one fetch per block for the whole cluster).
-
-A peer that does not answer within ``timeout`` seconds (connect, headers, or any wait between bytes),
-answers anything but the whole block, or sends bytes that fail the check is avoided for ``backoff`` seconds
-(doubled on each failure in a row, up to :data:`BACKOFF_MAX_S`); a success clears it.
+What a peer sends is trusted for nothing: the chain hands it to the verifier like any tier's bytes (a file
+by its own digest, a header by its digest, a data section by its chunks'), and a failed check drops what
+was kept of the block (:meth:`PeerTier.drop`), avoids that peer for a while and reads the block from
+further down (the store).  A peer that does not answer within ``timeout`` seconds (connect, headers, or any
+wait between bytes) or answers anything but the range asked for is avoided alike: for ``backoff`` seconds,
+doubled on each failure in a row, up to :data:`BACKOFF_MAX_S`; a success clears it.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import hmac
-import http.client
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .chain import Tier
+from .peer_protocol import PeerClient, block_path, split_address
 
 log = logging.getLogger(__name__)
 
-PATH_PREFIX = "/blockfs/v1/"
-AUTH_HEADER = "X-Blockfs-Auth"
-FETCHING_HEADER = "X-Blockfs-Fetching"  # the owner is fetching the block: wait for it, not the store
 PEER_TIMEOUT_S = 2.0  # a peer silent this long (connect, headers, between bytes) is given up on
 PEER_BACKOFF_S = 5.0  # then avoided this long, doubled on each failure in a row
 BACKOFF_MAX_S = 60.0
-OWNER_FETCH_S = 30.0  # how long an owner may take to fetch a block it said it is fetching
-# Blocks fetched from peers, kept for the reads that follow (a header, then its files, which a block-shuffled
-# order sends together): a window outside the memory plan, so a small one, like the read-ahead's.
-KEPT_BLOCKS = 4
-KEPT_BYTES = 64 << 20
+# A block's first bytes, fetched once for its header (read in two steps: preamble, then the header) and
+# kept for the last HEADS_KEPT blocks: 12 bytes a file, so 4 KiB holds the header of a block of ~330 files
+# (a longer one costs one more request, once per block).
+HEAD_BYTES = 4 << 10
+HEADS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -100,34 +91,35 @@ def rendezvous_owners(n_blocks: int, addresses: Sequence[str]) -> np.ndarray:
     return best
 
 
-def block_path(dataset: str, block: int) -> str:
-    """The request path of ``block`` of the dataset named ``dataset`` (``blake3:<hex>`` or the hex)."""
-    return f"{PATH_PREFIX}{dataset.removeprefix('blake3:')}/{block}"
+class ServedCounts:
+    """What this node's endpoint served (:mod:`blockfs.serve.peer_endpoint` counts into it): made with the
+    tier, so ``blockfs stats`` shows both sides of this node's peering in one section."""
 
+    NAMES = ("requests", "ranges_served", "bytes_served", "refused", "fetched_for_peers")
 
-def sign(secret: bytes, path: str) -> str:
-    """The value of :data:`AUTH_HEADER` for a GET of ``path``."""
-    return hmac.new(secret, b"GET " + path.encode(), hashlib.sha256).hexdigest()
+    def __init__(self, listen: str) -> None:
+        self.listen = listen
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.NAMES, 0)
 
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
 
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port); ValueError naming it otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"peer address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"listen": self.listen, **self._counts}
 
 
 class _Peer:
-    __slots__ = ("address", "host", "port", "avoid_until", "failures", "bytes", "fetches", "errors", "rejected")
+    __slots__ = ("client", "avoid_until", "failures", "bytes", "fetches", "errors", "rejected")
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.host, self.port = split_address(address)
+    def __init__(self, client: PeerClient) -> None:
+        self.client = client
         self.avoid_until = 0.0
         self.failures = 0  # in a row
-        self.bytes = self.fetches = 0  # received (whether or not the check then passed)
-        self.errors = self.rejected = 0  # fetches that failed; blocks that failed the check
+        self.bytes = self.fetches = 0  # received (whether or not the check then passed); requests answered
+        self.errors = self.rejected = 0  # requests that failed; bytes that failed the check
 
 
 class PeerTier(Tier):
@@ -138,19 +130,17 @@ class PeerTier(Tier):
     def __init__(self, options: PeerOptions, dataset: str, sizes: Sequence[int]) -> None:
         if not options.secret:
             raise ValueError("a peer tier needs the job's shared secret")
-        self._peers = [_Peer(a) for a in options.addresses]
+        self._peers = [_Peer(PeerClient(a, options.secret, options.timeout)) for a in options.addresses]
         self._me = options.rank
         self._owner: list[int] = rendezvous_owners(len(sizes), options.addresses).tolist()
         self._dataset = dataset
-        self._secret = options.secret
         self._sizes = list(sizes)
-        self.timeout = options.timeout
         self.backoff = options.backoff
         self._lock = threading.Lock()
-        self._kept: OrderedDict[int, memoryview] = OrderedDict()
-        self._kept_bytes = 0
-        self._fetching: dict[int, Future] = {}
-        self.served: Callable[[], dict] | None = None  # this node's endpoint's counters, for stats
+        self._heads: OrderedDict[int, memoryview] = OrderedDict()
+        self._head_loads: dict[int, Future] = {}
+        self._failed_checks: set[int] = set()  # blocks whose peer bytes failed a check: the store's from now on
+        self.served = ServedCounts(options.listen or options.addresses[options.rank])  # the endpoint counts here
 
     def owner(self, block: int) -> int:
         return self._owner[block]
@@ -170,84 +160,72 @@ class PeerTier(Tier):
         if owner == self._me:
             return False
         with self._lock:
-            return block in self._kept or self._peers[owner].avoid_until <= time.monotonic()
+            return block not in self._failed_checks and self._peers[owner].avoid_until <= time.monotonic()
 
-    # --- bytes out: the whole block fetched once, kept for the reads that follow -----------------------
+    # --- bytes out: the range a read asks for --------------------------------------------------------
     def pread(self, block: int, size: int, offset: int) -> bytes:
-        return bytes(self._block(block)[offset : offset + size])
+        if size == 0:
+            return b""
+        if offset + size <= min(HEAD_BYTES, self._sizes[block]):  # a header's read: the kept head
+            return bytes(self._head(block)[offset : offset + size])
+        buf = bytearray(size)
+        self._get(block, memoryview(buf), offset)
+        return bytes(buf)
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
-        view[:] = self._block(block)[offset : offset + len(view)]
-        if offset + len(view) == self._sizes[block]:  # a whole data section, for memory: no need to keep it here
-            with self._lock:
-                kept = self._kept.pop(block, None)
-                if kept is not None:
-                    self._kept_bytes -= len(kept)
-
-    def _block(self, block: int) -> memoryview:
         with self._lock:
-            data = self._kept.get(block)
-            if data is not None:
-                self._kept.move_to_end(block)
-                return data
-            future = self._fetching.get(block)
+            head = self._heads.get(block)
+        done = 0
+        if head is not None and offset < len(head):  # a data section starts inside the head: not asked twice
+            done = min(len(view), len(head) - offset)
+            view[:done] = head[offset : offset + done]
+        if done < len(view):
+            self._get(block, view[done:], offset + done)
+
+    def _head(self, block: int) -> memoryview:
+        """The block's first bytes, fetched once however many readers ask at once."""
+        with self._lock:
+            head = self._heads.get(block)
+            if head is not None:
+                self._heads.move_to_end(block)
+                return head
+            future = self._head_loads.get(block)
             mine = future is None
             if mine:
-                future = self._fetching[block] = Future()
+                future = self._head_loads[block] = Future()
         assert future is not None
         if not mine:
             return future.result()
+        buf = bytearray(min(HEAD_BYTES, self._sizes[block]))
         try:
-            data = self._fetch(block)
+            self._get(block, memoryview(buf), 0)
         except BaseException as e:
             with self._lock:
-                self._fetching.pop(block, None)
+                self._head_loads.pop(block, None)
             future.set_exception(e)
             raise
+        head = memoryview(bytes(buf))
         with self._lock:
-            self._fetching.pop(block, None)
-            self._kept[block] = data
-            self._kept_bytes += len(data)
-            while (self._kept_bytes > KEPT_BYTES or len(self._kept) > KEPT_BLOCKS) and len(self._kept) > 1:
-                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
-        future.set_result(data)
-        return data
+            self._head_loads.pop(block, None)
+            self._heads[block] = head
+            while len(self._heads) > HEADS_KEPT:
+                self._heads.popitem(last=False)
+        future.set_result(head)
+        return head
 
-    def _fetch(self, block: int) -> memoryview:
+    def _get(self, block: int, view: memoryview, offset: int) -> None:
+        """One ranged GET of ``block`` from its owner into ``view``, counted."""
         peer = self._peers[self._owner[block]]
-        size = self._sizes[block]
-        path = block_path(self._dataset, block)
-        conn = http.client.HTTPConnection(peer.host, peer.port, timeout=self.timeout)
         try:
-            conn.request("GET", path, headers={AUTH_HEADER: sign(self._secret, path)})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise OSError(errno.EIO, f"peer {peer.address} answered {resp.status} {resp.reason}")
-            if resp.getheader("Content-Length") != str(size):
-                raise OSError(
-                    errno.EIO,
-                    f"peer {peer.address} offered {resp.getheader('Content-Length')} bytes, not the block's {size}",
-                )
-            if resp.getheader(FETCHING_HEADER) and conn.sock is not None:
-                conn.sock.settimeout(max(self.timeout, OWNER_FETCH_S))  # the owner fetches it once for all
-            buf = bytearray(size)
-            view, done = memoryview(buf), 0
-            while done < size:
-                n = resp.readinto(view[done:])
-                if not n:
-                    raise OSError(errno.EIO, f"peer {peer.address} sent {done} of the block's {size} bytes")
-                done += n
-        except (OSError, http.client.HTTPException) as e:
+            peer.client.get_into(block_path(self._dataset, block), view, offset, self._sizes[block])
+        except OSError:
             with self._lock:
                 peer.errors += 1
-            raise e if isinstance(e, OSError) else OSError(errno.EIO, f"peer {peer.address}: {e!r}") from e
-        finally:
-            conn.close()
+            raise
         with self._lock:
-            peer.bytes += size
+            peer.bytes += len(view)
             peer.fetches += 1
             peer.failures = 0
-        return view
 
     # --- failures ------------------------------------------------------------------------------------
     def failed(self, block: int, error: OSError) -> None:
@@ -255,17 +233,18 @@ class PeerTier(Tier):
 
     def drop(self, block: int) -> bool:
         """What the owner sent of ``block`` failed its check (the chain asks only the tier that served it):
-        forget it and avoid that peer, so the block is read from the store."""
+        forget it and avoid that peer, so the block is read from the store (this block for good, whatever the
+        backoff: a check that fails again and again must not loop)."""
         with self._lock:
-            kept = self._kept.pop(block, None)
-            if kept is not None:
-                self._kept_bytes -= len(kept)
+            self._heads.pop(block, None)
+            self._failed_checks.add(block)
             self._peers[self._owner[block]].rejected += 1
         self._avoid(self._owner[block], f"block {block} failed its check")
         return True
 
     def discard(self, block: int) -> None:
-        pass  # what was fetched is dropped only after a failed check (drop): a failed read elsewhere is not its fault
+        with self._lock:
+            self._heads.pop(block, None)  # a failed read or check starts afresh, as the remote store's head does
 
     def _avoid(self, owner: int, why: str) -> None:
         with self._lock:
@@ -273,13 +252,13 @@ class PeerTier(Tier):
             peer.failures += 1
             wait = min(BACKOFF_MAX_S, self.backoff * 2 ** (peer.failures - 1))
             peer.avoid_until = time.monotonic() + wait
-        log.warning("peer %s: %s: reading from the store, and avoiding it for %.0f s", peer.address, why, wait)
+        log.warning("peer %s: %s: reading from the store, and avoiding it for %.0f s", peer.client.address, why, wait)
 
     def stats(self) -> dict:
         now = time.monotonic()
         with self._lock:
             per_peer: dict[str, dict] = {
-                p.address: {
+                p.client.address: {
                     "bytes": p.bytes,
                     "fetches": p.fetches,
                     "errors": p.errors,
@@ -291,13 +270,14 @@ class PeerTier(Tier):
             }
             out = {
                 "rank": self._me,
-                "kept_bytes": self._kept_bytes,
+                "kept_bytes": sum(len(h) for h in self._heads.values()),
                 "bytes": sum(p.bytes for p in self._peers),
                 "by_peer": per_peer,
             }
-        return {"peers": {**out, "served": self.served() if self.served is not None else None}}
+        return {"peers": {**out, "served": self.served.snapshot()}}
 
     def close(self) -> None:
         with self._lock:
-            self._kept.clear()
-            self._kept_bytes = 0
+            self._heads.clear()
+        for peer in self._peers:
+            peer.client.close()

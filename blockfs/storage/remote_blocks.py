@@ -3,7 +3,9 @@
 Sizes come from the index (``block_sizes``), so opening and reading never send a HEAD and a mount never
 lists the bucket.  A block's first bytes are fetched once as a *head* of :data:`HEAD_BYTES` and kept for
 the last :data:`HEADS_KEPT` blocks: the store reads a header in two steps (preamble, then the whole header)
-and, for the disk tier, once more as stored — one GET instead of three.
+and, for the disk tier, once more as stored — one GET instead of three, however many readers ask for it at
+once.  A whole data section read after its header takes the part of it the head holds from there, so a
+block read whole costs its size from the store, not its size and a head more.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from concurrent.futures import Future
 
 from .blockfiles import BlockFiles
 from .remote import RemoteError, RemoteStore
@@ -28,6 +31,7 @@ class RemoteBlockFiles(BlockFiles):
         self._sizes = sizes
         self.names = [remote.where(name) for name in object_names]
         self._heads: OrderedDict[int, memoryview] = OrderedDict()
+        self._head_loads: dict[int, Future] = {}  # heads being fetched (single flight)
         self._heads_lock = threading.Lock()
 
     def size(self, block: int) -> int:
@@ -51,11 +55,26 @@ class RemoteBlockFiles(BlockFiles):
             if head is not None:
                 self._heads.move_to_end(block)
                 return head
-        head = self._get(block, 0, min(HEAD_BYTES, self._sizes[block]))
+            future = self._head_loads.get(block)
+            mine = future is None
+            if mine:
+                future = self._head_loads[block] = Future()
+        assert future is not None
+        if not mine:
+            return future.result()
+        try:
+            head = self._get(block, 0, min(HEAD_BYTES, self._sizes[block]))
+        except BaseException as e:
+            with self._heads_lock:
+                self._head_loads.pop(block, None)
+            future.set_exception(e)
+            raise
         with self._heads_lock:
+            self._head_loads.pop(block, None)
             self._heads[block] = head
             while len(self._heads) > HEADS_KEPT:
                 self._heads.popitem(last=False)
+        future.set_result(head)
         return head
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
@@ -66,8 +85,17 @@ class RemoteBlockFiles(BlockFiles):
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
         self._check(block, offset)
+        done = 0
+        if offset + len(view) <= self._sizes[block]:  # (a read past the end is the remote's to refuse)
+            with self._heads_lock:
+                head = self._heads.get(block)
+            if head is not None and offset < len(head):  # the head holds its start: not fetched twice
+                done = min(len(view), len(head) - offset)
+                view[:done] = head[offset : offset + done]
+        if done == len(view) and done:
+            return
         try:
-            self.remote.get_into(self._objects[block], offset, view)
+            self.remote.get_into(self._objects[block], offset + done, view[done:])
         except RemoteError as e:
             raise self._phrased(block, e) from None
 

@@ -199,6 +199,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "blockfs-peer"
     sys_version = ""
     timeout = IDLE_S  # a kept connection's wait for the next request
+    disable_nagle_algorithm = True  # an answer's last small segment must not wait for the asker's ACK
 
     def setup(self) -> None:
         super().setup()

@@ -5,7 +5,7 @@ proxies (nginx or Varnish) in front of the store, and with blockfs's peer tier.
 
     sudo .venv/bin/python tools/bench/bench_nodes.py [--nodes 4] [--files 2000] [--budget 0.3] [--epochs 3]
         [--node-mbit 1000] [--store-mbit 100] [--modes none,nginx,varnish,peers,memref] [--blockfs PATH]
-        [--no-kill] [--no-sigv4] [--json FILE]
+        [--no-kill] [--no-sigv4] [--reader order|ddp] [--json FILE]
     python tools/bench/bench_nodes.py --table FILE   # an earlier run's --json as a Markdown table
 
 The machine (tools/bench/helpers/cluster_net.py; root, ``ip``, ``tc``, ``nsenter``): every node is a network
@@ -16,7 +16,9 @@ capped with ``tbf`` at ``--store-mbit``) and a link to a fabric bridge where the
 ``--open-mode none`` (every read reaches blockfs), ``--no-retain`` and ``--nodes N --node-rank k`` (prefill and
 read-ahead keep to the node's part, as the issue's figures were measured; ``--no-node-split`` drops them).  Each
 epoch, every node reads — all at once, ``--threads`` readers each, in separate processes — exactly the
-samples its rank gets from the loader's **global** order (``block_shuffled_order`` with ``world_size = N``).
+samples its rank gets from the loader's **global** order (``block_shuffled_order`` with ``world_size = N``);
+with ``--reader ddp``, what an unmodified DDP script reads instead (tools/bench/helpers/ddp_reader.py: torch's
+``DistributedSampler`` over the mount's tree, ImageFolder's listing, ``--threads`` DataLoader workers).
 
 Modes (``--modes``), each in turn in the same run:
 
@@ -173,19 +175,24 @@ def node_mount(
         stop_mount(mnt, proc)
 
 
-def start_readers(mounts: list[Path], names: list[list[str]], work: Path, threads: int) -> list[subprocess.Popen]:
-    """One reader process per node (tools/bench/helpers/storage_reader.py), all at once."""
+def start_readers(
+    mounts: list[Path], names: list[list[str]], work: Path, threads: int, ddp: tuple[int, int] | None = None
+) -> list[subprocess.Popen]:
+    """One reader process per node, all at once: tools/bench/helpers/storage_reader.py reading ``names[k]``,
+    or with ``ddp`` (epoch, seed) an unmodified DDP script's pipeline (helpers/ddp_reader.py: torch's
+    ``DistributedSampler`` over the mount's tree, ``threads`` DataLoader workers)."""
     procs = []
     for k, (mnt, part) in enumerate(zip(mounts, names, strict=True)):
-        order = work / f"order-{k}.txt"
-        order.write_text("\n".join(part) + "\n")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order), "--threads", str(threads)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
+        if ddp is not None:
+            command = [sys.executable, str(HELPERS / "ddp_reader.py"), str(mnt), "--rank", str(k)]
+            command += ["--world-size", str(len(mounts)), "--epoch", str(ddp[0]), "--seed", str(ddp[1])]
+            command += ["--workers", str(threads)]
+        else:
+            order = work / f"order-{k}.txt"
+            order.write_text("\n".join(part) + "\n")
+            command = [sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order)]
+            command += ["--threads", str(threads)]
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
     return procs
 
 
@@ -342,7 +349,11 @@ def run_mode(
         for epoch in range(epochs):
             killing = epoch == args.epochs and mode != "memref"
             names = rank_names(packed, n, args.partition, args.seed, epoch)
-            procs = start_readers(mounts, names, work, args.threads)
+            if args.reader == "ddp":  # DistributedSampler's share: ceil(files / n) each, padded
+                names = [[""] * -(-args.files // n) for _ in range(n)]
+            procs = start_readers(
+                mounts, names, work, args.threads, (epoch, args.seed) if args.reader == "ddp" else None
+            )
             for proc in procs:  # after an error or SIGTERM, before the mounts go
                 stack.callback(stop_process, proc)
             if killing:
@@ -507,6 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=4, help="reader threads per node")
     p.add_argument("--partition", choices=("global", "node"), default="global", help="the readers' order")
     p.add_argument(
+        "--reader",
+        choices=("order", "ddp"),
+        default="order",
+        help="order: each node reads its rank's share of the loader's order; ddp: an unmodified DDP script "
+        "(torch's DistributedSampler over the mount's tree, --threads DataLoader workers)",
+    )
+    p.add_argument(
         "--no-node-split",
         dest="node_split",
         action="store_false",
@@ -572,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"dataset D = {dataset / MiB:.1f} MiB in {args.files} files; {args.nodes} nodes, each budget "
                 f"{args.budget:.0%} of D; links: store {args.store_mbit} Mbit/s per node, nodes {args.node_mbit} "
-                f"Mbit/s; {args.epochs} epochs, global order; store bytes for the whole cluster",
+                f"Mbit/s; {args.epochs} epochs, "
+                f"{'DistributedSampler' if args.reader == 'ddp' else 'global'} order; store bytes for the whole cluster",
                 flush=True,
             )
             for mode in modes:

@@ -8,6 +8,9 @@ The asking side and the protocol are :mod:`blockfs.storage.peer_tier`'s.  What t
   loads is fetched once) or read through the verifier when memory does not admit it (then kept for the
   next few requests, which ask for its other files: :data:`KEPT_BLOCKS`).  A block this node neither holds
   in memory nor owns is refused (404): nothing is fetched for another node's part.
+* **Plain HTTP/1.1, framed by hand** (:func:`~blockfs.storage.peer_protocol.read_head`: a head of at most
+  16 KiB, ``name: value`` headers, no body): ``http.server``'s parsing cost several times the rest of a
+  request, and a file read from a peer is one request.
 * **Only to the job**: every request must carry the HMAC of its request line under the job's secret,
   compared in constant time, before anything else about it is looked at (401 otherwise).  Any path but
   ``/blockfs/v1/<dataset>/<block>``, another dataset, a block out of range: 404; a range past the block
@@ -22,22 +25,24 @@ The asking side and the protocol are :mod:`blockfs.storage.peer_tier`'s.  What t
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hmac
-import http.server
 import logging
 import re
 import socket
+import socketserver
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from http import HTTPStatus
 
 from ..core import digest as dg
 from ..core import format as fmt
 from ..core.store import BlockStore
 from ..errors import BlockReadError, CorruptBlockError
-from ..storage.peer_protocol import AUTH_HEADER, FETCHING_HEADER, sign, split_address
+from ..storage.peer_protocol import AUTH_HEADER, FETCHING_HEADER, read_head, sign, split_address
 from ..storage.peer_tier import ServedCounts
 from .cache.block_cache import BlockCache
 
@@ -85,9 +90,7 @@ class PeerEndpoint:
         self._connections: set[socket.socket] = set()  # open ones, shut when the endpoint closes
         self.counts = counts
         host, port = split_address(address)
-        self._server = http.server.ThreadingHTTPServer((host, port), _Handler, bind_and_activate=True)
-        self._server.daemon_threads = True
-        self._server.endpoint = self  # type: ignore[attr-defined]  # the handler's way back here
+        self._server = _Server((host, port), self)
         self.address = f"{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="blockfs-peers", daemon=True)
         self._thread.start()
@@ -178,6 +181,59 @@ class PeerEndpoint:
         future.set_result(data)
         return data
 
+    # --- one request, answered ----------------------------------------------------------------------
+    def answer(self, sock: socket.socket, line: str, headers: dict[str, str]) -> bool:
+        """Answer the request whose head is ``line`` and ``headers`` on ``sock``; whether the connection
+        stays open for the next one (any refusal, any answer cut short closes it)."""
+        self.count("requests")
+        method, _, rest = line.partition(" ")
+        target, _, version = rest.partition(" ")
+        try:
+            if not version.startswith("HTTP/1.") or " " in version:
+                raise _Refused(400, "not an HTTP/1 request line")
+            if method != "GET":
+                raise _Refused(405, "GET only")
+            if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+                raise _Refused(400, "a GET with a body")
+            block = self.check(target, headers.get(AUTH_HEADER.lower()))
+            size = int(self._store.files.size(block))
+            lo, hi = _range(headers.get("range"), size)
+            held = self.held(block)
+        except _Refused as e:
+            self.count("refused")
+            log.debug("peer request refused (%d): %s", e.status, e)
+            _send_error(sock, e.status, str(e))
+            return False
+        except (OSError, CorruptBlockError, BlockReadError):
+            _send_error(sock, 503, "cannot serve it now")
+            return False
+        whole = (lo, hi) == (0, size)
+        head = [
+            f"HTTP/1.1 {200 if whole else 206} {'OK' if whole else 'Partial Content'}",
+            f"Content-Length: {hi - lo}",
+        ]
+        if not whole:
+            head.append(f"Content-Range: bytes {lo}-{hi - 1}/{size}")
+        if not held:
+            head.append(f"{FETCHING_HEADER}: 1")  # the asker waits for this node's fetch, not its store
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        try:
+            header = self.header_bytes(block)
+            data = self.data(block)
+        except (OSError, CorruptBlockError, BlockReadError) as e:
+            log.debug("peer request for block %d: %s", block, e)
+            return False  # the connection closes short: the asker reads the block elsewhere
+        h = len(header)
+        if h + len(data) != size:
+            return False
+        if lo < h:
+            sock.sendall(header[lo : min(hi, h)])
+        if hi > h:
+            sock.sendall(data[max(lo - h, 0) : hi - h])
+        self.count("ranges_served")
+        self.count("bytes_served", hi - lo)
+        return version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -194,79 +250,69 @@ class PeerEndpoint:
             self._kept_bytes = 0
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "blockfs-peer"
-    sys_version = ""
-    timeout = IDLE_S  # a kept connection's wait for the next request
-    disable_nagle_algorithm = True  # an answer's last small segment must not wait for the asker's ACK
+class _Server(socketserver.ThreadingTCPServer):
+    """Accepts connections on ``address`` (IPv4 or IPv6), one daemon thread each, for ``endpoint``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], endpoint: PeerEndpoint) -> None:
+        self.endpoint = endpoint
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, _Connection)
+
+
+class _Connection(socketserver.BaseRequestHandler):
+    """One asker's connection: its requests answered in turn, until it closes, idles :data:`IDLE_S` or
+    sends anything but a GET the endpoint can answer whole."""
+
+    server: _Server
 
     def setup(self) -> None:
-        super().setup()
-        self.server.endpoint.opened(self.connection)  # type: ignore[attr-defined]
+        self.request.settimeout(IDLE_S)
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an answer's tail must not wait for an ACK
+        self.server.endpoint.opened(self.request)
+
+    def handle(self) -> None:
+        pending = bytearray()
+        while True:
+            try:
+                head = read_head(self.request, pending)
+            except OSError as e:  # a timeout, a reset, a head too long or not HTTP
+                if e.errno == errno.EPROTO:
+                    _send_error(self.request, 400, str(e))
+                return
+            if head is None:
+                return
+            try:
+                if not self.server.endpoint.answer(self.request, *head):
+                    return
+            except OSError:  # the asker went away mid-answer
+                return
 
     def finish(self) -> None:
-        self.server.endpoint.closed(self.connection)  # type: ignore[attr-defined]
-        super().finish()
+        self.server.endpoint.closed(self.request)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        ep: PeerEndpoint = self.server.endpoint  # type: ignore[attr-defined]
-        ep.count("requests")
-        self.close_connection = True  # until the whole answer is sent
-        try:
-            block = ep.check(self.path, self.headers.get(AUTH_HEADER))
-            size = int(ep._store.files.size(block))
-            lo, hi = self._range(size)
-            held = ep.held(block)
-        except _Refused as e:
-            ep.count("refused")
-            log.debug("peer request refused (%d): %s", e.status, e)
-            self.send_error(e.status, str(e))
-            return
-        except (OSError, CorruptBlockError, BlockReadError):
-            self.send_error(503, "cannot serve it now")
-            return
-        self.send_response(200 if (lo, hi) == (0, size) else 206)
-        self.send_header("Content-Length", str(hi - lo))
-        if (lo, hi) != (0, size):
-            self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
-        if not held:
-            self.send_header(FETCHING_HEADER, "1")  # the asker waits for this node's fetch, not its store
-        self.end_headers()
-        try:
-            header = ep.header_bytes(block)
-            data = ep.data(block)
-        except (OSError, CorruptBlockError, BlockReadError) as e:
-            log.debug("peer request for block %d: %s", block, e)
-            return  # the connection closes short: the asker reads the block elsewhere
-        if len(header) + len(data) != size:
-            return
-        h = len(header)
-        if lo < h:
-            self.wfile.write(header[lo : min(hi, h)])
-        if hi > h:
-            self.wfile.write(data[max(lo - h, 0) : hi - h])
-        ep.count("ranges_served")
-        ep.count("bytes_served", hi - lo)
-        self.close_connection = self.headers.get("Connection", "").lower() == "close"
 
-    def _range(self, size: int) -> tuple[int, int]:
-        text = self.headers.get("Range")
-        if text is None:
-            return 0, size
-        m = _RANGE.fullmatch(text.strip())
-        if m is None:
-            raise _Refused(416, "only one range, bytes=a-b")
-        lo, hi = int(m.group(1)), (int(m.group(2)) + 1 if m.group(2) else size)
-        if not lo < hi <= size:
-            raise _Refused(416, f"a range past the block's {size} bytes")
-        return lo, hi
+def _send_error(sock: socket.socket, status: int, why: str) -> None:
+    """An error answer, and the connection to be closed after it."""
+    body = f"{status} {HTTPStatus(status).phrase}: {why}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(OSError):
+        sock.sendall(head.encode() + body)
 
-    def _refuse_method(self) -> None:
-        self.close_connection = True
-        self.send_error(405, "GET only")
 
-    do_HEAD = do_POST = do_PUT = do_DELETE = _refuse_method  # noqa: N815
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-        pass  # a request line names only a dataset and a block; nothing is logged per request
+def _range(text: str | None, size: int) -> tuple[int, int]:
+    """The one range ``Range: bytes=a-b`` asks for (the whole block without one), or _Refused (416)."""
+    if text is None:
+        return 0, size
+    m = _RANGE.fullmatch(text.strip())
+    if m is None:
+        raise _Refused(416, "only one range, bytes=a-b")
+    lo, hi = int(m.group(1)), (int(m.group(2)) + 1 if m.group(2) else size)
+    if not lo < hi <= size:
+        raise _Refused(416, f"a range past the block's {size} bytes")
+    return lo, hi

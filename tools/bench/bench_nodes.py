@@ -232,7 +232,16 @@ def peer_bytes(stats: dict) -> int:
     return 0
 
 
-def node_counters(mnt: Path) -> dict[str, int]:
+def cpu_ms(pid: int) -> int:
+    """The CPU time (user + system, all threads) process ``pid`` has used, in ms; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+
+
+def node_counters(mnt: Path, pid: int) -> dict[str, int]:
     try:
         s = read_stats(mnt)
     except OSError:  # a killed node
@@ -248,6 +257,7 @@ def node_counters(mnt: Path) -> dict[str, int]:
         "file_hits": c["file_hits"],
         "below_memory": c["block_bytes_read"] + c["file_bytes_read"],
         "disk_bytes": disk.get("disk_bytes", 0),
+        "mount_cpu_ms": cpu_ms(pid),  # its mount server's CPU: serving its own reads and its peers'
     }
 
 
@@ -362,7 +372,7 @@ def run_mode(
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(victim.pid, signal.SIGKILL)
             results = reader_results(procs, n - 1 if killing else None)
-            after = [node_counters(m) for m in mounts]
+            after = [node_counters(m, proc.pid) for m, proc in zip(mounts, servers, strict=True)]
             wire = cluster.store_sent()
             per_node = []
             for k in range(n):
@@ -375,6 +385,7 @@ def run_mode(
                         "errors": r["errors"],
                         "seconds": r["seconds"],
                         "files_s": r["files"] / r["seconds"] if r["seconds"] else 0.0,
+                        "reader_cpu_ms": r.get("cpu_ms", 0),
                         **d,
                     }
                 )
@@ -466,9 +477,17 @@ def show_epoch(mode: str, e: dict, dataset: int) -> None:
         f"  {mode:7} epoch {e['epoch']}: store {e['store_bytes'] / dataset:5.2f} D (wire {e['store_wire'] / dataset:5.2f} D), "
         f"peers {e['peer_bytes'] / dataset:5.2f} D, memory hits {min(hits):.2f}-{max(hits):.2f}, files/s per node "
         + " ".join(f"{r:6.0f}" for r in rates)
-        + f", errors {errors}{note}",
+        + f", errors {errors}{note}; CPU per file read: mounts {cpu_per_file(e, 'mount_cpu_ms'):.2f} ms, "
+        f"readers {cpu_per_file(e, 'reader_cpu_ms'):.2f} ms",
         flush=True,
     )
+
+
+def cpu_per_file(e: dict, key: str) -> float:
+    """The whole cluster's CPU of one kind (``key``: the mounts' or the readers') per file read, in ms: on a
+    machine whose cores the nodes share, files/s follow it."""
+    files = sum(p["files"] for p in e["nodes"])
+    return sum(p.get(key, 0) for p in e["nodes"]) / files if files else float("nan")
 
 
 def table(results: dict) -> str:
@@ -479,8 +498,9 @@ def table(results: dict) -> str:
     ref_rate = float(np.median([p["files_s"] for p in ref[-1]["nodes"]])) if ref else None
     lines = [
         "| mode | epoch | store (x D) | wire (x D) | from peers (x D) | memory hits | files/s per node: median (min-max) |"
-        + (" x memref |" if ref_rate else ""),
-        "|---|---|---|---|---|---|---|" + ("---|" if ref_rate else ""),
+        + (" x memref |" if ref_rate else "")
+        + " CPU ms per file: mounts, readers |",
+        "|---|---|---|---|---|---|---|" + ("---|" if ref_rate else "") + "---|",
     ]
     for mode, m in results["modes"].items():
         for e in m["epochs"]:
@@ -496,6 +516,7 @@ def table(results: dict) -> str:
             )
             if ref_rate:
                 row += f" {np.median(rates) / ref_rate:.2f} |"
+            row += f" {cpu_per_file(e, 'mount_cpu_ms'):.2f}, {cpu_per_file(e, 'reader_cpu_ms'):.2f} |"
             lines.append(row)
     return "\n".join(lines)
 

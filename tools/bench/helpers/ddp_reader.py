@@ -68,6 +68,7 @@ def main() -> int:
         totals["errors"] += 1
         totals["first_error"] = str(e).splitlines()[-1][:200]
     totals["seconds"] = time.monotonic() - started
+    totals["cpu_ms"] = int(time.process_time() * 1000)  # the main process only (not its workers)
     totals["complete"] = totals["files"] == len(sampler)
     print(json.dumps(totals))
     return 0

@@ -6,7 +6,8 @@
 caller).  ``--list`` first lists every directory under ``ROOT`` (``os.walk``, as ``ImageFolder`` does before its
 first batch; timed apart, ``list_seconds``).  ``--threads T`` splits it as ``DataLoader`` workers split a sampler's order: thread ``i`` reads
 items ``i, i + T, i + 2T, ...``.  Each file is read whole with ``open().read()``.  ``--seconds`` stops a slow
-system early; the rate is then over the files read.  Prints one JSON line: files, bytes, seconds, errors.
+system early; the rate is then over the files read.  Prints one JSON line: files, bytes, seconds, errors,
+cpu_ms.
 
 A separate process, so that the benchmark can start it inside a throttled cgroup.
 """
@@ -82,6 +83,7 @@ def main() -> int:
     for t in threads:
         t.join()
     totals["seconds"] = time.monotonic() - started
+    totals["cpu_ms"] = int(time.process_time() * 1000)  # this reader's CPU, all its threads
     totals["complete"] = totals["files"] == len(names)
     if first_error:
         totals["first_error"] = first_error[0]

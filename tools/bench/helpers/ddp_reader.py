@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -54,6 +55,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
+    # torch warns when workers outnumber the cores: on the benchmark's shared machine they always do
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
     data = FolderFiles(args.root)
     sampler = DistributedSampler(data, num_replicas=args.world_size, rank=args.rank, shuffle=True, seed=args.seed)
     sampler.set_epoch(args.epoch)

@@ -516,7 +516,8 @@ def table(results: dict) -> str:
             )
             if ref_rate:
                 row += f" {np.median(rates) / ref_rate:.2f} |"
-            row += f" {cpu_per_file(e, 'mount_cpu_ms'):.2f}, {cpu_per_file(e, 'reader_cpu_ms'):.2f} |"
+            cpu = [cpu_per_file(e, k) for k in ("mount_cpu_ms", "reader_cpu_ms")]
+            row += " – |" if not any(cpu) else f" {cpu[0]:.2f}, {cpu[1]:.2f} |"  # (a run from before they were counted)
             lines.append(row)
     return "\n".join(lines)
 

@@ -290,6 +290,9 @@ def test_the_endpoint_serves_only_whole_blocks_of_its_dataset_to_the_job(url, tr
         assert not any(block[:64] in body for _status, body in refused.values())
         served = read_stats(m.path)["storage"]["peers"]["served"]
         assert served["refused"] == len(refused) and served["ranges_served"] == 2
+        # Memory (--cache-size 0) holds nothing: the block was read through the verifier once, then kept for
+        # the range asked for after it (the requests for a block's other files).
+        assert served["fetched_for_peers"] == 1
         assert SECRET not in m.log_text()
 
 

@@ -264,21 +264,22 @@ class MountView:
             return self.control.read(self._ctl(node), size, offset)
         return self.ds.read_entry(node, offset, size)
 
-    def read_now(self, node: int, offset: int, size: int) -> bytes | None:
+    def read_now(self, node: int, offset: int, size: int) -> bytes | memoryview | None:
         """:meth:`read` where the bytes are in memory now, else None (read it where waiting is allowed).
 
-        A file of a cached block is copied from it here, checked as :meth:`read` checks it (the block was
-        verified when it loaded; the index's size must be the size the store's checked header gives), and
-        counted as the cache counts a hit — without the layers between: one read of the index's columns, no
-        lock but the counters'.  Anything else (a retained file, a header not at hand, an error to raise, the
-        control files) takes :meth:`read`'s own way."""
+        A file of a cached block is answered from it here, as a view of the block's memory (valid while
+        held: an answer written at once is copied only by the kernel), checked as :meth:`read` checks it (the
+        block was verified when it loaded; the index's size must be the size the store's checked header
+        gives) and counted as the cache counts a hit — without the layers between: one read of the index's
+        columns, no lock but the counters'.  Anything else (a retained file, a header not at hand, an error
+        to raise, the control files) takes :meth:`read`'s own way."""
         if node < self.n_entries and self.retainer is None:
             kind, block, slot, length, _crc = self.index.read_fields(node)
             cached = self.cache.cached(block)
             if cached is None:
                 return None
             if kind == KIND_FILE and 0 <= offset < length and size > 0 and self._header_size(block, slot) == length:
-                data = cached.read(slot, offset, size)
+                data = cached.piece(slot, offset, size)
                 self.cache.count_hit(block, offset, len(data))
                 return data
             return self.ds.read_entry(node, offset, size)  # answers or raises as every read does

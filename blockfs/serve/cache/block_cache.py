@@ -149,8 +149,14 @@ class BlockCache:
 
     def count_hit(self, block: int, offset: int, nbytes: int) -> None:
         """Count a read its caller served from :meth:`cached` itself, as :meth:`read_file` counts its hits
-        (and read ahead when reads move through blocks in order)."""
-        self._served(block, offset, nbytes, hit=True)
+        (and read ahead when reads move through blocks in order): :meth:`_served` of a hit, one call less."""
+        self._counters.read(offset, nbytes, True)
+        if self._touch:
+            with self._lock:
+                if block in self._policy:
+                    self._policy.touch(block)
+        if self._sequence.step(block):
+            self._background.read_ahead(block)
 
     def note_hit(self, offset: int, nbytes: int) -> None:
         """Count a read served from memory outside the blocks (a retained file) in the same statistics."""

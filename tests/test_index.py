@@ -47,6 +47,37 @@ def test_every_path_is_found_and_listed(packed, edge_tree):
     assert idx.find(b"class_a/missing") == -1 and idx.find(b"class_a/one.txt/x") == -1
 
 
+def test_a_name_is_found_in_its_directory_as_its_path_is_found(packed, monkeypatch):
+    # find_child hashes the name from its directory's kept hash and matches by parent and name: the same entry
+    # as find() of the path, for every entry, and -1 for a missing name, a name of another directory, a path
+    # of several components and "." or ".."; with each directory's path built once, whatever the lookups.
+    from blockfs.core import index as index_module
+
+    idx = PackedIndex(packed / "index.bfi")
+    asked = [
+        (idx.find(p.rpartition(b"/")[0]), p.rpartition(b"/")[2], e)
+        for e in range(1, idx.n_entries)
+        for p in [idx.path(e)]
+    ]
+    built = []
+    path = PackedIndex.path
+    monkeypatch.setattr(PackedIndex, "path", lambda self, e: built.append(e) or path(self, e))
+    for _ in range(2):
+        for parent, name, e in asked:
+            assert idx.find_child(parent, name) == e, name
+    assert sorted(built) == sorted({parent for parent, _, _ in asked} - {0})  # each directory's once; the root's never
+    monkeypatch.setattr(PackedIndex, "path", path)
+    a = idx.find(b"class_a")
+    for parent, name in ((a, b"missing"), (0, b"one.txt"), (0, b"class_a/one.txt"), (a, b"."), (a, b"..")):
+        assert idx.find_child(parent, name) == -1, (parent, name)
+    # The kept hashes are bounded: past DIR_SEEDS_KEPT directories they start afresh, and lookups still agree.
+    monkeypatch.setattr(index_module, "DIR_SEEDS_KEPT", 1)
+    fresh = PackedIndex(packed / "index.bfi")
+    for parent, name, e in asked:
+        assert fresh.find_child(parent, name) == e, name
+    assert len(fresh._dir_seeds) == 1
+
+
 def _rename_component(arr, old: bytes, new: bytes):
     assert len(old) == len(new)
     blob = arr.tobytes()

@@ -8,6 +8,7 @@ a mount only this test reads.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -349,3 +350,71 @@ def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_pa
         assert calls.lookup_path(looked_up.encode())[0] == 0
         entry = {n: fs.view.lookup(n.encode()) for n in (read, looked_up)}
         assert fs.pusher.push([entry[read], entry[looked_up]]) == [entry[looked_up]]  # only the unread one was tried
+
+
+def test_a_lookup_and_a_read_from_memory_build_no_path_and_skip_the_read_layers(packed, tmp_path, monkeypatch):
+    # Reads from a list cost a LOOKUP and a READ per file, so both are answered from the index's columns: the
+    # lookup hashes the name from its directory's kept hash (no path built, once per directory at most), the
+    # read copies from the cached block (not read_entry, not the cache's read_file) — checked and counted as
+    # every read is.
+    from kernelcalls import KernelCalls
+
+    from blockfs.core.dataset import PackedDataset
+    from blockfs.core.index import PackedIndex
+    from blockfs.serve.cache.block_cache import BlockCache
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)
+        made: list[str] = []
+
+        def counted(cls: type, name: str) -> None:
+            method = getattr(cls, name)
+            monkeypatch.setattr(cls, name, lambda *a, **k: made.append(name) or method(*a, **k))
+
+        counted(PackedIndex, "path")
+        counted(PackedDataset, "read_entry")
+        counted(BlockCache, "read_file")
+        before = fs.view.stats()["counters"]
+        for name in names:
+            assert calls.read(name.encode()) == (src / name).read_bytes(), name
+        after = fs.view.stats()["counters"]
+    directories = {os.path.dirname(n) for n in names}
+    assert made.count("path") <= len(directories), made.count("path")  # one lookup of each built a path before
+    assert "read_entry" not in made and "read_file" not in made
+    for counter in ("files_served", "file_hits", "reads"):
+        assert after[counter] - before[counter] == len(names), counter
+    assert after["bytes_served"] - before["bytes_served"] == sum((src / n).stat().st_size for n in names)
+
+
+def test_a_size_the_block_disagrees_with_is_never_served_from_memory(tmp_path):
+    # The read from memory serves only cached blocks, and a block whose header disagrees with the index's sizes
+    # is never cached (its header check, before any load, calls it foreign): a forged size answers EIO.
+    from fuzz.indexutil import patch_array, resign
+    from kernelcalls import KernelCalls
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}").write_bytes(bytes([65 + i]) * (1000 + i))
+    blockfs.pack(src, tmp_path / "p", fsync=False)
+    with blockfs.open_dataset(tmp_path / "p") as ds:
+        e = ds.lookup("f1")
+    patch_array(tmp_path / "p" / "index.bfi", "size", lambda a: a.__setitem__(e, a[e] - 1))
+    resign(tmp_path / "p")
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(tmp_path / "p", tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)
+        with pytest.raises(OSError) as raised:
+            calls.read(b"f1")
+        assert raised.value.errno == errno.EIO
+        assert not fs.view.cache.holds(0)

@@ -2,7 +2,9 @@
 
 Entries are the tree's nodes; entry 0 is the root directory.  Entries are sorted by (parent path, name),
 so the children of every directory are contiguous and sorted by name: listing a directory is a slice.
-A path lookup hashes the full path (CRC-32) into a bucket table — O(1) — and confirms by comparing bytes.
+A path lookup hashes the full path (CRC-32) into a bucket table — O(1) — and confirms by comparing bytes;
+a lookup by name in a directory (the mount's) continues the directory's hash with the name, and confirms by
+the parent column and the name, so no path is built per lookup.
 
 Paths are raw bytes (``os.fsencode``), stored NUL-terminated back to back after one leading NUL, so every
 path ``p`` appears as ``\\0p\\0`` and forbidden forms (``..``, ``.``, ``//``, a leading ``/``) can be
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from .checked_indexes import CheckedIndexes
 
 _IntFormat = Literal["B", "I", "Q", "i", "q"]  # memoryview.cast formats of the index's integer columns
+DIR_SEEDS_KEPT = 1 << 16  # directories whose path hash PackedIndex.find_child keeps (then it starts afresh)
 
 
 @dataclass
@@ -485,6 +488,10 @@ class PackedIndex:
         self._kind = view("kind", "B")
         self._child_start = view("child_start", "I")
         self._child_count = view("child_count", "I")
+        self._parent = view("parent", "I")
+        # Each directory looked up in: (the CRC-32 of its path and "/", that prefix's length), so a lookup by
+        # name hashes the name alone, from there (a cache, bounded: DIR_SEEDS_KEPT directories, then renewed).
+        self._dir_seeds: dict[int, tuple[int, int]] = {}
         # What stat needs, one view per column: a stat reads eight of them.
         stat_columns: tuple[tuple[str, _IntFormat], ...] = (
             ("kind", "B"),
@@ -523,6 +530,29 @@ class PackedIndex:
             entry = order[i]
             if self.path(entry) == path:
                 return entry
+        return -1
+
+    def find_child(self, parent: int, name: bytes) -> int:
+        """The entry named ``name`` in directory ``parent``, or -1: :meth:`find` of the child's path, without
+        building it — the path's hash continues from the directory's, and a candidate matches by its parent
+        and the last component of its path (a child's path is its parent's, "/" and its name)."""
+        seeds = self._dir_seeds
+        seed = seeds.get(parent)
+        if seed is None:
+            prefix = self.path(parent) + b"/" if parent else b""
+            if len(seeds) >= DIR_SEEDS_KEPT:
+                seeds.clear()
+            seed = seeds[parent] = (zlib.crc32(prefix), len(prefix))
+        crc, skip = seed
+        bucket = zlib.crc32(name, crc) & self._mask
+        order, parents, off, buf = self._hash_order, self._parent, self._path_off, self._buf
+        base = self._paths_start + skip
+        for i in range(self._hash_start[bucket], self._hash_start[bucket + 1]):
+            entry = order[i]
+            if entry and parents[entry] == parent:  # the root (entry 0) is no one's child
+                start, stop = base + off[entry], self._paths_start + off[entry + 1] - 1
+                if stop - start == len(name) and buf[start:stop] == name:
+                    return entry
         return -1
 
     def lookup(self, path: bytes) -> int:
@@ -593,7 +623,16 @@ class PackedIndex:
         self.arrays.clear()
         for view in (*self.__dict__.pop("_stat_views", ()), *self.__dict__.pop("_read_views", ())):
             view.release()
-        for name in ("_path_off", "_hash_start", "_hash_order", "_kind", "_child_start", "_child_count", "raw"):
+        for name in (
+            "_path_off",
+            "_hash_start",
+            "_hash_order",
+            "_kind",
+            "_child_start",
+            "_child_count",
+            "_parent",
+            "raw",
+        ):
             view = self.__dict__.pop(name, None)
             if view is not None:
                 view.release()

@@ -82,6 +82,7 @@ class MountView:
         self._block = self._a["block"]
         self._slot = self._a["slot"]
         self._size = self._a["size"]
+        self._header_size = ds.store.known_file_size  # what a read's size check compares with (None: not read yet)
         self.n_entries = self.index.n_entries  # nodes below this are the dataset's entries (per-node state fits)
         self.uid, self.gid = os.getuid(), os.getgid()
         self.error_log = ErrorLog()
@@ -108,11 +109,9 @@ class MountView:
         control directory lacks is an error (never a negative entry: its snapshots come and go)."""
         if parent >= self.n_entries:
             return self.n_entries + self.control.node_of(self._ctl(parent) + b"/" + name)
-        if parent == ROOT:
-            if name == self.control_name:
-                return self.n_entries
-            return self.index.find(name)
-        return self.index.find(self.index.path(parent) + b"/" + name)
+        if parent == ROOT and name == self.control_name:
+            return self.n_entries
+        return self.index.find_child(parent, name)  # no path built: the index hashes the name from the parent's
 
     def attr(self, node: int) -> Attr:
         if node >= self.n_entries:
@@ -121,6 +120,19 @@ class MountView:
         if kind == KIND_SYMLINK:
             size = len(self.index.link_target(node))
         return Attr(ino, size, mode, nlink, mtime_ns)
+
+    def entry_attr(self, node: int) -> tuple[int, int, int, int, int] | None:
+        """:meth:`attr` of a node the kernel learns of by a lookup, as (ino, size, mode, nlink, mtime_ns), with
+        :meth:`check_present` (``wait=False``) done from the same read of the index; None where that check
+        would wait on storage.  A lookup's whole question, in one call and no object but the tuple."""
+        if node >= self.n_entries:
+            return self.control.getattr(self._ctl(node))
+        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self.index.stat_fields(node)
+        if kind == KIND_SYMLINK:
+            size = len(self.index.link_target(node))
+        elif not size and kind == KIND_FILE and self.ds.confirm_empty(node) is None:
+            return None
+        return ino, size, mode, nlink, mtime_ns
 
     def check_present(self, node: int, *, wait: bool = True) -> bool:
         """Called when the kernel first learns of ``node``: the kernel never reads a file whose size is 0, so
@@ -251,6 +263,29 @@ class MountView:
         if node >= self.n_entries:
             return self.control.read(self._ctl(node), size, offset)
         return self.ds.read_entry(node, offset, size)
+
+    def read_now(self, node: int, offset: int, size: int) -> bytes | memoryview | None:
+        """:meth:`read` where the bytes are in memory now, else None (read it where waiting is allowed).
+
+        A file of a cached block is answered from it here, as a view of the block's memory (valid while
+        held: an answer written at once is copied only by the kernel), checked as :meth:`read` checks it (the
+        block was verified when it loaded; the index's size must be the size the store's checked header
+        gives) and counted as the cache counts a hit — without the layers between: one read of the index's
+        columns, no lock but the counters'.  Anything else (a retained file, a header not at hand, an error
+        to raise, the control files) takes :meth:`read`'s own way."""
+        if node < self.n_entries and self.retainer is None:
+            kind, block, slot, length, _crc = self.index.read_fields(node)
+            cached = self.cache.cached(block)
+            if cached is None:
+                return None
+            if kind == KIND_FILE and 0 <= offset < length and size > 0 and self._header_size(block, slot) == length:
+                data = cached.piece(slot, offset, size)
+                self.cache.count_hit(block, offset, len(data))
+                return data
+            return self.ds.read_entry(node, offset, size)  # answers or raises as every read does
+        if not self.in_memory(node):
+            return None
+        return self.read(node, offset, size)
 
     def in_memory(self, node: int) -> bool:
         """Whether a read of ``node`` is answered from memory now, without waiting on storage."""

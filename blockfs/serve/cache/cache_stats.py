@@ -65,25 +65,23 @@ class CacheCounters:
                 self._c[name] += n
 
     def read(self, offset: int, nbytes: int, hit: bool) -> None:
-        """One read request served (``hit``: from memory); ``offset == 0`` counts a file served."""
+        """One read request served (``hit``: from memory); ``offset == 0`` counts a file served.  Called for
+        every read a mount answers: one lock, no call inside it."""
         with self._lock:
             c = self._c
             c["reads"] += 1
             c["bytes_served"] += nbytes
             c["block_hits" if hit else "block_misses"] += 1
-            if offset == 0:  # a file's first read: count it once as a file served
+            if offset == 0:  # a file's first read: count it once as a file served, in its epoch
                 c["files_served"] += 1
                 c["file_hits" if hit else "file_misses"] += 1
-                self._epoch_file(hit)
-
-    def _epoch_file(self, hit: bool) -> None:
-        epoch = self._epochs[-1]
-        if self._n_files and epoch[0] >= self._n_files:
-            epoch = [0, 0]
-            self._epochs.append(epoch)
-            del self._epochs[:-EPOCHS_KEPT]
-        epoch[0] += 1
-        epoch[1] += hit
+                epoch = self._epochs[-1]
+                if self._n_files and epoch[0] >= self._n_files:
+                    epoch = [0, 0]
+                    self._epochs.append(epoch)
+                    del self._epochs[:-EPOCHS_KEPT]
+                epoch[0] += 1
+                epoch[1] += hit
 
     def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """(counters with the derived rates, per-epoch figures), as plain JSON-ready values."""

@@ -105,8 +105,11 @@ class KernelFS:
         self._lookups = np.zeros(self._n, dtype=np.int64)  # the kernel's lookup count of each node
         self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
         self._nodes = threading.Lock()  # lookup counts move in several reader threads
+        self._negative = wire.negative_entry(self._valid)  # "no such name": the same bytes every time
+        self._uid, self._gid = self.view.uid, self.view.gid
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
         self.pusher = PagePusher(self.view, pushes, self._lookups, self._store, self.stopped, enabled=pushing)
+        self._pushed_flags = self.pusher.pushed.data  # the same flags, one at a time: no NumPy scalar
         self._replies = DirReplies(self.view, self._valid, self._lookups, self._nodes, self.pusher)
         flags = INIT_FLAGS if self.open_mode == "enosys" else INIT_FLAGS & ~wire.NO_OPEN_SUPPORT
         self.listing = options.listing
@@ -183,21 +186,28 @@ class KernelFS:
         )
 
     # --- metadata ---------------------------------------------------------------------------------------
-    @answers
     def lookup(self, nodeid: int, body: memoryview, unique: int) -> Any:
-        name = bytes(body[: len(body) - 1])  # NUL-terminated
-        node = self.view.child(nodeid - 1, name)
-        if node < 0:
-            return wire.negative_entry(self._valid)
-        if not self.view.check_present(node, wait=False):  # an empty file whose block's header is not in memory
+        # The hottest request with READ (a file read from a list is one of each): one call for the node, one
+        # for its attributes, the reply packed straight from them (errors mapped as @answers maps them).
+        try:
+            node = self.view.child(nodeid - 1, bytes(body[: len(body) - 1]))  # NUL-terminated
+            if node < 0:
+                return self._negative
+            a = self.view.entry_attr(node)
+        except Exception as e:
+            raise OSError(self.view.report(e, f"lookup of node {nodeid}"), str(e)) from None
+        if a is None:  # an empty file whose block's header is not in memory: checked on a data thread
             self._data.submit(self._answer_later, unique, self._checked_entry, node)
             return DEFERRED
-        return self._checked_entry(node, checked=True)
+        if node < self._n:
+            with self._nodes:
+                self._lookup_counts[node] += 1
+        ino, size, mode, nlink, mtime_ns = a
+        return wire.entry(node + 1, self._valid, ino, size, mode, nlink, mtime_ns, self._uid, self._gid)
 
-    def _checked_entry(self, node: int, checked: bool = False) -> bytes:
-        """The lookup's answer for ``node``, checked present first (on a data thread when that waits on storage)."""
-        if not checked:
-            self.view.check_present(node)
+    def _checked_entry(self, node: int) -> bytes:
+        """The lookup's answer for ``node``, checked present first (on a data thread: that waits on storage)."""
+        self.view.check_present(node)
         # No push here: the READ that follows a lookup reaches this process before a push from another thread
         # could land (measured: 97-99 % of them did), so pushing would only add work to every lookup.
         return self._entry(node)
@@ -257,10 +267,10 @@ class KernelFS:
         if 0 < nodeid <= self._n:
             e = nodeid - 1
             with self._nodes:
-                left = max(0, int(self._lookups[e]) - count)  # never below 0, whatever the kernel sends
-                self._lookups[e] = left
+                left = max(0, self._lookup_counts[e] - count)  # never below 0, whatever the kernel sends
+                self._lookup_counts[e] = left
                 if not left:
-                    self.pusher.pushed[e] = 0  # the kernel dropped the inode, and its pages with it
+                    self._pushed_flags[e] = 0  # the kernel dropped the inode, and its pages with it
         return NO_REPLY
 
     def batch_forget(self, nodeid: int, body: memoryview, unique: int) -> object:
@@ -283,19 +293,21 @@ class KernelFS:
         keep = self.view.keep_pages(nodeid - 1)
         return wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if keep else 0, 0)
 
-    @answers
     def read(self, nodeid: int, body: memoryview, unique: int) -> Any:
         _fh, offset, size, _flags = wire.READ_IN.unpack_from(body)
         node = nodeid - 1
-        if self.view.in_memory(node):
-            data = self.view.read(node, offset, size)
-            if not offset and len(data) < size and node < self._n:
-                # The whole file went to the kernel's pages with this answer: a push when its block loads
-                # would only copy it there again.
-                self.pusher.pushed[node] = 1
-            return data
-        self._data.submit(self._answer_later, unique, self.view.read, node, offset, size)
-        return DEFERRED
+        try:
+            data = self.view.read_now(node, offset, size)
+        except Exception as e:
+            raise OSError(self.view.report(e, f"read of node {nodeid}"), str(e)) from None
+        if data is None:  # not in memory: a data thread waits on storage for it
+            self._data.submit(self._answer_later, unique, self.view.read, node, offset, size)
+            return DEFERRED
+        if not offset and len(data) < size and node < self._n:
+            # The whole file went to the kernel's pages with this answer: a push when its block loads would
+            # only copy it there again.
+            self._pushed_flags[node] = 1
+        return data
 
     def _answer_later(self, unique: int, answer: Callable, *args: Any) -> None:
         try:

@@ -214,8 +214,9 @@ class Session:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         fd, handlers, unpack, requests = self.fd, self._handlers, wire.IN_HEADER.unpack_from, self.requests
-        ioctl, not_a_tty, enotty = wire.IOCTL, wire.OUT_HEADER.pack, -errno.ENOTTY
+        ioctl, out_header, enotty = wire.IOCTL, wire.OUT_HEADER.pack, -errno.ENOTTY
         head, init, reply, into = wire.IN_HEADER.size, wire.INIT, self.reply, [buf]  # locals: looked up per request
+        writev, out_size, parts = os.writev, wire.OUT_HEADER.size, (list, tuple)
         while True:
             try:
                 n = os.readv(fd, into)
@@ -231,7 +232,7 @@ class Session:
             requests[opcode] += 1
             if opcode == ioctl:  # isatty() of every Python < 3.14 open(): answered as cheaply as can be
                 try:
-                    os.write(fd, not_a_tty(16, enotty, unique))
+                    os.write(fd, out_header(out_size, enotty, unique))
                 except OSError:
                     pass  # interrupted or unmounted: nobody waits for this answer
                 continue
@@ -254,7 +255,13 @@ class Session:
                 continue
             if out is DEFERRED or out is NO_REPLY:
                 continue
-            reply(unique, out)
+            if isinstance(out, parts):
+                reply(unique, out)
+                continue
+            try:  # one part, the common answer (an entry, a file's bytes): :meth:`reply` without its calls
+                writev(fd, [out_header(out_size + len(out), 0, unique), out])
+            except OSError as e:
+                self._write_failed(e)
         self.stopped.set()
 
     def _init(self, unique: int, body: memoryview) -> None:
@@ -304,9 +311,13 @@ class Session:
         try:
             os.writev(self.fd, parts)
         except OSError as e:
-            # ENOENT: the request was interrupted and is gone; ENODEV/EBADF: unmounted meanwhile.
-            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
-                log.warning("answering the kernel failed: %s", e)
+            self._write_failed(e)
+
+    @staticmethod
+    def _write_failed(e: OSError) -> None:
+        # ENOENT: the request was interrupted and is gone; ENODEV/EBADF: unmounted meanwhile.
+        if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+            log.warning("answering the kernel failed: %s", e)
 
     def store(self, nodeid: int, data: Any, offset: int = 0) -> bool:
         """Put ``data`` into ``nodeid``'s page cache at ``offset``, one message per

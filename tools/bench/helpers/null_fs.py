@@ -47,9 +47,14 @@ def walk(src: str) -> tuple[dict[bytes, os.stat_result], dict[bytes, list[bytes]
     return stats, children
 
 
-def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus") -> None:
+def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus", counts: str | None = None) -> None:
     """The no-work server on the kernel protocol (blockfs.serve.fuse.session); ``listing`` as blockfs
-    mount's ``--listing``: READDIRPLUS always (plus), when the kernel asks (auto) or never (plain)."""
+    mount's ``--listing``: READDIRPLUS always (plus), when the kernel asks (auto) or never (plain).
+    ``counts``: a file the requests received so far (by opcode name) are written to, as JSON, at each SIGUSR1
+    (how a benchmark counts what each pass sent it, as blockfs's statistics do)."""
+    import json
+    import signal
+
     from blockfs.serve.fuse import wire
     from blockfs.serve.fuse.session import NO_REPLY, Session
 
@@ -137,6 +142,15 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus")
     )
     flags |= {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
     session = Session(handlers, on_init=lambda minor, kernel: flags)
+    if counts is not None:
+
+        def write_counts(signum: int, frame: object) -> None:
+            sent = {wire.OPCODE_NAMES.get(k, str(k)): v for k, v in list(session.requests.items())}
+            with open(f"{counts}.tmp", "w") as f:
+                json.dump(sent, f)
+            os.replace(f"{counts}.tmp", counts)
+
+        signal.signal(signal.SIGUSR1, write_counts)
     session.mount(mountpoint, src.replace(",", "_"), "nullfs")
     session.serve(threads)
     print({wire.OPCODE_NAMES.get(k, k): v for k, v in session.requests.items()}, file=sys.stderr)
@@ -442,12 +456,13 @@ def main() -> int:
         default="plus",
         help="kernel route: READDIRPLUS always, when the kernel asks, or never (READDIR)",
     )
+    parser.add_argument("--counts", help="kernel route: write the requests received to this file at each SIGUSR1")
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")
     src, mountpoint = os.path.abspath(args.src), os.path.abspath(args.mountpoint)
     if args.fuse == "kernel":
-        serve_kernel(src, mountpoint, args.threads, args.listing)
+        serve_kernel(src, mountpoint, args.threads, args.listing, args.counts)
     elif args.fuse == "pyfuse3":
         serve_pyfuse3(src, mountpoint)
     elif args.fuse == "lowlevel":

@@ -333,6 +333,28 @@ def test_kernel_route_forget_drops_counts_never_below_zero_and_a_forgotten_node_
     assert calls.read(b"big/" + name_of(5)) == name_of(5)[-1:]
 
 
+def test_kernel_route_lookup_counts_are_32_bit_and_held_at_their_most_never_wrapped(kernel):
+    """The node table's counts are int32 (4 bytes a file of the server's memory): a count at its most
+    stays there through lookups and listings (the node is then believed held: never forgotten by a wrap),
+    and a FORGET of more than it holds leaves 0."""
+    from blockfs.serve.fuse.dir_replies import LOOKUP_MAX
+
+    fs, calls = kernel
+    _, big_node = calls.lookup_path(b"big")
+    _, node = calls.lookup_path(b"big/" + name_of(3))
+    assert fs._lookups.dtype == np.int32
+    fs._lookups[node - 1] = LOOKUP_MAX - 1
+    calls.lookup_path(b"big/" + name_of(3))
+    calls.lookup_path(b"big/" + name_of(3))
+    assert fs.lookups(node) == LOOKUP_MAX
+    _list_at(calls, big_node, 0, 4096)  # lists it: counted, held at the most
+    assert fs.lookups(node) == LOOKUP_MAX
+    rows = [(node, 1 << 40), (node, 5)]
+    body = wire.BATCH_FORGET_IN.pack(len(rows), 0) + b"".join(wire.FORGET_ONE.pack(n, c) for n, c in rows)
+    fs.batch_forget(0, memoryview(body), 0)
+    assert fs.lookups(node) == 0
+
+
 # --- FORGET under memory pressure (issue 30 item 4) -------------------------------------------------------
 LISTER = r"""
 import json, os, sys

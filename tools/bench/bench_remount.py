@@ -38,7 +38,9 @@ def mount_once(ds: str, work: str, record: str, before: str | None) -> tuple[flo
     command = [sys.executable, "-m", "blockfs"]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env)
+    # Started outside any checkout: `python -m` puts the working directory first on sys.path, which would
+    # shadow PYTHONPATH's blockfs (--before).
+    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env, cwd="/")
     wall = time.monotonic() - started
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -46,7 +48,7 @@ def mount_once(ds: str, work: str, record: str, before: str | None) -> tuple[flo
             fields = f.read().rsplit(")", 1)[1].split()
         server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     finally:
-        subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL, env=env, cwd="/")
     return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + server
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core.checked_indexes import CheckedIndexes
 from ..core.dataset import PackedDataset
-from ..core.heap import give_back
+from ..core.heap import give_back, one_arena
 from ..core.index import KIND_FILE
 from ..core.index_copy import IndexCopies
 from ..core.location import StorageOptions
@@ -129,6 +129,7 @@ def assembled(
     is closed on the way out.  ``on_plan(report)``: the plan (:meth:`MountPlan.report`), as soon as it is made."""
     route = route or choose_route(options)
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
+    one_arena()  # what the index checks' threads free goes back to the system with the rest (core/heap.py)
     with contextlib.ExitStack() as stack:
         peers = peer_options(options)  # the storage chain asks them before the store
         storage = (

@@ -6,7 +6,8 @@ mount and a re-mount (the record of checked indexes, ``blockfs/core/checked_inde
 ``DS`` is a packed dataset (``bench_scale.py --files 1000000 --pack-only --no-plain --no-tools --work W``
 makes one at ``W/ds``).  Each round mounts it, in turn: with ``--before`` (``git archive REV blockfs | tar
 -x -C CHECKOUT``, run on ``PYTHONPATH``), with no record, with an empty record (a first mount) and with the
-record that holds this index (a re-mount), each to its return and unmounted again.  Wall time, and CPU: the
+record that holds this index (a re-mount), each to its return and unmounted again; with ``--before``, that
+checkout with no record and with its own record (its re-mount).  Wall time, and CPU: the
 command's and its serving process's own up to the return (steadier than wall time on a shared machine).
 Medians and ranges; root not needed beyond what a mount needs.
 """
@@ -65,7 +66,10 @@ def main() -> None:
         mount_once(ds, work, kept, None)  # the re-mounts' record now holds this index
         variants = {"no record": ("", None), "first mount": (None, None), "re-mount": (kept, None)}
         if args.before:
-            variants = {"before": ("", os.path.abspath(args.before)), **variants}
+            before = os.path.abspath(args.before)
+            kept_before = os.path.join(work, "kept-before")  # its own record: the check code differs
+            mount_once(ds, work, kept_before, before)
+            variants = {"before": ("", before), "before, re-mount": (kept_before, before), **variants}
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
         for r in range(args.rounds):
             for name, (record, before) in variants.items():

@@ -10,10 +10,13 @@ the index is ~147 MB, ten million ~1.5 GB.  Where those bytes live was measured 
    index.bfi`` or any writer that opens it in place changes the bytes after they were checked (served
    unproven), and a truncation turns every later touch of the map into SIGBUS;
 3. **this**: a copy into a file made with ``O_TMPFILE | O_EXCL`` in a directory of this user's alone, mapped
-   read-only, its descriptor closed.  The file has no name (it cannot be opened, written, truncated or
-   linked by anyone: only ``/proc/PID/map_files``, which needs ``CAP_SYS_ADMIN``), so the bytes checked are
-   the bytes served until the mount ends; its pages are page cache, written back and reclaimed like any
-   file's under memory pressure (re-read from this disk when touched again).  Cost: one in-kernel copy at
+   read-only, its descriptor closed.  The file has no name: no writer of ``index.bfi`` reaches it, and it
+   cannot be linked into the tree (``O_EXCL``), so the bytes checked are the bytes served until the mount
+   ends.  Its pages are page cache, written back and reclaimed like any file's under memory pressure
+   (re-read from this disk when touched again).  What can still reach it: on Python < 3.13 the map keeps
+   a duplicate descriptor, which ``/proc/PID/fd`` opens for a process allowed to read this one's ``/proc``
+   entries (the same user; root): the file's mode is 0400, so only root may then write it.  Anonymous
+   memory is reached by the same users through ``/proc/PID/mem`` (given ptrace rights).  Cost: one in-kernel copy at
    mount (``copy_file_range``: a reflink where the filesystem shares extents), no more than the read into
    anonymous memory it replaces.
 
@@ -31,6 +34,7 @@ import logging
 import mmap
 import os
 import struct
+import sys
 
 from ..storage.owned import open_owned_dir
 
@@ -39,6 +43,10 @@ log = logging.getLogger(__name__)
 DIRECTORY_ENV = "BLOCKFS_INDEX_COPY_DIR"  # where a mount's index copy goes, if not the default; "" for none
 # Filesystems whose pages are memory however they are named (statfs f_type): tmpfs, ramfs.
 _MEMORY_FS = {0x01021994, 0x858458F6}
+# CPython's map keeps a duplicate of the descriptor unless told not to (3.13's trackfd): without one, only
+# /proc/PID/map_files (CAP_SYS_ADMIN) reaches the file; with one, /proc/PID/fd does for whoever may read
+# this process's /proc entries (the same user), and the file's mode 0400 then still refuses a writer but root.
+_NO_FD: dict[str, bool] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 # copy_file_range's answers that mean "not between these two files": fall back to sendfile.
 _NO_RANGE_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
 
@@ -92,7 +100,8 @@ class IndexCopies:
             _copy(fd, copy, size)
             if os.fstat(copy).st_size != size:
                 raise IndexChanged(os.fstat(copy).st_size)
-            return mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) if size else None
+            os.fchmod(copy, 0o400)  # reopened through /proc/PID/fd, it is not writable (but by root)
+            return mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD) if size else None
         except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
             log.warning("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
             return None

@@ -71,16 +71,20 @@ def pytest_collectreport(report):
 @pytest.fixture(scope="session", autouse=True)
 def checked_index_record(tmp_path_factory):
     """Mounts made by the suite (and the servers they start) keep their record of checked indexes
-    (blockfs/core/checked_indexes.py) in a directory of the session's, never in the user's ~/.cache."""
+    (blockfs/core/checked_indexes.py) and their index copies (blockfs/core/index_copy.py) in directories of
+    the session's, never in the user's ~/.cache."""
     import os
 
-    saved = os.environ.get("BLOCKFS_CHECKED_DIR")
-    os.environ["BLOCKFS_CHECKED_DIR"] = str(tmp_path_factory.mktemp("checked-indexes"))
+    names = {"BLOCKFS_CHECKED_DIR": "checked-indexes", "BLOCKFS_INDEX_COPY_DIR": "index-copies"}
+    saved = {name: os.environ.get(name) for name in names}
+    for name, directory in names.items():
+        os.environ[name] = str(tmp_path_factory.mktemp(directory))
     yield
-    if saved is None:
-        os.environ.pop("BLOCKFS_CHECKED_DIR", None)
-    else:
-        os.environ["BLOCKFS_CHECKED_DIR"] = saved
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

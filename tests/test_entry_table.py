@@ -161,3 +161,32 @@ def test_the_pack_never_holds_the_sorted_paths_whole(tmp_path, monkeypatch):
         assert verify(ds) == []
         assert ds.read("d004/f000002994") == b"d004/f000002994"[: 1 + 2994 % 7]
         assert ds.index.find(b"d009/f000000019") >= 0
+
+
+def test_the_index_columns_cost_few_bytes_an_entry_beyond_what_they_make(monkeypatch):
+    """Turning the plan into index columns runs at the pack's peak (issue 30: 10 M files under 1.5 GB), with
+    the listing and the tree order held: its temporaries must stay near its outputs (block, slot, label and
+    plan position, 16 bytes an entry).  The old code held 64-bit positions of every entry several times at
+    once (~50 bytes an entry beyond its outputs); now 32-bit ones, and (block, slot) made a piece at a time."""
+    from blockfs.packing import plan as plan_module
+    from blockfs.packing.options import PackOptions
+
+    monkeypatch.setattr(plan_module, "PIECE", 4096, raising=False)
+    entries = collect(GeneratedSource(200_000).entries())
+    plan = plan_module.make_plan(entries, PackOptions(files_per_block=4096))
+    n = len(entries)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cols, plan_pos = plan_module.index_columns(
+            plan.entries, plan_module.primaries(plan.entries), plan.stored_at, plan.bounds, frozenset()
+        )
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    made = sum(a.nbytes for a in (cols.block, cols.slot, cols.label, plan_pos))
+    beyond = (peak - made) / n
+    assert beyond < 16, f"index_columns held {beyond:.0f} bytes an entry beyond its outputs at its peak"
+    files = np.flatnonzero(cols.kind == KIND_FILE)  # and they are right: each file's (block, slot) is its plan place
+    assert np.array_equal(plan.bounds[cols.block[files]] + cols.slot[files], plan_pos[files])
+    assert np.array_equal(plan.stored_at[plan_pos[files]], files)

@@ -160,6 +160,44 @@ def kernel(big, tmp_path):
         yield fs, KernelCalls(fs)
 
 
+def index_mapping(index) -> tuple[str, int]:
+    """(the path of the mapping that holds ``index``'s bytes, its anonymous kB) from /proc/self/smaps."""
+    address = np.frombuffer(index.raw, dtype=np.uint8, count=1).ctypes.data
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                found = (" ".join(head[5:]), start <= address < end)
+            elif line.startswith("Anonymous:") and found is not None and found[1]:
+                return found[0], int(head[1])
+    raise AssertionError("the index's bytes are in no mapping")
+
+
+def test_a_mount_holds_few_bytes_an_entry_and_its_index_outside_anonymous_memory(big, tmp_path):
+    """Issue 30: the server's own memory <= 64 bytes a file.  The index (~147 bytes an entry) is a map of a
+    private unnamed copy (page cache the kernel can reclaim, blockfs/core/index_copy.py), and the mount
+    keeps no array over every file beyond the node table: the plan's (block, slot, size) of every file
+    (24 bytes a file) went with the plan.  Before: the index in anonymous memory and ~33 bytes an entry."""
+    options = MountOptions(cache_bytes=1 << 30, prefill=False, lock_memory=False)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        with assembled(big, tmp_path / "mnt", options, route="kernel") as fs:
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+            n = fs.view.n_entries
+            where, anonymous_kb = index_mapping(fs.view.index)
+    finally:
+        tracemalloc.stop()
+    assert held / n < 16, f"the assembled mount holds {held / n:.1f} bytes an entry"
+    copies = os.environ["BLOCKFS_INDEX_COPY_DIR"]
+    assert where.startswith(os.path.realpath(copies) + "/") and where.endswith("(deleted)"), where
+    assert anonymous_kb == 0
+
+
 @pytest.mark.parametrize("listing", [None, "plain", "plus", "auto"])
 def test_kernel_route_asks_the_kernel_for_the_listing_its_option_names(big, tmp_path, listing):
     """--listing is what the INIT answer asks for: READDIR only by default (plain: no flag, so the kernel
@@ -293,6 +331,28 @@ def test_kernel_route_forget_drops_counts_never_below_zero_and_a_forgotten_node_
     assert fs.lookups(node) == 1 and fs.lookups(other) == 0
     assert fs.lookups(big_node) == 5  # every path lookup went through "big"; none was forgotten
     assert calls.read(b"big/" + name_of(5)) == name_of(5)[-1:]
+
+
+def test_kernel_route_lookup_counts_are_32_bit_and_held_at_their_most_never_wrapped(kernel):
+    """The node table's counts are int32 (4 bytes a file of the server's memory): a count at its most
+    stays there through lookups and listings (the node is then believed held: never forgotten by a wrap),
+    and a FORGET of more than it holds leaves 0."""
+    from blockfs.serve.fuse.dir_replies import LOOKUP_MAX
+
+    fs, calls = kernel
+    _, big_node = calls.lookup_path(b"big")
+    _, node = calls.lookup_path(b"big/" + name_of(3))
+    assert fs._lookups.dtype == np.int32
+    fs._lookups[node - 1] = LOOKUP_MAX - 1
+    calls.lookup_path(b"big/" + name_of(3))
+    calls.lookup_path(b"big/" + name_of(3))
+    assert fs.lookups(node) == LOOKUP_MAX
+    _list_at(calls, big_node, 0, 4096)  # lists it: counted, held at the most
+    assert fs.lookups(node) == LOOKUP_MAX
+    rows = [(node, 1 << 40), (node, 5)]
+    body = wire.BATCH_FORGET_IN.pack(len(rows), 0) + b"".join(wire.FORGET_ONE.pack(n, c) for n, c in rows)
+    fs.batch_forget(0, memoryview(body), 0)
+    assert fs.lookups(node) == 0
 
 
 # --- FORGET under memory pressure (issue 30 item 4) -------------------------------------------------------

@@ -33,6 +33,7 @@ from .location import StorageOptions, locate
 if TYPE_CHECKING:
     from ..storage.disk_tier import DiskTier
     from .checked_indexes import CheckedIndexes
+    from .index_copy import IndexCopies
 from ..errors import IdentityError
 from .metadata import has_digests, read_metadata, read_metadata_bytes  # noqa: F401  (read_metadata: this module's API)
 from .store import BlockStore
@@ -95,7 +96,9 @@ class PackedDataset:
     ``digest`` is the dataset's name (``blake3:<hex>`` of its ``blockfs.json``); ``expect`` pins it: a dataset
     with another name is refused, and every byte read is then checked along the chain of digests that
     starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read.  ``checked``: the
-    record of indexes that passed every check (:mod:`.checked_indexes`; a mount's), or None to check always."""
+    record of indexes that passed every check (:mod:`.checked_indexes`; a mount's), or None to check always.
+    ``copies``: where a mount's index is copied and mapped (:mod:`.index_copy`), or None to read it into
+    anonymous memory."""
 
     def __init__(
         self,
@@ -104,16 +107,22 @@ class PackedDataset:
         storage: StorageOptions | None = None,
         expect: str | None = None,
         checked: CheckedIndexes | None = None,
+        copies: IndexCopies | None = None,
     ) -> None:
         self._location = locate(location, storage)
         try:
-            self._open(reader, expect, record=checked)
+            self._open(reader, expect, record=checked, copies=copies)
         except BaseException:
             self._location.close()
             raise
 
     def _open(
-        self, reader: FileReader | None, expect: str | None = None, *, record: CheckedIndexes | None = None
+        self,
+        reader: FileReader | None,
+        expect: str | None = None,
+        *,
+        record: CheckedIndexes | None = None,
+        copies: IndexCopies | None = None,
     ) -> None:
         self.root = self._location.root
         self.location = self._location.display
@@ -140,6 +149,7 @@ class PackedDataset:
             crc32=self.metadata["index"]["crc32"],
             digest=self.metadata["index"].get("blake3"),
             checked=record,
+            copies=copies,
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)

@@ -54,6 +54,7 @@ from .pathtable import CHUNK, PathTable
 
 if TYPE_CHECKING:
     from .checked_indexes import CheckedIndexes
+    from .index_copy import IndexCopies
 
 _IntFormat = Literal["B", "I", "Q", "i", "q"]  # memoryview.cast formats of the index's integer columns
 DIR_SEEDS_KEPT = 1 << 16  # directories whose path hash PackedIndex.find_child keeps (then it starts afresh)
@@ -186,7 +187,7 @@ class PreparedIndex:
         n_buckets = 1 << max(0, (n - 1).bit_length())
 
         def slot() -> np.ndarray:
-            values = np.asarray(cols.slot)[order].astype(np.uint32)
+            values = np.asarray(cols.slot)[order].astype(np.uint32, copy=False)  # a new array already
             for entry, k in link_slots:  # a symlink's slot is its place in the link table
                 values[entry] = k
             return values
@@ -207,7 +208,7 @@ class PreparedIndex:
             return make
 
         def block_column() -> np.ndarray:
-            block = np.asarray(cols.block)[order].astype(np.int32)
+            block = np.asarray(cols.block)[order].astype(np.int32, copy=False)
             # The block layout now, while block and slot are at hand: then neither is held to the end.
             memo["block_offsets"], memo["block_files"] = _block_layout(block, slot(), len(self.block_counts))
             if release:
@@ -416,12 +417,14 @@ def _hash_table(crcs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _block_layout(block: np.ndarray, slot: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """(block_offsets, block_files): the file entries of each block, in slot order."""
-    files = np.flatnonzero(block >= 0)
-    by_block = files[np.lexsort((files, slot[files], block[files]))]
+    """(block_offsets, block_files): the file entries of each block, in slot order (ties in entry order:
+    lexsort is stable).  Positions as u4 from the start: this runs near the pack's peak."""
+    files = np.flatnonzero(block >= 0).astype(np.uint32)
+    by_block = files[np.lexsort((slot[files], block[files]))]
+    del files
     block_offsets = np.zeros(n_blocks + 1, dtype=np.uint64)
     np.cumsum(np.bincount(block[by_block], minlength=n_blocks), out=block_offsets[1:])
-    return block_offsets, by_block.astype(np.uint32)
+    return block_offsets, by_block
 
 
 # --- reading an index ---------------------------------------------------------------------------------
@@ -429,7 +432,8 @@ class PackedIndex:
     """An index held in memory this process owns.  Opening reads the file once, checks its CRC (when the
     metadata's is given), its table of contents and its contents; nothing per entry is built.
 
-    Changing or truncating the file afterwards cannot reach this object: it never maps the file.
+    Changing or truncating the file afterwards cannot reach this object: it never maps the file (with
+    ``copies``, a mount's, it maps a private unnamed copy of it: :mod:`.index_copy`).
     """
 
     def __init__(
@@ -439,10 +443,11 @@ class PackedIndex:
         crc32: int | None = None,
         digest: str | None = None,
         checked: CheckedIndexes | None = None,
+        copies: IndexCopies | None = None,
     ) -> None:
         self.file = os.fspath(path)
         where = f"index {self.file}"
-        self._buf = read_index_file(self.file, where)
+        self._buf = read_index_file(self.file, where, copies)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:

@@ -25,9 +25,11 @@ that names a dataset::
                                           the ones it covers)
                     file_digest[e]        digest of file e's bytes           (a file read alone)
 
-The file is read once into anonymous memory the process owns, never mapped from the file: a file-backed
-map turns a truncated or replaced ``index.bfi`` into SIGBUS in every reader (the mount included), while a
-private copy cannot change under them.  The read also yields the CRC that ``blockfs.json`` records.
+The file is read once into memory the process owns, never mapped from the file: a map of ``index.bfi``
+turns a truncated or replaced file into SIGBUS in every reader, and an in-place write into bytes served
+unchecked, while a private copy cannot change under them.  Every reader but a mount reads it into anonymous
+memory; a mount copies it into an unnamed file of its own and maps that (:mod:`.index_copy`: reclaimable
+page cache, not anonymous memory).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ..errors import IndexFormatError, UnsupportedVersionError
 from . import digest as dg
 from .format import crc32
 from .heap import give_back
+from .index_copy import IndexChanged, IndexCopies
 
 INDEX_MAGIC = b"BLKFSIDX"
 INDEX_VERSION = 2
@@ -178,8 +181,9 @@ def _count(value: np.ndarray | Deferred | None) -> int:
     return int(np.asarray(value).size)
 
 
-def read_index_file(path: str, where: str) -> mmap.mmap:
-    """The whole index file, read into anonymous memory."""
+def read_index_file(path: str, where: str, copies: IndexCopies | None = None) -> mmap.mmap:
+    """The whole index file, read into anonymous memory; with ``copies``, copied into a private unnamed file
+    and mapped read-only instead, where one can be made (:mod:`.index_copy`)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO must not block
     except OSError as e:
@@ -191,6 +195,13 @@ def read_index_file(path: str, where: str) -> mmap.mmap:
         size = st.st_size
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
+        if copies is not None:
+            try:
+                held = copies.hold(fd, size)
+            except IndexChanged as e:
+                raise IndexFormatError(f"{where}: changed while it was read ({e.got} of {size} bytes)") from None
+            if held is not None:
+                return held
         # Private anonymous memory, page-aligned (so every 64-byte aligned array is aligned too).  In huge
         # pages where the kernel allows (THP "madvise" or "always"): reading a 147 MB index then faults 2 MiB
         # at a time, 0.06 s instead of 0.24 s with MAP_POPULATE's 4 KiB pages (docs/benchmarks.md); where it

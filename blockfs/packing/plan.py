@@ -123,16 +123,26 @@ def make_plan(entries: EntryTable, options: PackOptions) -> BlockPlan:
 
 
 def primaries(entries: EntryTable) -> np.ndarray:
-    """For each entry, the position of the entry that stores its bytes; -1 for what is not a file.
+    """For each entry, the position of the entry that stores its bytes; -1 for what is not a file
+    (32-bit below 2**31 entries: this array is live at the pack's peak).
 
     Hard links: the first path of each inode holds the bytes, the others point at it.
     """
     n = len(entries)
-    primary = np.where(entries.kind == KIND_FILE, np.arange(n), -1)
+    pos = _position_dtype(n)
+    primary = np.where(entries.kind == KIND_FILE, np.arange(n, dtype=pos), pos.type(-1))
     first_of: dict[object, int] = {}
     for i, key in sorted(entries.hardlink_keys.items()):
         primary[i] = first_of.setdefault(key, i)
     return primary
+
+
+def _position_dtype(n: int) -> np.dtype:
+    """The narrowest signed type holding positions among ``n`` entries and -1."""
+    return np.dtype(np.int32 if n < 2**31 else np.int64)
+
+
+PIECE = 1 << 20  # entries turned into (block, slot) at a time: the temporaries stay small at any size
 
 
 def index_columns(
@@ -150,32 +160,45 @@ def index_columns(
     operations: this runs once per pack over every entry.
     """
     n = len(entries)
-    kept = np.ones(n, dtype=bool)
+    kept = None  # every entry is kept (the common case): no mask and no positions of the kept
     if unreadable:
+        kept = np.ones(n, dtype=bool)
         for i in np.flatnonzero(primary >= 0).tolist():
             kept[i] = entries.paths[int(primary[i])] not in unreadable
-    where = np.flatnonzero(kept)
-    table = entries.keep(where) if len(where) < n else entries
-    primary = primary[where]
-    is_file = primary >= 0
-
-    stored_pos = np.full(n, -1, dtype=np.int64)
-    stored_pos[stored_at] = np.arange(len(stored_at))
-    pos = stored_pos[primary[is_file]]  # each kept file's position in the plan
+        if kept.all():
+            kept = None
+    table = entries
+    if kept is not None:
+        where = np.flatnonzero(kept)
+        table = entries.keep(where)
+        primary = primary[where]
+    m = len(primary)
+    # 32-bit positions and (block, slot) made a piece at a time: this runs at the pack's peak, while the
+    # listing's columns and the tree order are all held, so every byte per entry here counts 10 M times.
+    pos = _position_dtype(max(n, len(stored_at)))
+    stored_pos = np.full(n, -1, dtype=pos)
+    stored_pos[stored_at] = np.arange(len(stored_at), dtype=pos)
+    plan_pos = np.full(m, -1, dtype=pos)  # each kept file's position in the plan
+    bounds = np.asarray(bounds)
+    block = np.full(m, -1, dtype=np.int32)
+    slot = np.zeros(m, dtype=np.uint32)
+    for lo in range(0, m, PIECE):
+        hi = min(m, lo + PIECE)
+        here = primary[lo:hi]
+        files = np.flatnonzero(here >= 0)
+        at = stored_pos[here[files]]
+        plan_pos[lo:hi][files] = at
+        file_block = np.searchsorted(bounds, at, side="right") - 1
+        block[lo:hi][files] = file_block
+        slot[lo:hi][files] = at - bounds[file_block]
     del stored_pos
-    block = np.full(len(where), -1, dtype=np.int32)
-    slot = np.zeros(len(where), dtype=np.uint32)
-    plan_pos = np.full(len(where), -1, dtype=np.int32 if len(stored_at) < 2**31 else np.int64)
-    plan_pos[is_file] = pos
-    file_block = np.searchsorted(np.asarray(bounds), pos, side="right") - 1
-    block[is_file] = file_block
-    slot[is_file] = pos - np.asarray(bounds)[file_block]
-
-    del pos, file_block
-    aliases = np.flatnonzero(is_file & (primary != where))
-    new_pos = np.cumsum(kept)[primary[aliases]] - 1  # entry position -> position among the kept entries
-    hardlink_of = dict(zip(aliases.tolist(), new_pos.tolist(), strict=True))
-    del primary, where, is_file, kept
+    hardlink_of: dict[int, int] = {}
+    if entries.hardlink_keys:  # only then can an entry's bytes be another's
+        own = np.arange(n, dtype=pos) if kept is None else where
+        aliases = np.flatnonzero((primary >= 0) & (primary != own))
+        new_pos = primary[aliases] if kept is None else np.cumsum(kept)[primary[aliases]] - 1
+        hardlink_of = dict(zip(aliases.tolist(), new_pos.tolist(), strict=True))
+    del primary, kept
     cols = IndexColumns(
         paths=table.paths,
         kind=table.kind,
@@ -184,7 +207,7 @@ def index_columns(
         size=table.size,
         block=block,
         slot=slot,
-        label=np.where(table.kind == KIND_FILE, table.label, -1).astype(np.int32),
+        label=np.where(table.kind == KIND_FILE, table.label, np.int32(-1)).astype(np.int32, copy=False),
         crc=np.zeros(0, dtype=np.uint32),  # filled in by the packer (index order: PreparedIndex.write's crc)
         link_targets=dict(table.link_targets),
         hardlink_of=hardlink_of,

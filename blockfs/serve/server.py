@@ -26,7 +26,9 @@ import numpy as np
 
 from ..core.checked_indexes import CheckedIndexes
 from ..core.dataset import PackedDataset
+from ..core.heap import give_back, one_arena
 from ..core.index import KIND_FILE
+from ..core.index_copy import IndexCopies
 from ..core.location import StorageOptions
 from ..errors import MountError
 from ..openfiles import raise_open_files_limit
@@ -127,13 +129,21 @@ def assembled(
     is closed on the way out.  ``on_plan(report)``: the plan (:meth:`MountPlan.report`), as soon as it is made."""
     route = route or choose_route(options)
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
+    one_arena()  # what the index checks' threads free goes back to the system with the rest (core/heap.py)
     with contextlib.ExitStack() as stack:
         peers = peer_options(options)  # the storage chain asks them before the store
         storage = (
             options.storage if peers is None else dataclasses.replace(options.storage or StorageOptions(), peers=peers)
         )
         # A re-mount of an index that passed every check of this code skips them (its digest is still checked).
-        ds = PackedDataset(dest, storage=storage, expect=options.expect, checked=CheckedIndexes.default())
+        # The index is copied into an unnamed file of the mount's and mapped: page cache, not anonymous memory.
+        ds = PackedDataset(
+            dest,
+            storage=storage,
+            expect=options.expect,
+            checked=CheckedIndexes.default(),
+            copies=IndexCopies.default(),
+        )
         stack.callback(ds.close)
         if options.share:
             raise_open_files_limit()  # a shared block holds a descriptor (a memfd) for as long as it is cached
@@ -149,7 +159,15 @@ def assembled(
         )
         if on_plan is not None:
             on_plan(planned.report())  # the command that started this server prints it
-        plan, (blocks, slots, sizes), retain = planned.memory, planned.files, planned.retains
+        plan, retain = planned.memory, planned.retains
+        # Only the retained files' (block, slot, size) are kept: the plan's arrays over every file are not
+        # held for the mount's life (24 bytes a file), and what planning freed goes back to the system.
+        targets: tuple[np.ndarray, ...] | None = None
+        if retain and plan.retained_files:
+            mask = plan.retained
+            targets = tuple(column[mask] for column in planned.files)
+        del planned
+        give_back()
         log.debug("memory plan:\n%s", plan.describe())
 
         def build(given: Route) -> MountView:
@@ -164,7 +182,7 @@ def assembled(
                 options.policy,
                 readahead=options.readahead,
                 lock_memory=options.lock_memory,
-                n_files=len(sizes),
+                n_files=plan.n_files,
                 share=options.share,
                 on_load=given.on_load,
                 admits=admits,
@@ -176,11 +194,9 @@ def assembled(
                 cache.keep_to(owned)  # prefill and read-ahead load this node's own blocks
                 stack.callback(start_endpoint(ds, cache, tier, peers).close)  # served to the other nodes
             retainer = None
-            if retain and plan.retained_files:
-                mask = plan.retained
-                retainer = RetainingReader(
-                    cache, blocks[mask], slots[mask], sizes[mask], lock_memory=options.lock_memory
-                )
+            if targets is not None:
+                blocks, slots, sizes = targets
+                retainer = RetainingReader(cache, blocks, slots, sizes, lock_memory=options.lock_memory)
                 stack.callback(retainer.close)
             prefetch = share = None
             if options.policy != "none":

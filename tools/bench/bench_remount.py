@@ -6,7 +6,8 @@ mount and a re-mount (the record of checked indexes, ``blockfs/core/checked_inde
 ``DS`` is a packed dataset (``bench_scale.py --files 1000000 --pack-only --no-plain --no-tools --work W``
 makes one at ``W/ds``).  Each round mounts it, in turn: with ``--before`` (``git archive REV blockfs | tar
 -x -C CHECKOUT``, run on ``PYTHONPATH``), with no record, with an empty record (a first mount) and with the
-record that holds this index (a re-mount), each to its return and unmounted again.  Wall time, and CPU: the
+record that holds this index (a re-mount), each to its return and unmounted again; with ``--before``, that
+checkout with no record and with its own record (its re-mount).  Wall time, and CPU: the
 command's and its serving process's own up to the return (steadier than wall time on a shared machine).
 Medians and ranges; root not needed beyond what a mount needs.
 """
@@ -38,7 +39,9 @@ def mount_once(ds: str, work: str, record: str, before: str | None) -> tuple[flo
     command = [sys.executable, "-m", "blockfs"]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env)
+    # Started outside any checkout: `python -m` puts the working directory first on sys.path, which would
+    # shadow PYTHONPATH's blockfs (--before).
+    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env, cwd="/")
     wall = time.monotonic() - started
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -46,7 +49,7 @@ def mount_once(ds: str, work: str, record: str, before: str | None) -> tuple[flo
             fields = f.read().rsplit(")", 1)[1].split()
         server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     finally:
-        subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL, env=env, cwd="/")
     return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + server
 
 
@@ -63,7 +66,10 @@ def main() -> None:
         mount_once(ds, work, kept, None)  # the re-mounts' record now holds this index
         variants = {"no record": ("", None), "first mount": (None, None), "re-mount": (kept, None)}
         if args.before:
-            variants = {"before": ("", os.path.abspath(args.before)), **variants}
+            before = os.path.abspath(args.before)
+            kept_before = os.path.join(work, "kept-before")  # its own record: the check code differs
+            mount_once(ds, work, kept_before, before)
+            variants = {"before": ("", before), "before, re-mount": (kept_before, before), **variants}
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
         for r in range(args.rounds):
             for name, (record, before) in variants.items():

@@ -34,19 +34,22 @@ def slot_base(block_counts: np.ndarray) -> np.ndarray:
 
 
 def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(block, slot, size) of each distinct file of an index, hard links counted once, in entry order."""
+    """(block, slot, size) of each distinct file of an index, hard links counted once, in entry order:
+    block and slot in the index's own types (i4, u4), size as int64.  Every mount makes these, so each
+    column is gathered once (no copy of a copy: fresh pages cost a mount as much as the arithmetic)."""
     files = np.flatnonzero(arrays["kind"] == KIND_FILE)
-    block = arrays["block"][files].astype(np.int64)
-    slot = arrays["slot"][files].astype(np.int64)
+    block, slot = arrays["block"][files], arrays["slot"][files]
+    size = arrays["size"][files].astype(np.int64, copy=False)
+    if not files.size:
+        return block, slot, size
     base = slot_base(arrays["block_counts"])
     keys = base[block] + slot
     # The index's checks bound the slots by the files (core/index_checks.py), so the count array is small.
-    if keys.size and np.bincount(keys, minlength=int(base[-1])).max() > 1:  # hard links: keep each file's first
+    if np.bincount(keys, minlength=int(base[-1])).max() > 1:  # hard links: keep each file's first
         _, first = np.unique(keys, return_index=True)
         first.sort()
-    else:  # no two entries share a slot (the common case): no sort at all
-        first = np.arange(keys.size)
-    return block[first], slot[first], arrays["size"][files][first].astype(np.int64)
+        return block[first], slot[first], size[first]
+    return block, slot, size  # no two entries share a slot (the common case): no sort, no second gather
 
 
 class RetainingReader:

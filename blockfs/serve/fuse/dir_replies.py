@@ -18,6 +18,8 @@ from ..view import Listing, MountView
 from . import wire
 from .page_pusher import PagePusher
 
+LOOKUP_MAX = 2**31 - 1  # a node's lookup count (int32, the node table's) is held here, never wrapped
+
 __all__ = ["DirReplies"]
 
 
@@ -78,7 +80,9 @@ class DirReplies:
         reply = b"".join(head) + wire.records(rows, table, start, length)
         counted = nodes < self._n  # the nodes with per-node state
         with self._nodes:
-            self._lookups[nodes[counted]] += linked[counted]
+            looked = nodes[counted][linked[counted]]
+            now = self._lookups[looked]
+            self._lookups[looked] = now + (now < LOOKUP_MAX)  # held at the most, never wrapped
         self._pusher.listed(nodes[counted], linked[counted])
         return reply
 

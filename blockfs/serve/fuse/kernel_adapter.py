@@ -47,7 +47,7 @@ from ...errors import MountError
 from ..mount_options import MountOptions
 from ..view import MountView, Route
 from . import wire
-from .dir_replies import DirReplies
+from .dir_replies import LOOKUP_MAX, DirReplies
 from .page_pusher import PagePusher
 from .session import DEFERRED, NO_REPLY, Session
 
@@ -102,7 +102,10 @@ class KernelFS:
         # The node table: arrays sized by the view's entries, nothing per node (node id = node + 1); the
         # view's nodes past them carry no per-node state.
         self._n = self.view.n_entries
-        self._lookups = np.zeros(self._n, dtype=np.int64)  # the kernel's lookup count of each node
+        # The kernel's lookup count of each node: 32 bits (4 bytes a file of the server's own memory, not 8),
+        # held at LOOKUP_MAX rather than wrapped; a count held there only keeps its node's pages believed
+        # cached (the kernel's own count is 64-bit: 2**31 lookups of one name without a FORGET do not come).
+        self._lookups = np.zeros(self._n, dtype=np.int32)
         self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
         self._nodes = threading.Lock()  # lookup counts move in several reader threads
         self._negative = wire.negative_entry(self._valid)  # "no such name": the same bytes every time
@@ -179,7 +182,9 @@ class KernelFS:
         """The entry of ``node``, counted as a lookup by the kernel."""
         if node < self._n:
             with self._nodes:
-                self._lookup_counts[node] += 1
+                counts = self._lookup_counts
+                if counts[node] < LOOKUP_MAX:
+                    counts[node] += 1
         a = self.view.attr(node)
         return wire.entry(
             node + 1, self._valid, a.ino, a.size, a.mode, a.nlink, a.mtime_ns, self.view.uid, self.view.gid
@@ -277,12 +282,13 @@ class KernelFS:
         rows = wire.forgets(body)
         node, count = rows["nodeid"], rows["nlookup"]
         mine = (node >= 1) & (node <= self._n)
-        e = node[mine].astype(np.int64) - 1
-        dropped = np.minimum(count[mine], 1 << 62).astype(np.int64)
+        e, twice = np.unique(node[mine].astype(np.int64) - 1, return_inverse=True)
+        dropped = np.zeros(e.size, dtype=np.int64)
+        np.add.at(dropped, twice, np.minimum(count[mine], LOOKUP_MAX).astype(np.int64))  # a node twice loses both
         with self._nodes:
-            np.subtract.at(self._lookups, e, dropped)  # .at: a node twice in one batch loses both counts
-            gone = e[self._lookups[e] <= 0]
-            self._lookups[gone] = 0
+            left = np.maximum(self._lookups[e] - dropped, 0)  # in 64 bits, never below 0
+            self._lookups[e] = left
+            gone = e[left == 0]
             self.pusher.pushed[gone] = 0
         return NO_REPLY
 

@@ -206,7 +206,9 @@ class KernelFS:
             return DEFERRED
         if node < self._n:
             with self._nodes:
-                self._lookup_counts[node] += 1
+                counts = self._lookup_counts
+                if counts[node] < LOOKUP_MAX:  # held at the most, never wrapped (as _entry and listings hold it)
+                    counts[node] += 1
         ino, size, mode, nlink, mtime_ns = a
         return wire.entry(node + 1, self._valid, ino, size, mode, nlink, mtime_ns, self._uid, self._gid)
 

@@ -9,8 +9,10 @@ The asking side and the protocol are :mod:`blockfs.storage.peer_tier`'s.  What t
   next few requests, which ask for its other files: :data:`KEPT_BLOCKS`).  A block this node neither holds
   in memory nor owns is refused (404): nothing is fetched for another node's part.
 * **Plain HTTP/1.1, framed by hand** (:func:`~blockfs.storage.peer_protocol.read_head`: a head of at most
-  16 KiB, ``name: value`` headers, no body): ``http.server``'s parsing cost several times the rest of a
-  request, and a file read from a peer is one request.
+  16 KiB and 32 ``token: visible ASCII`` headers, none twice, whole within ``HEAD_S`` of its first byte;
+  ``METHOD TARGET HTTP/1.x``; no body), stricter than ``http.server``, ``h11`` or ``httptools`` and as cheap
+  as the cheapest (``tools/bench/bench_peer_http.py``; docs/benchmarks.md).  An answer leaves in one
+  ``sendmsg`` (head and bytes, not copied).
 * **Only to the job**: every request must carry the HMAC of its request line under the job's secret,
   compared in constant time, before anything else about it is looked at (401 otherwise).  Any path but
   ``/blockfs/v1/<dataset>/<block>``, another dataset, a block out of range: 404; a range past the block
@@ -186,11 +188,11 @@ class PeerEndpoint:
         """Answer the request whose head is ``line`` and ``headers`` on ``sock``; whether the connection
         stays open for the next one (any refusal, any answer cut short closes it)."""
         self.count("requests")
-        method, _, rest = line.partition(" ")
-        target, _, version = rest.partition(" ")
+        parts = line.split(" ")
+        method, target, version = parts if len(parts) == 3 else ("", "", "")
         try:
-            if not version.startswith("HTTP/1.") or " " in version:
-                raise _Refused(400, "not an HTTP/1 request line")
+            if version not in ("HTTP/1.1", "HTTP/1.0") or not method or not target:
+                raise _Refused(400, "not an HTTP/1 request line (METHOD TARGET HTTP/1.1)")
             if method != "GET":
                 raise _Refused(405, "GET only")
             if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
@@ -216,20 +218,25 @@ class PeerEndpoint:
             head.append(f"Content-Range: bytes {lo}-{hi - 1}/{size}")
         if not held:
             head.append(f"{FETCHING_HEADER}: 1")  # the asker waits for this node's fetch, not its store
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        out: list[bytes | memoryview] = [("\r\n".join(head) + "\r\n\r\n").encode()]
+        if not held:  # the asker learns at once to wait for this node's fetch
+            sock.sendall(out.pop())
         try:
             header = self.header_bytes(block)
             data = self.data(block)
+            if len(header) + len(data) != size:
+                raise OSError(errno.EIO, f"block {block} is not its index's {size} bytes")
         except (OSError, CorruptBlockError, BlockReadError) as e:
             log.debug("peer request for block %d: %s", block, e)
-            return False  # the connection closes short: the asker reads the block elsewhere
+            if out:  # nothing sent yet
+                _send_error(sock, 503, "cannot serve it now")
+            return False  # else the connection closes short: the asker reads the block elsewhere
         h = len(header)
-        if h + len(data) != size:
-            return False
         if lo < h:
-            sock.sendall(header[lo : min(hi, h)])
+            out.append(header[lo : min(hi, h)])
         if hi > h:
-            sock.sendall(data[max(lo - h, 0) : hi - h])
+            out.append(data[max(lo - h, 0) : hi - h])
+        _send_all(sock, out)
         self.count("ranges_served")
         self.count("bytes_served", hi - lo)
         return version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
@@ -292,6 +299,18 @@ class _Connection(socketserver.BaseRequestHandler):
 
     def finish(self) -> None:
         self.server.endpoint.closed(self.request)
+
+
+def _send_all(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
+    """``pieces`` in one ``sendmsg`` where they fit (an answer's head and its bytes leave as one segment,
+    not a head the asker wakes for alone), without joining them (no copy of the block's bytes)."""
+    views = [memoryview(p) for p in pieces if len(p)]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def _send_error(sock: socket.socket, status: int, why: str) -> None:

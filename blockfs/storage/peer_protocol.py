@@ -22,8 +22,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import re
 import socket
 import threading
+import time
 
 PATH_PREFIX = "/blockfs/v1/"
 AUTH_HEADER = "X-Blockfs-Auth"
@@ -51,35 +53,69 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 HEAD_LIMIT = 16 << 10  # a request's or an answer's head (its line and headers) longer than this is refused
+HEADERS_MAX = 32  # and one of more header lines than this (a request needs 3 or 4, an answer 2 to 4)
+HEAD_S = 10.0  # a head begun must end within this (bytes dribbled within each wait's timeout would not)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header's name (RFC 9110's token)
+_ALLOWED = bytes(range(0x20, 0x7F)) + b"\t\r\n"  # the bytes of a head (its values: visible ASCII, spaces, tabs)
 
 
 def read_head(sock: socket.socket, pending: bytearray) -> tuple[str, dict[str, str]] | None:
     """The next HTTP/1.1 head on ``sock``: its first line and its headers (names lower-case); what came
     after it stays in ``pending`` (bytes already received).  None when the stream ends before a byte of
-    it; OSError for a head cut short, longer than :data:`HEAD_LIMIT` or not made of ``name: value`` lines.
+    it.  OSError (EPROTO) for a head cut short, longer than :data:`HEAD_LIMIT`, of more than
+    :data:`HEADERS_MAX` headers, with a header that is not ``token: visible ASCII`` or that comes twice;
+    TimeoutError for a head not whole :data:`HEAD_S` after its first byte (and, as for every wait, for no
+    byte within the socket's timeout).
 
-    HTTP framed by hand, not by ``http.server``/``http.client``: their header parsing (the ``email``
-    package) costs several times the rest of a request's round trip, and a file read from a peer is one
-    round trip."""
-    while (end := pending.find(b"\r\n\r\n")) < 0:
-        if len(pending) > HEAD_LIMIT:
-            raise OSError(errno.EPROTO, f"an HTTP head longer than {HEAD_LIMIT} bytes")
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            if pending:
-                raise OSError(errno.EPROTO, "the connection closed in the middle of an HTTP head")
-            return None
-        pending += chunk
+    HTTP framed by hand (``tools/bench/bench_peer_http.py``, docs/benchmarks.md): ``http.server`` +
+    ``http.client`` and ``h11`` cost 2-3x its CPU per ranged GET; ``httptools`` (llhttp) about the same, but
+    has no limit on a head's size or header count, takes repeated headers, bytes past ASCII and an empty
+    chunked body, so every check here would be written around it all the same.  A peer's head has no
+    business with folded lines, bare LFs, repeated headers or bytes that are not ASCII: refused."""
+    searched, started, deadline, idle = 0, False, 0.0, sock.gettimeout()
+    try:
+        while (end := pending.find(b"\r\n\r\n", searched)) < 0:
+            if len(pending) > HEAD_LIMIT:
+                raise OSError(errno.EPROTO, f"an HTTP head longer than {HEAD_LIMIT} bytes")
+            if pending:  # part of a head: the rest within HEAD_S of its first byte, however it dribbles
+                if b"\n\n" in pending or b"\n\r\n" in pending:  # an empty line, but not CRLF: refused, not waited on
+                    raise OSError(errno.EPROTO, "an HTTP head whose lines end in a bare LF, not CRLF")
+                searched = max(len(pending) - 3, 0)
+                now = time.monotonic()
+                if not started:
+                    started, deadline = True, now + HEAD_S
+                if now >= deadline:
+                    raise TimeoutError(errno.ETIMEDOUT, f"an HTTP head not whole within {HEAD_S:g} s")
+                sock.settimeout(deadline - now if idle is None else min(idle, deadline - now))
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                if pending:
+                    raise OSError(errno.EPROTO, "the connection closed in the middle of an HTTP head")
+                return None
+            pending += chunk
+    finally:
+        if started:
+            sock.settimeout(idle)
     if end > HEAD_LIMIT:
         raise OSError(errno.EPROTO, f"an HTTP head longer than {HEAD_LIMIT} bytes")
-    lines = bytes(pending[:end]).decode("latin-1").split("\r\n")
+    raw = bytes(pending[:end])
     del pending[: end + 4]
-    headers = {}
+    text = raw.decode("latin-1")
+    lines = text.split("\r\n")
+    # Visible ASCII, spaces and tabs, lines ending in CRLF: no other byte, no CR or LF alone (at C speed).
+    if raw.translate(None, _ALLOWED) or not len(lines) - 1 == text.count("\r") == text.count("\n"):
+        raise OSError(errno.EPROTO, "an HTTP head with a byte that is not visible ASCII, or a CR or LF alone")
+    if len(lines) > HEADERS_MAX + 1:
+        raise OSError(errno.EPROTO, f"an HTTP head of more than {HEADERS_MAX} headers")
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
+        if not sep or _TOKEN.fullmatch(name) is None:
             raise OSError(errno.EPROTO, "an HTTP header that is not 'name: value'")
-        headers[name.lower()] = value.strip()
+        name = name.lower()
+        if name in headers:
+            raise OSError(errno.EPROTO, f"the HTTP header {name!r} twice")
+        headers[name] = value.strip(" \t")
     return lines[0], headers
 
 

@@ -12,6 +12,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,47 @@ def test_a_well_framed_peer_answer_is_read(tmp_path):
         client.get_into("/blockfs/v1/ab/0", memoryview(buf), 0, 100)
         client.close()
     assert buf == b"abcd"
+
+
+def test_connections_past_the_cap_are_closed_unanswered_and_room_comes_back(packed):
+    """Anyone who can reach the address can open connections before a request is checked: past the cap
+    one is closed unanswered (counted refused), while those admitted are served; one closed makes room."""
+    with blockfs.open_dataset(packed) as ds:
+        cache = BlockCache(ds.store, 1 << 20, lock_memory=False)
+        assert cache.load(0) is not None
+        counts = ServedCounts("test")
+        ep = PeerEndpoint(
+            f"127.0.0.1:{free_port()}", ds.digest, SECRET, ds.store, cache, lambda b: False, counts, max_connections=2
+        )
+        path = block_path(ds.digest, 0)
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: peer\r\n{AUTH_HEADER}: {sign(SECRET, path)}\r\nRange: bytes=0-99\r\n\r\n"
+        ).encode()
+        host, port = ep.address.rsplit(":", 1)
+
+        def served(sock: socket.socket) -> bool:
+            """Whether a request on ``sock`` gets its 206 (False: closed unanswered)."""
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                sock.sendall(request)
+            try:
+                return sock.recv(12).startswith(b"HTTP/1.1 206")
+            except ConnectionResetError:
+                return False
+
+        try:
+            first, second = (socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(2))
+            assert served(first) and served(second)  # both admitted, and held open (kept connections)
+            with socket.create_connection((host, int(port)), timeout=WAIT_S) as third:
+                assert not served(third)
+            assert counts.snapshot()["refused"] >= 1
+            first.close()
+            deadline = time.monotonic() + WAIT_S  # the endpoint frees the slot once it sees the close
+            while True:
+                with socket.create_connection((host, int(port)), timeout=WAIT_S) as again:
+                    if served(again):
+                        break
+                assert time.monotonic() < deadline, "a closed connection's room never came back"
+            second.close()
+        finally:
+            ep.close()
+            cache.close()

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 _PATH = re.compile(r"/blockfs/v1/([0-9a-f]{1,128})/([0-9]{1,12})")
 _RANGE = re.compile(r"bytes=([0-9]{1,20})-([0-9]{0,20})")
 IDLE_S = 30.0  # a kept connection idle this long is closed
+# Connections served at once (a thread each); one more is closed unanswered.  Askers keep a few each
+# (peer_protocol.IDLE_KEPT per peer), so this is room for a large job, and a bound on what anyone who can
+# reach the address may make the node hold open before a single request is checked.
+MAX_CONNECTIONS = 1024
 # Owned blocks read for peers outside memory, kept for the requests for their other files that follow: a
 # window outside the memory plan (the owner's budget normally holds what it owns), so a small one.
 KEPT_BLOCKS = 4
@@ -78,6 +82,8 @@ class PeerEndpoint:
         cache: BlockCache,
         owns: Callable[[int], bool],
         counts: ServedCounts,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._dataset = dataset.removeprefix("blake3:")
         self._secret = secret
@@ -92,7 +98,7 @@ class PeerEndpoint:
         self._connections: set[socket.socket] = set()  # open ones, shut when the endpoint closes
         self.counts = counts
         host, port = split_address(address)
-        self._server = _Server((host, port), self)
+        self._server = _Server((host, port), self, max_connections)
         self.address = f"{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="blockfs-peers", daemon=True)
         self._thread.start()
@@ -263,10 +269,28 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], endpoint: PeerEndpoint) -> None:
+    def __init__(self, address: tuple[str, int], endpoint: PeerEndpoint, max_connections: int) -> None:
         self.endpoint = endpoint
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        self._max_connections = max_connections
         super().__init__(address, _Connection)
+
+    def verify_request(self, request, client_address) -> bool:
+        """Admit a connection while fewer than ``max_connections`` are open; close it unanswered otherwise."""
+        with self._open_lock:
+            admitted = len(self._open) < self._max_connections
+            if admitted:
+                self._open.add(request)
+        if not admitted:
+            self.endpoint.count("refused")
+        return admitted
+
+    def shutdown_request(self, request) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
 
 
 class _Connection(socketserver.BaseRequestHandler):

@@ -716,7 +716,7 @@ def test_on_decode_error_takes_raise_or_skip_and_skip_is_not_combined_with_reuse
 def test_the_training_example_names_a_bad_image_in_one_line_or_skips_it(bl, corrupt):
     args = ("--epochs", "1", "--image-size", "16", "--batch-size", "8")
     command = [sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(corrupt / "mnt"), *args]
-    failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert failed.returncode == 2, failed.stdout + failed.stderr
     assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr, failed.stderr
     assert ".png' (sample " in failed.stderr and "--skip-bad" in failed.stderr
@@ -734,7 +734,7 @@ def learnable(tmp_path_factory):
     return root
 
 
-def run_example(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_example(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, str(REPO / "examples" / script), *map(str, args)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -786,7 +786,7 @@ def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
         "1",
         "--out",
         out,
-        timeout=120,
+        timeout=300,
     )
     result = json.loads(out.read_text())
     ranks = result["ranks"]
@@ -816,7 +816,7 @@ def test_the_ddp_example_trains_on_a_tree_with_a_top_level_readme(bl, with_readm
         "8",
         "--out",
         out,
-        timeout=120,
+        timeout=300,
     )
     ranks = json.loads(out.read_text())["ranks"]
     assert len(set(ranks[0]["ids"][0]) | set(ranks[1]["ids"][0])) == 64

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from capability import has_fuse, require
+from capability import has_fuse, has_torch, require
 from mountutil import mounted
 from polling import wait_until
 
@@ -716,7 +716,7 @@ def test_on_decode_error_takes_raise_or_skip_and_skip_is_not_combined_with_reuse
 def test_the_training_example_names_a_bad_image_in_one_line_or_skips_it(bl, corrupt):
     args = ("--epochs", "1", "--image-size", "16", "--batch-size", "8")
     command = [sys.executable, str(REPO / "examples" / "train_block_loader.py"), str(corrupt / "mnt"), *args]
-    failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert failed.returncode == 2, failed.stdout + failed.stderr
     assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr, failed.stderr
     assert ".png' (sample " in failed.stderr and "--skip-bad" in failed.stderr
@@ -734,19 +734,32 @@ def learnable(tmp_path_factory):
     return root
 
 
-def run_example(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_example(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, str(REPO / "examples" / script), *map(str, args)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 
+TRAIN_ARGS = ("--epochs", "3", "--seed", "1", "--workers", "2")
+
+
+@pytest.fixture(scope="module")
+def trained_on_fake_mount(learnable, tmp_path_factory) -> dict:
+    """The training example's result on ``learnable``'s fake mount, run once for the module: the resume test
+    and the real-mount test compare their runs (same arguments) with it."""
+    require(has_torch(), "PyTorch")  # made before the tests' own (function-scoped) checks
+    out = tmp_path_factory.mktemp("trained") / "fake.json"
+    run_example("train_block_loader.py", learnable / "mnt", *TRAIN_ARGS, "--out", out)
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
-def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learnable, tmp_path):
-    common = (learnable / "mnt", "--epochs", "3", "--seed", "1", "--workers", "2")
-    run_example("train_block_loader.py", *common, "--out", tmp_path / "a.json")
-    run_example("train_block_loader.py", *common, "--out", tmp_path / "b.json", "--resume-at", "13")
-    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learnable, trained_on_fake_mount, tmp_path):
+    run_example(
+        "train_block_loader.py", learnable / "mnt", *TRAIN_ARGS, "--out", tmp_path / "b.json", "--resume-at", "13"
+    )
+    a, b = trained_on_fake_mount, json.loads((tmp_path / "b.json").read_text())
     assert a["losses"] == b["losses"] and a["steps"] == 3 * 256 // B
     assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
     assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
@@ -773,7 +786,7 @@ def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
         "1",
         "--out",
         out,
-        timeout=120,
+        timeout=300,
     )
     result = json.loads(out.read_text())
     ranks = result["ranks"]
@@ -803,7 +816,7 @@ def test_the_ddp_example_trains_on_a_tree_with_a_top_level_readme(bl, with_readm
         "8",
         "--out",
         out,
-        timeout=120,
+        timeout=300,
     )
     ranks = json.loads(out.read_text())["ranks"]
     assert len(set(ranks[0]["ids"][0]) | set(ranks[1]["ids"][0])) == 64
@@ -886,33 +899,10 @@ def test_a_damaged_block_fails_only_its_damaged_file_through_shared_blocks(tiny,
 
 @pytest.mark.fuse
 @pytest.mark.slow
-def test_the_training_example_through_a_real_mount(bl, learnable, tmp_path, fuse_ok):
+def test_the_training_example_through_a_real_mount(bl, learnable, trained_on_fake_mount, tmp_path, fuse_ok):
     with mounted(learnable / "packed", tmp_path / "mnt", "--cache-size", "64MiB") as m:
-        run_example(
-            "train_block_loader.py",
-            m.path,
-            "--epochs",
-            "3",
-            "--seed",
-            "1",
-            "--workers",
-            "2",
-            "--out",
-            tmp_path / "mount.json",
-        )
-    run_example(
-        "train_block_loader.py",
-        learnable / "mnt",
-        "--epochs",
-        "3",
-        "--seed",
-        "1",
-        "--workers",
-        "2",
-        "--out",
-        tmp_path / "fake.json",
-    )
-    mount, fake = (json.loads((tmp_path / name).read_text()) for name in ("mount.json", "fake.json"))
+        run_example("train_block_loader.py", m.path, *TRAIN_ARGS, "--out", tmp_path / "mount.json")
+    mount, fake = json.loads((tmp_path / "mount.json").read_text()), trained_on_fake_mount
     assert mount["losses"] == fake["losses"]  # the same bytes, labels and order through either
     assert mount["final_accuracy"] > 0.4
 

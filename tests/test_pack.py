@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,9 @@ from blockfs.packing.sources import DirectorySource, Source, SourceEntry
 
 pack_module = sys.modules["blockfs.packing.packer"]
 
+from capability import has_fuse, require
 from fuzz.treesnap import tree_snapshot
+from mountutil import mounted
 from polling import wait_until
 from treeutil import make_edge_tree
 
@@ -191,21 +194,54 @@ def test_wide_block_for_a_file_over_the_narrow_limit(tmp_path, monkeypatch):
     assert verify(ds) == []
 
 
+# --- a file over 4 GiB: one pack (sparse source, 4 GiB of blocks) read directly and through a mount ----------
+HUGE_SIZE = (4 << 30) + 12345
+HUGE_MARKS = {0: b"head", (1 << 32) - 3: b"across4G", (1 << 31) + 7: b"middle", HUGE_SIZE - 4: b"tail"}
+
+
+@pytest.fixture(scope="module")
+def huge_pack(tmp_path_factory):
+    """A pack of ``huge.bin`` (HUGE_SIZE bytes, zeros but for HUGE_MARKS) and ``small.txt``, made once for
+    the module (writing 4 GiB of blocks is the costly part) and removed after it."""
+    root = tmp_path_factory.mktemp("huge")
+    (root / "src").mkdir()
+    with open(root / "src" / "huge.bin", "wb") as f:  # sparse: cheap to make; recognisable bytes at the edges
+        for offset, data in HUGE_MARKS.items():
+            f.seek(offset)
+            f.write(data)
+    (root / "src" / "small.txt").write_bytes(b"small")
+    blockfs.pack(root / "src", root / "p", fsync=False)
+    yield root / "p"
+    shutil.rmtree(root)
+
+
 @pytest.mark.slow
-def test_file_over_4_gib(tmp_path):
-    (tmp_path / "src").mkdir()
-    big = tmp_path / "src" / "huge.bin"
-    size = (4 << 30) + 12345
-    with open(big, "wb") as f:  # sparse: cheap to make, and the ends hold recognisable bytes
-        f.write(b"head")
-        f.seek(size - 4)
-        f.write(b"tail")
-    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
-    ds = blockfs.open_dataset(tmp_path / "p")
-    assert ds.stat("huge.bin").size == size
-    assert ds.read("huge.bin", 0, 4) == b"head"
-    assert ds.read("huge.bin", size - 6, 100) == b"\0\0tail"
-    assert ds.read("huge.bin", (1 << 32) - 2, 4) == b"\0" * 4
+def test_file_over_4_gib(huge_pack):
+    with blockfs.open_dataset(huge_pack) as ds:
+        assert ds.stat("huge.bin").size == HUGE_SIZE
+        for offset, data in HUGE_MARKS.items():
+            assert ds.read("huge.bin", offset, len(data)) == data, offset
+        assert ds.read("huge.bin", HUGE_SIZE - 6, 100) == b"\0\0tail"
+        assert ds.read("huge.bin", (1 << 32) - 5, 2) == b"\0" * 2
+        assert ds.read("small.txt") == b"small"
+
+
+@pytest.mark.slow
+@pytest.mark.fuse
+def test_files_over_4_gib_read_at_any_offset_through_a_mount(huge_pack, tmp_path):
+    require(has_fuse(), "/dev/fuse")
+    with mounted(huge_pack, tmp_path / "mnt", "--cache-size", "64MiB") as m:
+        path = m.path / "huge.bin"
+        assert path.stat().st_size == HUGE_SIZE
+        with open(path, "rb") as f:
+            for offset, data in HUGE_MARKS.items():
+                f.seek(offset - 2 if offset >= 2 else 0)
+                piece = f.read(len(data) + 4)
+                lo = 2 if offset >= 2 else 0
+                assert piece[lo : lo + len(data)] == data, offset
+            f.seek(HUGE_SIZE - 2)
+            assert f.read(100) == b"il"
+        assert (m.path / "small.txt").read_bytes() == b"small"
 
 
 def _alive(pid: int) -> bool:

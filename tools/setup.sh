@@ -62,6 +62,18 @@ else
   "$PYTHON" -m venv "$VENV"
 fi
 
+# pip byte-compiles every module it installs, one file after another (~40 s of CPU here: torch, sympy,
+# moto...): install with --no-compile, then compile .venv's site-packages once on every core (compile_all).
+# The stamp is removed before an install and written after the compile, so an interrupted run compiles next time.
+compiled=$VENV/.compiled
+pip_install() { rm -f "$compiled"; "$VPY" -m pip install -q --no-compile "$@"; }
+compile_all() {
+  # A module that does not compile (a test file for another Python) is left alone, as pip leaves it.
+  "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1 || true
+  touch "$compiled"
+}
+
 # --- torch, CPU build, before the project ------------------------------------------------------------
 # Versions are read from the installed metadata: importing torch takes seconds.
 version_of() { "$VPY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true; }
@@ -74,9 +86,10 @@ fi
 if [ "$(version_of torch)" != "$torch_want" ]; then
   say "installing torch==$torch_want (CPU build) into .venv"
   # torch alone from the CPU index, then its dependencies from the usual one (an unreachable CPU index
-  # then costs one lookup, not one per dependency).
-  "$VPY" -m pip install -q --no-deps "torch==$torch_want" "${torch_from[@]}"
-  "$VPY" -m pip install -q "torch==$torch_want"
+  # then costs one lookup, not one per dependency, and one retry, not pip's five with their back-off).
+  pip_install --no-deps --retries 1 "torch==$torch_want" "${torch_from[@]}"
+  pip_install "torch==$torch_want"
+  compile_all  # before the import below, which would compile torch's modules one by one
   "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi
@@ -89,8 +102,9 @@ if ! cmp -s pyproject.toml "$stamp" ||
    ! (cd / && "$VPY" -c "import blockfs, PIL, hypothesis, pytest, fuse, mfusepy, numpy, os, sys
 sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs'))" "$here") 2>/dev/null; then
   say "installing blockfs (editable) and its torch, remote and test extras into .venv"
-  "$VPY" -m pip install -q -e ".[torch,remote,test]"
+  pip_install -e ".[torch,remote,test]"
   cp pyproject.toml "$stamp"
 fi
+if [ ! -e "$compiled" ]; then say "compiling .venv's modules"; compile_all; fi
 say "ready: blockfs $(version_of blockfs), torch $(version_of torch) in .venv" \
     "(run .venv/bin/blockfs, or source .venv/bin/activate)"

@@ -9,6 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+# Bytecode is cached (__pycache__, ignored by git) even where PYTHONDONTWRITEBYTECODE is set: without it
+# every pytest process rewrites and compiles every test module (~8 s of CPU each) and every mount or
+# example the suite starts compiles blockfs anew.
+unset PYTHONDONTWRITEBYTECODE
 workers=${BLOCKFS_TEST_WORKERS:-4}
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest -q "$@"; fi
 par=0 ser=0

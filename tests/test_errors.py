@@ -6,6 +6,7 @@ S3 bucket without credentials, a server that ignores ``Range``, a killed server)
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -339,7 +340,10 @@ def test_ctrl_c_during_a_pack_removes_what_it_wrote_and_says_so(tmp_path, worker
         "sys.exit(main(sys.argv[1:]))\n"
     )
     command = [sys.executable, "-c", slow, "pack", str(src), str(dest), "--block-size", "256KiB", "--workers", workers]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # As a terminal's Ctrl-C finds it: a suite started in the background by a non-interactive shell
+    # inherits SIGINT ignored, which Python (rightly) keeps, so the pack would never see the signal.
+    default_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         wait_until(
             lambda: len(os.listdir(dest / "blocks")) >= 2 if (dest / "blocks").exists() else proc.poll(),

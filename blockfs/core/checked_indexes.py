@@ -21,7 +21,14 @@ import logging
 import os
 
 from .. import __version__
-from ..storage.owned import open_owned_dir, read_regular_at, regular_files_at, unlink_quietly_at, write_file_at
+from ..storage.owned import (
+    open_owned_dir,
+    read_regular_at,
+    regular_files_at,
+    unlink_quietly_at,
+    user_cache_directory,
+    write_file_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +54,8 @@ def code_tag() -> str:
 
 
 def default_directory() -> str | None:
-    """``$BLOCKFS_CHECKED_DIR`` (none if set empty), else ``$XDG_CACHE_HOME/blockfs/checked-indexes``, else
-    ``~/.cache/blockfs/checked-indexes``."""
-    chosen = os.environ.get(DIRECTORY_ENV)
-    if chosen is not None:
-        return chosen or None
-    cache = os.environ.get("XDG_CACHE_HOME")
-    if not cache or not os.path.isabs(cache):
-        cache = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "blockfs", "checked-indexes")
+    """``$BLOCKFS_CHECKED_DIR``, else ``~/.cache/blockfs/checked-indexes``: :func:`blockfs.storage.owned.user_cache_directory`."""
+    return user_cache_directory(DIRECTORY_ENV, "checked-indexes")
 
 
 class CheckedIndexes:

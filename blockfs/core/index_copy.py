@@ -36,7 +36,7 @@ import os
 import struct
 import sys
 
-from ..storage.owned import open_owned_dir
+from ..storage.owned import open_owned_dir, user_cache_directory
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,8 @@ _NO_RANGE_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, err
 
 
 def default_directory() -> str | None:
-    """``$BLOCKFS_INDEX_COPY_DIR`` (none if set empty), else ``$XDG_CACHE_HOME/blockfs/index-copies``, else
-    ``~/.cache/blockfs/index-copies``: a disk, not the runtime directory (tmpfs)."""
-    chosen = os.environ.get(DIRECTORY_ENV)
-    if chosen is not None:
-        return chosen or None
-    cache = os.environ.get("XDG_CACHE_HOME")
-    if not cache or not os.path.isabs(cache):
-        cache = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "blockfs", "index-copies")
+    """``$BLOCKFS_INDEX_COPY_DIR``, else ``~/.cache/blockfs/index-copies`` (a disk, not the runtime directory: tmpfs): :func:`blockfs.storage.owned.user_cache_directory`."""
+    return user_cache_directory(DIRECTORY_ENV, "index-copies")
 
 
 class IndexCopies:

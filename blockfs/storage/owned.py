@@ -79,6 +79,18 @@ def check_parents(path: str, what: str, fix: str) -> None:
         parent = up
 
 
+def user_cache_directory(env: str, name: str) -> str | None:
+    """``$env`` (none when set empty), else ``$XDG_CACHE_HOME/blockfs/<name>``, else
+    ``~/.cache/blockfs/<name>``: where a kind of per-user record or copy goes (opened by :func:`open_owned_dir`)."""
+    chosen = os.environ.get(env)
+    if chosen is not None:
+        return chosen or None
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if not cache or not os.path.isabs(cache):
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "blockfs", name)
+
+
 def open_owned_dir(path: str | os.PathLike, what: str, fix: str, *, create: bool = True) -> int:
     """A descriptor of the directory ``path`` once it passes the checks above; created 0700 if missing
     (with its parents) when ``create``.  The caller closes it."""

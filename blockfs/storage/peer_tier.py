@@ -21,14 +21,13 @@ import hashlib
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .chain import Tier
+from .kept_heads import KeptHeads
 from .peer_protocol import PeerClient, block_path, split_address
 
 log = logging.getLogger(__name__)
@@ -137,8 +136,7 @@ class PeerTier(Tier):
         self._sizes = list(sizes)
         self.backoff = options.backoff
         self._lock = threading.Lock()
-        self._heads: OrderedDict[int, memoryview] = OrderedDict()
-        self._head_loads: dict[int, Future] = {}
+        self._heads = KeptHeads(HEADS_KEPT)
         self._failed_checks: set[int] = set()  # blocks whose peer bytes failed a check: the store's from now on
         self.served = ServedCounts(options.listen or options.addresses[options.rank])  # the endpoint counts here
 
@@ -173,8 +171,7 @@ class PeerTier(Tier):
         return bytes(buf)
 
     def read_into(self, block: int, view: memoryview, offset: int) -> None:
-        with self._lock:
-            head = self._heads.get(block)
+        head = self._heads.peek(block)
         done = 0
         if head is not None and offset < len(head):  # a data section starts inside the head: not asked twice
             done = min(len(view), len(head) - offset)
@@ -184,34 +181,13 @@ class PeerTier(Tier):
 
     def _head(self, block: int) -> memoryview:
         """The block's first bytes, fetched once however many readers ask at once."""
-        with self._lock:
-            head = self._heads.get(block)
-            if head is not None:
-                self._heads.move_to_end(block)
-                return head
-            future = self._head_loads.get(block)
-            mine = future is None
-            if mine:
-                future = self._head_loads[block] = Future()
-        assert future is not None
-        if not mine:
-            return future.result()
-        buf = bytearray(min(HEAD_BYTES, self._sizes[block]))
-        try:
+
+        def fetch() -> memoryview:
+            buf = bytearray(min(HEAD_BYTES, self._sizes[block]))
             self._get(block, memoryview(buf), 0)
-        except BaseException as e:
-            with self._lock:
-                self._head_loads.pop(block, None)
-            future.set_exception(e)
-            raise
-        head = memoryview(bytes(buf))
-        with self._lock:
-            self._head_loads.pop(block, None)
-            self._heads[block] = head
-            while len(self._heads) > HEADS_KEPT:
-                self._heads.popitem(last=False)
-        future.set_result(head)
-        return head
+            return memoryview(bytes(buf))
+
+        return self._heads.get(block, fetch)
 
     def _get(self, block: int, view: memoryview, offset: int) -> None:
         """One ranged GET of ``block`` from its owner into ``view``, counted."""
@@ -235,16 +211,15 @@ class PeerTier(Tier):
         """What the owner sent of ``block`` failed its check (the chain asks only the tier that served it):
         forget it and avoid that peer, so the block is read from the store (this block for good, whatever the
         backoff: a check that fails again and again must not loop)."""
+        self._heads.drop(block)
         with self._lock:
-            self._heads.pop(block, None)
             self._failed_checks.add(block)
             self._peers[self._owner[block]].rejected += 1
         self._avoid(self._owner[block], f"block {block} failed its check")
         return True
 
     def discard(self, block: int) -> None:
-        with self._lock:
-            self._heads.pop(block, None)  # a failed read or check starts afresh, as the remote store's head does
+        self._heads.drop(block)  # a failed read or check starts afresh, as the remote store's head does
 
     def _avoid(self, owner: int, why: str) -> None:
         with self._lock:
@@ -270,14 +245,13 @@ class PeerTier(Tier):
             }
             out = {
                 "rank": self._me,
-                "kept_bytes": sum(len(h) for h in self._heads.values()),
+                "kept_bytes": self._heads.nbytes(),
                 "bytes": sum(p.bytes for p in self._peers),
                 "by_peer": per_peer,
             }
         return {"peers": {**out, "served": self.served.snapshot()}}
 
     def close(self) -> None:
-        with self._lock:
-            self._heads.clear()
+        self._heads.clear()
         for peer in self._peers:
             peer.client.close()

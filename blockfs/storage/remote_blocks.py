@@ -10,12 +10,10 @@ block read whole costs its size from the store, not its size and a head more.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable
-from concurrent.futures import Future
 
 from .blockfiles import BlockFiles
+from .kept_heads import KeptHeads
 from .remote import RemoteError, RemoteStore
 
 HEAD_BYTES = 64 << 10  # a header of 12 bytes per file: 64 KiB covers ~5,000 files
@@ -30,9 +28,7 @@ class RemoteBlockFiles(BlockFiles):
         self._objects = object_names
         self._sizes = sizes
         self.names = [remote.where(name) for name in object_names]
-        self._heads: OrderedDict[int, memoryview] = OrderedDict()
-        self._head_loads: dict[int, Future] = {}  # heads being fetched (single flight)
-        self._heads_lock = threading.Lock()
+        self._heads = KeptHeads(HEADS_KEPT)
 
     def size(self, block: int) -> int:
         self._check(block)
@@ -50,32 +46,7 @@ class RemoteBlockFiles(BlockFiles):
         return OSError(e.errno, text.removeprefix(prefix))
 
     def _head(self, block: int) -> memoryview:
-        with self._heads_lock:
-            head = self._heads.get(block)
-            if head is not None:
-                self._heads.move_to_end(block)
-                return head
-            future = self._head_loads.get(block)
-            mine = future is None
-            if mine:
-                future = self._head_loads[block] = Future()
-        assert future is not None
-        if not mine:
-            return future.result()
-        try:
-            head = self._get(block, 0, min(HEAD_BYTES, self._sizes[block]))
-        except BaseException as e:
-            with self._heads_lock:
-                self._head_loads.pop(block, None)
-            future.set_exception(e)
-            raise
-        with self._heads_lock:
-            self._head_loads.pop(block, None)
-            self._heads[block] = head
-            while len(self._heads) > HEADS_KEPT:
-                self._heads.popitem(last=False)
-        future.set_result(head)
-        return head
+        return self._heads.get(block, lambda: self._get(block, 0, min(HEAD_BYTES, self._sizes[block])))
 
     def pread(self, block: int, size: int, offset: int) -> bytes:
         self._check(block, offset, size)
@@ -87,8 +58,7 @@ class RemoteBlockFiles(BlockFiles):
         self._check(block, offset)
         done = 0
         if offset + len(view) <= self._sizes[block]:  # (a read past the end is the remote's to refuse)
-            with self._heads_lock:
-                head = self._heads.get(block)
+            head = self._heads.peek(block)
             if head is not None and offset < len(head):  # the head holds its start: not fetched twice
                 done = min(len(view), len(head) - offset)
                 view[:done] = head[offset : offset + done]
@@ -100,8 +70,7 @@ class RemoteBlockFiles(BlockFiles):
             raise self._phrased(block, e) from None
 
     def discard(self, block: int) -> None:
-        with self._heads_lock:
-            self._heads.pop(block, None)
+        self._heads.drop(block)
 
     def version(self, block: int) -> Hashable | None:
         """The object's ETag and size (one HEAD); None when the store does not answer."""

@@ -35,15 +35,14 @@ import re
 import socket
 import socketserver
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
 from http import HTTPStatus
 
 from ..core import digest as dg
 from ..core import format as fmt
 from ..core.store import BlockStore
 from ..errors import BlockReadError, CorruptBlockError
+from ..storage.kept_pieces import KeptPieces
 from ..storage.peer_protocol import AUTH_HEADER, FETCHING_HEADER, read_head, sign, split_address
 from ..storage.peer_tier import ServedCounts
 from .cache.block_cache import BlockCache
@@ -91,9 +90,7 @@ class PeerEndpoint:
         self._cache = cache
         self._owns = owns
         self._lock = threading.Lock()
-        self._reading: dict[int, Future] = {}  # blocks read for peers outside memory (single flight)
-        self._kept: OrderedDict[int, memoryview] = OrderedDict()  # and the last few of them
-        self._kept_bytes = 0
+        self._kept = KeptPieces(KEPT_BLOCKS, KEPT_BYTES)  # blocks read for peers outside memory, the last few
         self._headers: dict[int, bytes] = {}
         self._connections: set[socket.socket] = set()  # open ones, shut when the endpoint closes
         self.counts = counts
@@ -157,37 +154,15 @@ class PeerEndpoint:
         cached = self._cache.cached(block) or self._cache.load(block)
         if cached is not None:
             return memoryview(cached.buf)
-        with self._lock:
-            kept = self._kept.get(block)
-            if kept is not None:
-                self._kept.move_to_end(block)
-                return kept
-            future = self._reading.get(block)
-            mine = future is None
-            if mine:
-                future = self._reading[block] = Future()
-        assert future is not None
-        if not mine:
-            return future.result()
-        try:
+
+        def read() -> memoryview:
             head = self._store.header(block)
             buf = bytearray(head.data_size)
             self._store.read_data_into(block, head, buf)
-        except BaseException as e:
-            with self._lock:
-                self._reading.pop(block, None)
-            future.set_exception(e)
-            raise
-        data = memoryview(buf)
-        with self._lock:
-            self._reading.pop(block, None)
-            self._kept[block] = data
-            self._kept_bytes += len(data)
-            while (self._kept_bytes > KEPT_BYTES or len(self._kept) > KEPT_BLOCKS) and len(self._kept) > 1:
-                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
-        self.count("fetched_for_peers")
-        future.set_result(data)
-        return data
+            self.count("fetched_for_peers")
+            return memoryview(buf)
+
+        return self._kept.get(block, read)
 
     # --- one request, answered ----------------------------------------------------------------------
     def answer(self, sock: socket.socket, line: str, headers: dict[str, str]) -> bool:
@@ -258,9 +233,7 @@ class PeerEndpoint:
             except OSError:
                 pass
         self._thread.join(timeout=5)
-        with self._lock:
-            self._kept.clear()
-            self._kept_bytes = 0
+        self._kept.clear()
 
 
 class _Server(socketserver.ThreadingTCPServer):

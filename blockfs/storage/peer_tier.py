@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chain import Tier
-from .kept_heads import KeptHeads
+from .kept_pieces import KeptPieces
 from .peer_protocol import PeerClient, block_path, split_address
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class PeerTier(Tier):
         self._sizes = list(sizes)
         self.backoff = options.backoff
         self._lock = threading.Lock()
-        self._heads = KeptHeads(HEADS_KEPT)
+        self._heads = KeptPieces(HEADS_KEPT)
         self._failed_checks: set[int] = set()  # blocks whose peer bytes failed a check: the store's from now on
         self.served = ServedCounts(options.listen or options.addresses[options.rank])  # the endpoint counts here
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from .blockfiles import BlockFiles
-from .kept_heads import KeptHeads
+from .kept_pieces import KeptPieces
 from .remote import RemoteError, RemoteStore
 
 HEAD_BYTES = 64 << 10  # a header of 12 bytes per file: 64 KiB covers ~5,000 files
@@ -28,7 +28,7 @@ class RemoteBlockFiles(BlockFiles):
         self._objects = object_names
         self._sizes = sizes
         self.names = [remote.where(name) for name in object_names]
-        self._heads = KeptHeads(HEADS_KEPT)
+        self._heads = KeptPieces(HEADS_KEPT)
 
     def size(self, block: int) -> int:
         self._check(block)

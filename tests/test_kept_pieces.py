@@ -1,4 +1,4 @@
-"""KeptHeads: a block's head fetched once however many threads ask, a failure kept by no one, few kept."""
+"""KeptPieces: a block's head fetched once however many threads ask, a failure kept by no one, few kept."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from blockfs.storage.kept_heads import KeptHeads
+from blockfs.storage.kept_pieces import KeptPieces
 
 
 def test_threads_asking_at_once_share_one_fetch():
-    heads = KeptHeads(4)
+    heads = KeptPieces(4)
     started, release = threading.Event(), threading.Event()
     fetches = []
 
@@ -35,7 +35,7 @@ def test_threads_asking_at_once_share_one_fetch():
 
 
 def test_a_failed_fetch_raises_to_its_waiters_and_keeps_nothing():
-    heads = KeptHeads(4)
+    heads = KeptPieces(4)
 
     def broken() -> memoryview:
         raise OSError("gone")
@@ -47,7 +47,7 @@ def test_a_failed_fetch_raises_to_its_waiters_and_keeps_nothing():
 
 
 def test_only_the_last_few_are_kept_and_a_dropped_one_is_fetched_again():
-    heads = KeptHeads(2)
+    heads = KeptPieces(2)
     for block in range(3):
         heads.get(block, lambda b=block: memoryview(bytes([b])))
     assert heads.peek(0) is None and heads.peek(1) is not None and heads.peek(2) is not None
@@ -55,3 +55,12 @@ def test_only_the_last_few_are_kept_and_a_dropped_one_is_fetched_again():
     assert heads.peek(2) is None
     heads.clear()
     assert heads.nbytes() == 0
+
+
+def test_pieces_past_the_byte_bound_go_oldest_first_but_the_last_one_stays():
+    pieces = KeptPieces(8, max_bytes=10)
+    for block in range(3):
+        pieces.get(block, lambda: memoryview(bytes(4)))
+    assert pieces.peek(0) is None and pieces.nbytes() == 8  # 12 bytes passed 10: the oldest went
+    pieces.get(9, lambda: memoryview(bytes(50)))  # larger than the bound alone: kept, the only one
+    assert pieces.peek(9) is not None and pieces.nbytes() == 50 and pieces.peek(2) is None

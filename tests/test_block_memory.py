@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from capability import require
 
 import blockfs
 import blockfs.serve.cache.block_memory as memory
@@ -132,6 +133,7 @@ def test_memory_lock_warns_once_and_says_why(caplog):
         return -1
 
     lock._mlock = refuse
+    lock._mlock2 = None
     maps = [mmap.mmap(-1, mmap.PAGESIZE) for _ in range(3)]
     with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache.block_memory"):
         assert not any(lock.lock(m) for m in maps)
@@ -140,3 +142,23 @@ def test_memory_lock_warns_once_and_says_why(caplog):
     assert MemoryLock(False).describe() == "off" and not MemoryLock(False).lock(maps[0])
     for m in maps:
         m.close()
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def test_locking_a_large_map_faults_in_none_of_it_until_it_is_written():
+    """A retained-file arena is as large as the budget (11.5 GiB at 10 M files): locking it must not fault
+    it all in before the mount serves; its pages are locked as they are filled (MLOCK_ONFAULT)."""
+    size = 256 << 20
+    arena = mmap.mmap(-1, size)
+    lock = MemoryLock(True)
+    before = _rss()
+    locked = lock.lock(arena)
+    require(locked, f"mlock here ({lock.describe()})")
+    assert _rss() - before < size // 4  # not faulted in (plain mlock: the whole 256 MiB)
+    arena[: 1 << 20] = b"x" * (1 << 20)  # written: in memory, and locked with it
+    assert _rss() - before >= 1 << 20
+    arena.close()

@@ -133,7 +133,6 @@ def test_memory_lock_warns_once_and_says_why(caplog):
         return -1
 
     lock._mlock = refuse
-    lock._mlock2 = None
     maps = [mmap.mmap(-1, mmap.PAGESIZE) for _ in range(3)]
     with caplog.at_level(logging.WARNING, logger="blockfs.serve.cache.block_memory"):
         assert not any(lock.lock(m) for m in maps)

@@ -23,6 +23,7 @@ import os
 import resource
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +44,22 @@ class MemoryLock:
         self.enabled = enabled
         self.locked_bytes = 0
         self.failure: str | None = None
-        self._mlock: Callable[[int, int], int] | None = None
-        self._mlock2: Callable[[int, int, int], int] | None = None
+        self._mlock: Callable[[int, int], int] | None = None  # (address, length) -> 0, or -1 with errno
         if enabled:
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
-                self._mlock = libc.mlock
-                self._mlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+                plain = libc.mlock
+                plain.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
             except (OSError, AttributeError) as e:
                 self._give_up(f"mlock is unavailable ({e})")
             else:
-                # MLOCK_ONFAULT (Linux 4.4, glibc 2.27): pages are locked as they are first written, not all
-                # faulted in by the call: the 11.5 GiB arena of 10 M retained files took a mount 16.5 s to
-                # lock before it served (docs/benchmarks.md).  Plain mlock where the C library lacks it.
-                self._mlock2 = getattr(libc, "mlock2", None)
-                if self._mlock2 is not None:
-                    self._mlock2.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+                self._mlock = _on_fault(getattr(libc, "mlock2", None), plain)
 
     def lock(self, buf: mmap.mmap | bytes) -> bool:
         """Try to lock ``buf`` in memory; whether it is locked."""
         if self._mlock is None or self.failure is not None or not isinstance(buf, mmap.mmap):
             return False
-        address = _address_of(buf)
-        done = -1
-        if self._mlock2 is not None:
-            done = self._mlock2(address, len(buf), MLOCK_ONFAULT)
-            if done != 0 and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS):  # a kernel before 4.4
-                self._mlock2 = None
-        if self._mlock2 is None:
-            done = self._mlock(address, len(buf))
+        done = self._mlock(_address_of(buf), len(buf))
         if done == 0:
             self.locked_bytes += len(buf)
             return True
@@ -100,6 +88,24 @@ class MemoryLock:
             "CAP_IPC_LOCK to pin them)",
             why,
         )
+
+
+def _on_fault(mlock2: Any, plain: Callable[[int, int], int]) -> Callable[[int, int], int]:
+    """A lock of a range that locks its pages as they are first written (``MLOCK_ONFAULT``: Linux 4.4,
+    glibc 2.27) rather than faulting them all in first, as ``mlock`` does: the 11.5 GiB arena of 10 M
+    retained files took a mount 16.5 s to lock before it served (docs/benchmarks.md).  ``mlock`` where the C
+    library has no ``mlock2`` or the kernel refuses the flag."""
+    if mlock2 is None:
+        return plain
+    mlock2.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+    def lock(address: int, length: int) -> int:
+        done = mlock2(address, length, MLOCK_ONFAULT)
+        if done != 0 and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS):
+            return plain(address, length)
+        return done
+
+    return lock
 
 
 def _address_of(buf: mmap.mmap) -> int:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from blockfs.serve.cache import memory_plan
 from blockfs.serve.cache.memory_plan import (
     DEFAULT_RETAIN_SHARE,
     budget_from_memory_fraction,
@@ -152,6 +153,50 @@ def test_most_files_keeps_the_most_files_that_fit(sizes, budget, share):
     expected_ids = np.argsort(sizes, kind="stable")[: plan.retained_files]
     np.testing.assert_array_equal(plan.retained_ids, np.sort(expected_ids))
     assert plan.retained_bytes + plan.block_cache_bytes == budget
+
+
+# The selection by size classes (linear: a sum per class, one class sorted) against the selection by one sort of
+# every file, the code it replaced (kept as the fallback): the same files, threshold and bytes whatever the
+# ties, wherever the budget ends, and whether sizes share a class (above 2**16 bytes) or not.
+_CLASS_EDGES = [0, 1, 2**16 - 1, 2**16, 2**16 + 1, 2**16 + 2, 2**17 + 3, 2**40, 2**40 + 1, 2**40 + 2**24]
+class_sizes = st.one_of(
+    hnp.arrays(np.int64, st.integers(1, 60), elements=st.integers(0, 12)),  # ties everywhere
+    hnp.arrays(np.int64, st.integers(1, 60), elements=st.integers(0, 2**21)),  # classes of many sizes
+    hnp.arrays(np.int64, st.integers(1, 60), elements=st.sampled_from(_CLASS_EDGES)),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(sizes=class_sizes, where=st.floats(0, 1), edge=st.integers(0, 4), pick=st.integers(0, 59))
+def test_selection_by_size_classes_is_the_selection_by_sorting(sizes, where, edge, pick):
+    total = int(sizes.sum())
+    prefix = np.concatenate([[0], np.cumsum(np.sort(sizes))])  # what the k smallest files take, for each k
+    k = round(where * sizes.size)
+    share = [int(where * total), int(prefix[k]), int(prefix[k]) - 1, 0, total - 1][edge]
+    if not 0 <= share < total:
+        return
+    requested = [None, int(sizes[pick % sizes.size]), int(sizes[pick % sizes.size]) + 1, int(where * 2**21)]
+    for strategy, threshold in [("most-files", None)] + [("threshold", t) for t in requested]:
+        by_class = memory_plan._select(sizes, share, strategy, threshold)
+        by_sort = memory_plan._select_sorted(sizes, share, strategy, threshold)
+        np.testing.assert_array_equal(by_class[0], by_sort[0])
+        assert by_class[1:] == by_sort[1:], (strategy, threshold)
+
+
+def test_size_classes_keep_the_order_of_sizes_and_small_sizes_exact():
+    sizes = np.sort(np.concatenate([np.array(_CLASS_EDGES), np.random.default_rng(4).integers(0, 2**45, 5000)]))
+    classes = memory_plan._size_classes(sizes)
+    assert (np.diff(classes) >= 0).all()
+    small = sizes < 2**16
+    np.testing.assert_array_equal(classes[small], sizes[small])
+    assert classes.max() < 2**21  # a bincount over the classes stays small
+
+
+def test_byte_sums_too_large_for_the_classes_are_selected_by_sorting():
+    sizes = np.array([2**52, 7, 2**52, 3, 2**52], dtype=np.int64)  # 1.5 * 2**53 bytes in all
+    plan = make_memory_plan(sizes, 2**52 + 10)
+    assert plan.retained.tolist() == [True, True, False, True, False]
+    assert plan.retained_bytes == 2**52 + 10
 
 
 @settings(max_examples=300, deadline=None)

@@ -202,7 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="log file (default for a background mount: one in a private directory, "
         "$XDG_RUNTIME_DIR/blockfs, /run/blockfs for root, else ~/.cache/blockfs/logs)",
     )
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the mount to serve")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds to wait for the mount to serve (default: as long as its serving process lives)",
+    )
     p.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)  # a background mount's budget, resolved
     p.add_argument("--fetched-dir", help=argparse.SUPPRESS)  # a background mount's: the index its parent fetched
     p.add_argument("--handoff-fd", type=int, help=argparse.SUPPRESS)  # a background mount's: its secrets' pipe

@@ -271,8 +271,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
         added = ["--foreground", "--budget-bytes", str(size)] + ([] if args.log else ["--log", log_path])
         added += ["--fetched-dir", fetched] if fetched else []
         command = [sys.executable, "-m", "blockfs", *argv[:end], *added, *argv[end:]]
-        # A preload reads before mounting: wait for it as long as the server lives (it logs its progress).
-        timeout = args.timeout if not args.preload else max(args.timeout, 86400.0)
+        # Waited for until the server says it serves, or dies: however long a large dataset takes (a preload
+        # too: it logs its progress), unless --timeout is given.
+        timeout = args.timeout
         on_report = lambda raw: _print_plan(args, size, why, json.loads(raw))  # noqa: E731
         pid = mnt.start_background(
             command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args), on_report=on_report
@@ -299,7 +300,7 @@ def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
 def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
     """Serve in this process until unmounted (``--foreground``).  The plan the server makes goes to the
     command that started it (``--report-fd``), or is printed here when a person started it."""
-    from ..serve.daemon import send_report
+    from ..serve.daemon import Reports
     from ..serve.mount_files import open_log
     from ..serve.server import serve
 
@@ -319,12 +320,14 @@ def _serve_here(args: argparse.Namespace, size: int, why: str) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
-    on_plan = None
-    if args.report_fd is not None:
-        on_plan = lambda report: send_report(args.report_fd, json.dumps(report).encode())  # noqa: E731
-    elif args.budget_bytes is None:  # a background mount's server: its parent prints it
+    on_plan = on_ready = None
+    if args.report_fd is not None:  # a background mount's server: its parent prints the plan, then returns
+        reports = Reports(args.report_fd)
+        on_plan = lambda report: reports.report(json.dumps(report).encode())  # noqa: E731
+        on_ready = reports.ready
+    elif args.budget_bytes is None:
         on_plan = lambda report: _print_plan(args, size, why, report)  # noqa: E731
-    serve(args.dest, args.mountpoint, options, progress if bar else None, on_plan=on_plan)
+    serve(args.dest, args.mountpoint, options, progress if bar else None, on_plan=on_plan, on_ready=on_ready)
     if bar:
         bar.close()
     _drop_clean_default_log(args)

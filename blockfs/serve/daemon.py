@@ -24,6 +24,7 @@ from .mount_files import canonical, open_log, remove_fetched
 __all__ = [
     "check_mountpoint",
     "is_mounted",
+    "Reports",
     "mount_entry",
     "serving_pid",
     "start_background",
@@ -127,7 +128,7 @@ def start_background(
     command: Sequence[str],
     mountpoint: str | os.PathLike,
     log_path: str,
-    timeout: float = 30.0,
+    timeout: float | None = 30.0,
     handoff: bytes | None = None,
     handoff_option: str = "--handoff-fd",
     on_report: Callable[[bytes], None] | None = None,
@@ -138,9 +139,10 @@ def start_background(
 
     ``handoff``: bytes (secrets) the process reads from an inherited pipe named by ``handoff_option FD``, so
     they appear in no command line or environment another user can read (``/proc/PID/cmdline``).
-    ``on_report(bytes)``: called with what the process writes to the pipe named by ``report_option FD``
-    (its plan, :func:`send_report`) once it closes it, before waiting for the mount; not called when the
-    process exits or the timeout passes without writing anything."""
+    ``on_report(bytes)``: called with each report the process writes to the pipe named by ``report_option
+    FD`` (its plan, :meth:`Reports.report`) as it arrives.  With that pipe, the wait is for the process's
+    word that it serves (:meth:`Reports.ready`) or its death, however long a large dataset takes to
+    assemble (``timeout`` None: no limit); without it, the mount point is polled for ``timeout`` seconds."""
     command = list(command)
     read_end = report_read = report_write = None
     passed: list[int] = []
@@ -178,15 +180,13 @@ def start_background(
         os.close(read_end)
         # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child reads.
         threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
-    deadline = time.monotonic() + timeout
     try:
-        if report_read is not None and report_write is not None:
+        if report_read is not None and report_write is not None and on_report is not None:
             os.close(report_write)
-            report = _read_until_closed(report_read, deadline)
-            if report and on_report is not None:
-                on_report(report)
-        wait_until_mounted(mountpoint, proc, max(0.0, deadline - time.monotonic()), log_path, offset)
-    except MountError:
+            _follow_reports(report_read, proc, timeout, on_report, mountpoint, log_path, offset)
+        else:
+            wait_until_mounted(mountpoint, proc, 30.0 if timeout is None else timeout, log_path, offset)
+    except BaseException:  # a failure, or the wait interrupted (Ctrl-C): no half-started server is left
         if proc.poll() is None:
             proc.terminate()
             try:
@@ -197,30 +197,91 @@ def start_background(
     return proc.pid
 
 
-def _read_until_closed(fd: int, deadline: float) -> bytes:
-    """Everything written to the pipe ``fd`` until its writer closes it (or exits), or until ``deadline``
-    (then b""); ``fd`` is closed."""
-    chunks: list[bytes] = []
+READY = b"ready"  # the last line a serving process writes to its report pipe: it serves
+
+
+def _follow_reports(
+    fd: int,
+    proc: subprocess.Popen,
+    timeout: float | None,
+    on_report: Callable[[bytes], None],
+    mountpoint: str | os.PathLike,
+    log_path: str,
+    log_offset: int,
+) -> None:
+    """Read the serving process's report pipe ``fd`` (closed afterwards): each line before :data:`READY` is a
+    report for ``on_report``; return at that line.  Raise MountError, with the server's own error, when the
+    process exits or closes the pipe first, and after ``timeout`` seconds (None: never)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    buffered = b""
     try:
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([fd], [], [], left)[0]:
-                break
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-        return b""
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise MountError(
+                    f"{os.fspath(mountpoint)!r} was not serving after {timeout:g} s (--timeout)"
+                    f"{_tail(log_path, log_offset)}"
+                )
+            # Woken by a line, by the pipe's end (the process exited), and every second to look at the
+            # process itself: a child it started could hold the pipe open after its death.
+            if select.select([fd], [], [], 1.0 if left is None else min(left, 1.0))[0]:
+                chunk = os.read(fd, 1 << 16)
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    if line == READY:
+                        return
+                    on_report(line)
+                if chunk:
+                    continue
+            elif proc.poll() is None:
+                continue
+            # The pipe ended, or the process is gone, without the word that it serves: it failed.
+            try:
+                proc.wait(UNMOUNT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass  # start_background stops it; the error says what its log says
+            said = _error_line(log_path, log_offset)
+            if said:  # the server's own one-line error: the reason and the fix
+                raise MountError(f"{said} (log: {log_path})")
+            raise MountError(
+                f"the serving process exited with status {proc.returncode} before serving{_tail(log_path, log_offset)}"
+            )
     finally:
         os.close(fd)
 
 
-def send_report(fd: int, data: bytes) -> None:
-    """In a serving process: write ``data`` to the pipe :func:`start_background` named, and close it; quiet
-    when the command that started it is gone."""
-    try:
-        _write_all(fd, data)
-    except OSError:
-        pass
+class Reports:
+    """In a serving process: the pipe to the command that started it (:func:`start_background`).  One line
+    per report (its plan), then :data:`READY` once it serves, and the pipe is closed.  Quiet when that
+    command is gone."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_inheritable(fd, False)  # a child (fusermount3) must not hold it open after this process dies
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+
+    def report(self, data: bytes) -> None:
+        """One report, one line (JSON holds no raw newline; any other is made a space)."""
+        self._send(data.replace(b"\n", b" ") + b"\n")
+
+    def ready(self) -> None:
+        """The mount serves: say so and close the pipe."""
+        self._send(READY + b"\n", last=True)
+
+    def _send(self, data: bytes, last: bool = False) -> None:
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError:
+                last = True  # the command is gone: nothing more to say
+            if last:
+                os.close(self._fd)
+                self._fd = None
 
 
 def _write_all(fd: int, data: bytes) -> None:

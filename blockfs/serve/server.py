@@ -232,15 +232,17 @@ def serve(
     options: MountOptions,
     on_progress: Callable[[int, int], None] | None = None,
     on_plan: Callable[[dict[str, Any]], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Mount ``dest`` at ``mountpoint`` and serve it until unmounted (or SIGINT/SIGTERM); blocks.
 
     ``on_progress(done, total)``: bytes read so far by ``options.preload``, before mounting.
-    ``on_plan(report)``: the mount's plan, made once, before anything is read or mounted."""
+    ``on_plan(report)``: the mount's plan, made once, before anything is read or mounted.
+    ``on_ready()``: once the mount serves (when systemd is told READY=1)."""
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
     with assembled(dest, mountpoint, options, on_progress, on_plan=on_plan) as fs:
-        watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint), daemon=True)
+        watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint, on_ready), daemon=True)
         watcher.start()
         try:
             fs.run(mountpoint, mount_source(dest))
@@ -251,8 +253,8 @@ def serve(
     log.info("unmounted %s", mountpoint)
 
 
-def _when_serving(fs: Adapter, mountpoint: str) -> None:
-    """Once the mount answers: READY=1 to systemd (Type=notify).
+def _when_serving(fs: Adapter, mountpoint: str, on_ready: Callable[[], None] | None = None) -> None:
+    """Once the mount answers: READY=1 to systemd (Type=notify), and ``on_ready()``.
 
     "Answers" is the kernel's INIT answered (``fs.served``) and the mount in the mount table, never a
     ``stat`` of the mount point: that would be a request to this very process, and a server killed while
@@ -261,4 +263,6 @@ def _when_serving(fs: Adapter, mountpoint: str) -> None:
     while not fs.stopped.wait(0.01):
         if fs.served and is_mounted(mountpoint):
             notify(f"READY=1\nSTATUS=serving {mountpoint}")
+            if on_ready is not None:
+                on_ready()
             return

@@ -1,0 +1,132 @@
+"""``blockfs mount`` waits for its serving process's word that it serves, or for its death: never a fixed
+time, which a healthy server of ten million files outlived (issue 30: "was not mounted after 13.66 s").
+
+The serving process here is a stand-in that speaks the report pipe as :func:`blockfs.serve.server.serve`'s
+caller does (:class:`blockfs.serve.daemon.Reports`): a plan line, then ``ready``.  Real mounts on both routes
+go through the same wait in tests/test_mount_plan.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import types
+
+import pytest
+from polling import wait_until
+
+from blockfs import cli
+from blockfs.errors import MountError
+from blockfs.serve import daemon as process
+
+# argv: MODE GO PIDFILE, then --report-fd FD (added by start_background).
+_SERVER = r"""
+import os, subprocess, sys, time
+from blockfs.serve.daemon import Reports
+mode, go, pidfile = sys.argv[1:4]
+reports = Reports(int(sys.argv[sys.argv.index("--report-fd") + 1]))
+reports.report(b'{"plan": "made"}')
+if mode == "slow":
+    while not os.path.exists(go):  # assembling a large dataset, alive, for as long as the test says
+        time.sleep(0.01)
+    reports.ready()
+    while True:
+        time.sleep(1)
+fd = int(sys.argv[sys.argv.index("--report-fd") + 1])
+if mode == "dies-leaving-a-child":  # a child that outlives it holds the pipe open (as a stuck helper could)
+    os.set_inheritable(fd, True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], pass_fds=(fd,))
+    open(pidfile, "w").write(str(child.pid))
+print("blockfs mount: error: the index is damaged: pack the dataset again", file=sys.stderr, flush=True)
+sys.exit(2)
+"""
+
+
+def _start(tmp_path, mode: str, reports: list[bytes], **kwargs) -> int:
+    (tmp_path / "mnt").mkdir(exist_ok=True)
+    command = [sys.executable, "-c", _SERVER, mode, str(tmp_path / "go"), str(tmp_path / "child.pid")]
+    return process.start_background(
+        command, tmp_path / "mnt", str(tmp_path / "log"), on_report=reports.append, **kwargs
+    )
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped by subprocess already
+
+
+def test_a_server_slow_to_serve_but_alive_is_waited_for(tmp_path, monkeypatch):
+    # A clock that runs a minute a reading: any fixed time the wait kept (it was 30 s) runs out at once.
+    clock = iter(range(0, 10**9, 60))
+    monkeypatch.setattr(process, "time", types.SimpleNamespace(monotonic=lambda: next(clock), sleep=time.sleep))
+    reports: list[bytes] = []
+    outcome: dict = {}
+
+    def start() -> None:
+        try:
+            outcome["pid"] = _start(tmp_path, "slow", reports, timeout=None)
+        except BaseException as e:  # noqa: BLE001 -- the test reports it
+            outcome["error"] = e
+
+    waiter = threading.Thread(target=start)
+    waiter.start()
+    try:
+        wait_until(lambda: reports, "the plan reported")
+        assert reports == [b'{"plan": "made"}']
+        assert waiter.is_alive() and not outcome, outcome  # still waiting: the server has not said it serves
+        (tmp_path / "go").touch()
+        waiter.join(30)
+        assert "pid" in outcome, outcome
+    finally:
+        (tmp_path / "go").touch()
+        waiter.join(30)
+        if "pid" in outcome:
+            _stop(outcome["pid"])
+
+
+@pytest.mark.parametrize("mode", ["dies", "dies-leaving-a-child"])
+def test_a_server_that_dies_fails_the_wait_at_once_with_its_error(tmp_path, mode):
+    reports: list[bytes] = []
+    outcome: dict = {}
+
+    def start() -> None:
+        try:
+            outcome["pid"] = _start(tmp_path, mode, reports, timeout=None)
+        except MountError as e:
+            outcome["error"] = str(e)
+
+    waiter = threading.Thread(target=start, daemon=True)
+    waiter.start()
+    try:
+        # Not a timing: without looking at the process itself the wait would last as long as the child (300 s).
+        wait_until(lambda: not waiter.is_alive(), "the mount's wait to fail", timeout=60)
+        assert "the index is damaged: pack the dataset again" in outcome.get("error", ""), outcome
+        assert reports == [b'{"plan": "made"}']
+    finally:
+        if (tmp_path / "child.pid").exists():
+            _stop(int((tmp_path / "child.pid").read_text()))
+
+
+def test_a_given_timeout_still_bounds_the_wait(tmp_path):
+    reports: list[bytes] = []
+    with pytest.raises(MountError, match=r"was not serving after 0\.2 s \(--timeout\)"):
+        _start(tmp_path, "slow", reports, timeout=0.2)  # the server is stopped on the way out
+
+
+def test_blockfs_mount_waits_without_a_time_limit_unless_given_one(tmp_path, monkeypatch):
+    given: list = []
+
+    def start_background(command, mountpoint, log_path, **kwargs):
+        given.append(kwargs["timeout"])
+        return 1
+
+    monkeypatch.setattr(process, "start_background", start_background)
+    (tmp_path / "mnt").mkdir()
+    for extra, expected in (([], None), (["--timeout", "5"], 5.0)):
+        assert cli.main(["mount", str(tmp_path / "ds"), str(tmp_path / "mnt"), "-q", *extra]) == 0
+        assert given.pop() == expected

@@ -39,6 +39,37 @@ def hasher() -> blake3:
     return blake3()
 
 
+class FillingDigest:
+    """The digest of a buffer filled front to back, each piece hashed on a thread of its own as soon as it is
+    filled (:meth:`filled`) while the next is being filled: a mount's index (1.5 GB at ten million files)
+    costs the time of its copy, not that plus its hash.  The buffer must stay unchanged until :meth:`digest`."""
+
+    def __init__(self, buf: ReadableBuffer) -> None:
+        self._buf = buf
+        self._hash = blake3()
+        self._hashed = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="blockfs-index-hash")  # one thread: pieces in order
+
+    def filled(self, end: int) -> None:
+        """The buffer is final up to ``end``: hash what was not yet."""
+        if end > self._hashed:
+            self._pool.submit(self._update, self._hashed, end)
+            self._hashed = end
+
+    def _update(self, start: int, end: int) -> None:
+        with memoryview(self._buf) as view, view[start:end] as piece:
+            self._hash.update(piece)
+
+    def digest(self) -> bytes:
+        """The digest of everything :meth:`filled` said (waits for its hashing)."""
+        self._pool.shutdown(wait=True)
+        return self._hash.digest()
+
+    def abandon(self) -> None:
+        """Stop: nothing more is hashed; returns once nothing holds the buffer."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 class ChunkHasher:
     """The digest of each ``chunk``-byte piece of a stream fed in pieces of any size (the last may be
     shorter): what the index holds of a block's data section, so a piece of a big file is checked alone."""

@@ -46,7 +46,7 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     check_crc,
     check_digest,
     check_header,
-    read_index_file,
+    read_index_file_hashed,
     read_toc,
     write_arrays,
 )
@@ -447,7 +447,8 @@ class PackedIndex:
     ) -> None:
         self.file = os.fspath(path)
         where = f"index {self.file}"
-        self._buf = read_index_file(self.file, where, copies)
+        # Hashed as it is read (on a thread, piece by piece), when blockfs.json gives a digest to compare with.
+        self._buf, hashed = read_index_file_hashed(self.file, where, copies, hashed=digest is not None)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:
@@ -456,7 +457,7 @@ class PackedIndex:
                     f"index, which holds none; {REPACK}"
                 )
             try:
-                check_digest(self._buf, where, digest)
+                check_digest(self._buf, where, digest, hashed)
             except IndexFormatError:
                 if crc32 is not None:  # damage by accident is named as it always was
                     check_crc(self._buf, where, crc32)

@@ -35,8 +35,10 @@ import mmap
 import os
 import struct
 import sys
+from collections.abc import Callable
 
 from ..storage.owned import open_owned_dir, user_cache_directory
+from . import digest as dg
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +71,11 @@ class IndexCopies:
         directory = default_directory()
         return cls(directory) if directory else None
 
-    def hold(self, fd: int, size: int) -> mmap.mmap | None:
-        """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd``, or None
-        where no copy can be made here (the reason logged once).  ``IndexChanged`` if ``fd`` ends before
-        ``size`` bytes (the file shrank while it was copied)."""
+    def hold(self, fd: int, size: int, hashed: bool = False) -> tuple[mmap.mmap, bytes | None] | None:
+        """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd`` and, if
+        ``hashed``, the copy's BLAKE3 digest (hashed piece by piece behind the copy); None where no copy
+        can be made here (the reason logged once).  ``IndexChanged`` if ``fd`` ends before ``size`` bytes
+        (the file shrank while it was copied)."""
         try:
             dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX)
         except OSError as e:
@@ -89,16 +92,26 @@ class IndexCopies:
                 return None
         finally:
             os.close(dir_fd)
+        held = hashing = None
         try:
-            _copy(fd, copy, size)
-            if os.fstat(copy).st_size != size:
-                raise IndexChanged(os.fstat(copy).st_size)
+            if not size:
+                return None
+            os.ftruncate(copy, size)  # mapped before it is filled, so each piece is hashed as soon as it is copied
+            held = mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
+            hashing = dg.FillingDigest(held) if hashed else None
+            _copy(fd, copy, size, hashing.filled if hashing is not None else None)
             os.fchmod(copy, 0o400)  # reopened through /proc/PID/fd, it is not writable (but by root)
-            return mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD) if size else None
+            got = hashing.digest() if hashing is not None else None
+            hashing = None
+            return held, got
         except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
             log.warning("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
             return None
         finally:
+            if hashing is not None:  # failed: nothing may hash the map once it is closed
+                hashing.abandon()
+                if held is not None:
+                    held.close()
             os.close(copy)  # the map keeps the file; with no descriptor and no name, nothing else reaches it
 
 
@@ -110,13 +123,17 @@ class IndexChanged(Exception):
         self.got = got
 
 
-def _copy(src: int, dst: int, size: int) -> None:
-    """``size`` bytes of ``src`` from its start into ``dst`` at its start, in the kernel."""
+PIECE = 32 << 20  # bytes copied at a time: the hash of one piece runs while the next is copied
+
+
+def _copy(src: int, dst: int, size: int, on_copied: Callable[[int], None] | None = None) -> None:
+    """``size`` bytes of ``src`` from its start into ``dst`` at its start, in the kernel, in pieces;
+    ``on_copied(end)`` after each: ``dst`` is final up to ``end``."""
     done, ranged = 0, True
     while done < size:
         if ranged:
             try:
-                n = os.copy_file_range(src, dst, size - done, done, done)
+                n = os.copy_file_range(src, dst, min(PIECE, size - done), done, done)
             except OSError as e:
                 if e.errno not in _NO_RANGE_COPY or done:
                     raise
@@ -124,10 +141,12 @@ def _copy(src: int, dst: int, size: int) -> None:
                 continue
         else:
             os.lseek(dst, done, os.SEEK_SET)
-            n = os.sendfile(dst, src, done, size - done)
+            n = os.sendfile(dst, src, done, min(PIECE, size - done))
         if n == 0:
             raise IndexChanged(done)
         done += n
+        if on_copied is not None:
+            on_copied(done)
 
 
 _statfs = None

@@ -181,9 +181,20 @@ def _count(value: np.ndarray | Deferred | None) -> int:
     return int(np.asarray(value).size)
 
 
+READ_PIECE = 32 << 20  # bytes read at a time: the hash of one piece runs while the next is read
+
+
 def read_index_file(path: str, where: str, copies: IndexCopies | None = None) -> mmap.mmap:
     """The whole index file, read into anonymous memory; with ``copies``, copied into a private unnamed file
     and mapped read-only instead, where one can be made (:mod:`.index_copy`)."""
+    return read_index_file_hashed(path, where, copies, hashed=False)[0]
+
+
+def read_index_file_hashed(
+    path: str, where: str, copies: IndexCopies | None = None, hashed: bool = True
+) -> tuple[mmap.mmap, bytes | None]:
+    """:func:`read_index_file`, and the BLAKE3 digest of the bytes held (with ``hashed``), each piece hashed
+    on a thread while the next is read: the digest costs no time beyond the read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO must not block
     except OSError as e:
@@ -197,7 +208,7 @@ def read_index_file(path: str, where: str, copies: IndexCopies | None = None) ->
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
         if copies is not None:
             try:
-                held = copies.hold(fd, size)
+                held = copies.hold(fd, size, hashed)
             except IndexChanged as e:
                 raise IndexFormatError(f"{where}: changed while it was read ({e.got} of {size} bytes)") from None
             if held is not None:
@@ -213,19 +224,28 @@ def read_index_file(path: str, where: str, copies: IndexCopies | None = None) ->
                 buf.madvise(huge)
             except OSError:  # a kernel built without transparent huge pages: 4 KiB pages, faulted as read
                 pass
-        with memoryview(buf) as view:
-            got = 0
-            while got < size:
-                try:
-                    n = os.preadv(fd, [view[got:]], got)
-                except OSError as e:
-                    raise IndexFormatError(f"{where}: read failed: {e.strerror}") from e
-                if n == 0:  # the file shrank while it was read
-                    raise IndexFormatError(f"{where}: changed while it was read ({got} of {size} bytes)")
-                got += n
+        hashing = dg.FillingDigest(buf) if hashed else None
+        try:
+            with memoryview(buf) as view:
+                got = 0
+                while got < size:
+                    try:
+                        n = os.preadv(fd, [view[got : got + READ_PIECE]], got)
+                    except OSError as e:
+                        raise IndexFormatError(f"{where}: read failed: {e.strerror}") from e
+                    if n == 0:  # the file shrank while it was read
+                        raise IndexFormatError(f"{where}: changed while it was read ({got} of {size} bytes)")
+                    got += n
+                    if hashing is not None:
+                        hashing.filled(got)
+            digest = hashing.digest() if hashing is not None else None
+            hashing = None
+        finally:
+            if hashing is not None:
+                hashing.abandon()
     finally:
         os.close(fd)
-    return buf
+    return buf, digest
 
 
 def short_repr(value: object) -> str:
@@ -269,9 +289,10 @@ def check_crc(buf: mmap.mmap, where: str, expected: int) -> None:
         )
 
 
-def check_digest(buf: mmap.mmap, where: str, expected: str) -> None:
-    """The whole file's BLAKE3 digest is the one ``blockfs.json`` records (hex)."""
-    got = dg.digest(buf).hex()
+def check_digest(buf: mmap.mmap, where: str, expected: str, hashed: bytes | None = None) -> None:
+    """The whole file's BLAKE3 digest (``hashed``, if given: :func:`read_index_file_hashed`'s) is the one
+    ``blockfs.json`` records (hex)."""
+    got = (hashed if hashed is not None else dg.digest(buf)).hex()
     if got != expected:
         raise IndexFormatError(
             f"{where}: checksum mismatch (blockfs.json records the BLAKE3 digest {expected}, the file has {got}): "

@@ -268,9 +268,12 @@ class _Blocks:
         pass
 
 
-def test_retained_targets_are_found_by_array_and_cost_no_object_per_file():
+@pytest.mark.parametrize("counted", [False, True], ids=["widths-from-targets", "widths-from-the-index"])
+def test_retained_targets_are_found_by_array_and_cost_no_object_per_file(counted):
     """200,000 targets spread over blocks: the table that finds them is arrays (bytes per target, not a
-    dict entry's hundreds), and every target, and only a target, is served from the arena once read."""
+    dict entry's hundreds), and every target, and only a target, is served from the arena once read.  The
+    table's rows per block are each block's slots up to its last target, or the index's block_counts as the
+    mount gives them (no pass over the targets to find them)."""
     import tracemalloc
 
     from blockfs.serve.cache.retain import RetainingReader
@@ -284,7 +287,10 @@ def test_retained_targets_are_found_by_array_and_cost_no_object_per_file():
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        reader = RetainingReader(cache, blocks, slots, np.full(chosen.size, 3), lock_memory=False)  # type: ignore[arg-type]
+        counts = np.full(n_blocks, per_block) if counted else None
+        reader = RetainingReader(
+            cache, blocks, slots, np.full(chosen.size, 3), lock_memory=False, slots_per_block=counts
+        )  # type: ignore[arg-type]
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -303,3 +309,17 @@ def test_retained_targets_are_found_by_array_and_cost_no_object_per_file():
         assert reader.read_file(b, s, 0, 1, 5) == bytes([b]) * 2 and cache.reads == reads  # from the arena
     finally:
         reader.close()
+
+
+def test_a_target_past_its_blocks_slots_is_refused():
+    from blockfs.serve.cache.retain import RetainingReader
+
+    with pytest.raises(ValueError, match="past its block's slots"):
+        RetainingReader(
+            _Blocks(3),
+            np.array([0, 1]),
+            np.array([0, 4]),
+            np.array([3, 3]),
+            lock_memory=False,
+            slots_per_block=np.array([5, 4]),
+        )  # type: ignore[arg-type]

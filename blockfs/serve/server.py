@@ -196,7 +196,14 @@ def assembled(
             retainer = None
             if targets is not None:
                 blocks, slots, sizes = targets
-                retainer = RetainingReader(cache, blocks, slots, sizes, lock_memory=options.lock_memory)
+                retainer = RetainingReader(
+                    cache,
+                    blocks,
+                    slots,
+                    sizes,
+                    lock_memory=options.lock_memory,
+                    slots_per_block=ds.index.arrays["block_counts"],
+                )
                 stack.callback(retainer.close)
             prefetch = share = None
             if options.policy != "none":

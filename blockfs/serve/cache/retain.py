@@ -39,7 +39,8 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     column is gathered once (no copy of a copy: fresh pages cost a mount as much as the arithmetic)."""
     files = np.flatnonzero(arrays["kind"] == KIND_FILE)
     block, slot = arrays["block"][files], arrays["slot"][files]
-    size = arrays["size"][files].astype(np.int64, copy=False)
+    # Sizes as int64 without a copy: every file fits in its block (core/index_checks.py), far below 2**63.
+    size = arrays["size"][files].view(np.int64)
     if not files.size:
         return block, slot, size
     base = slot_base(arrays["block_counts"])
@@ -69,6 +70,7 @@ class RetainingReader:
         sizes: np.ndarray,
         *,
         lock_memory: bool = True,
+        slots_per_block: np.ndarray | None = None,
     ) -> None:
         self._cache = cache
         blocks, slots = np.asarray(blocks, dtype=np.int64), np.asarray(slots, dtype=np.int64)
@@ -77,10 +79,16 @@ class RetainingReader:
         self.capacity = int(sizes.sum())
         self.n_targets = int(sizes.size)
         # Where each target lives, in arrays (no Python object per file): target (block, slot) is row
-        # base[block] + slot of a table as long as the blocks' slots up to their last target's; a row
-        # holds the file's start in the arena and its length, or -1 where the file is not a target.
-        width = np.zeros(int(blocks.max()) + 1 if blocks.size else 0, dtype=np.int64)
-        np.maximum.at(width, blocks, slots + 1)
+        # base[block] + slot of a table as long as the blocks' slots (``slots_per_block``: the index's
+        # block_counts, which bound every slot; else each block's up to its last target); a row holds the
+        # file's start in the arena and its length, or -1 where the file is not a target.
+        if slots_per_block is not None:
+            width = np.asarray(slots_per_block, dtype=np.int64)  # no pass over the targets: 0.25 s at 10 M
+            if blocks.size and (int(blocks.max()) >= width.size or np.any(slots >= width[blocks])):
+                raise ValueError("a target's slot is past its block's slots")
+        else:
+            width = np.zeros(int(blocks.max()) + 1 if blocks.size else 0, dtype=np.int64)
+            np.maximum.at(width, blocks, slots + 1)
         base = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
         rows = base[blocks] + slots
         start, length = np.full(int(base[-1]), -1, dtype=np.int64), np.full(int(base[-1]), -1, dtype=np.int64)

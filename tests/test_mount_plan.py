@@ -33,6 +33,9 @@ def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(
 ):
     require(has_fuse(), "/dev/fuse")
     monkeypatch.setenv("BLOCKFS_FUSE", binding)  # the serving process's route
+    budget = json.loads((packed / "blockfs.json").read_text())["file_bytes"] // 3  # does not fit: files retained
+    with PackedDataset(packed) as ds:  # what `blockfs plan` makes, made here before planning is forbidden
+        made = make_mount_plan(ds, budget).report()["plan"]
 
     def no_plan_here(*args, **kwargs):
         raise AssertionError("blockfs mount made a memory plan itself: only its server may")
@@ -40,7 +43,6 @@ def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(
     monkeypatch.setattr(plan_module, "make_memory_plan", no_plan_here)  # this process only, not the server
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    budget = json.loads((packed / "blockfs.json").read_text())["file_bytes"] // 3  # does not fit: files retained
     try:
         assert (
             cli.main(["mount", str(packed), str(mnt), "--cache-size", str(budget), "--log", str(tmp_path / "log")]) == 0
@@ -52,6 +54,8 @@ def test_blockfs_mount_prints_the_plan_its_server_made_and_makes_none_itself(
     assert out.count("memory plan:") == 1 and out.count("memory budget:") == 1, out
     assert f"retained files:   {served['retained_files']:,} files" in out, out
     assert out.index("memory budget:") < out.index("mounted ")
+    chosen = ("retained_files", "retained_bytes", "block_cache_bytes", "threshold", "n_files", "dataset_bytes")
+    assert {k: served[k] for k in chosen} == {k: made[k] for k in chosen}  # the server's plan is `blockfs plan`'s
 
 
 def test_blockfs_plan_is_the_plan_a_server_makes(packed, capsys):

@@ -43,14 +43,21 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     size = arrays["size"][files].view(np.int64)
     if not files.size:
         return block, slot, size
-    base = slot_base(arrays["block_counts"])
-    keys = base[block] + slot
-    # The index's checks bound the slots by the files (core/index_checks.py), so the count array is small.
-    if np.bincount(keys, minlength=int(base[-1])).max() > 1:  # hard links: keep each file's first
+    if _shares_slots(arrays):  # hard links: keep each file's first
+        keys = slot_base(arrays["block_counts"])[block] + slot
         _, first = np.unique(keys, return_index=True)
         first.sort()
         return block[first], slot[first], size[first]
     return block, slot, size  # no two entries share a slot (the common case): no sort, no second gather
+
+
+def _shares_slots(arrays: Any) -> bool:
+    """Whether two entries name one file (a hard link).  ``block_files`` lists every file entry in (block,
+    slot) order (core/index_checks.py's block layout check), so entries that share a slot are neighbours
+    there: one comparison of neighbours, not a count over every slot (0.2 s at ten million files)."""
+    listed = arrays["block_files"]
+    block, slot = arrays["block"][listed], arrays["slot"][listed]
+    return bool(np.any((block[1:] == block[:-1]) & (slot[1:] == slot[:-1])))
 
 
 class RetainingReader:

@@ -418,3 +418,59 @@ def test_a_size_the_block_disagrees_with_is_never_served_from_memory(tmp_path):
             calls.read(b"f1")
         assert raised.value.errno == errno.EIO
         assert not fs.view.cache.holds(0)
+
+
+def test_reads_of_retained_files_and_of_cached_blocks_are_answered_on_the_request_thread(packed, tmp_path, monkeypatch):
+    # With a budget smaller than the dataset the plan retains small files (the retainer) and caches blocks with
+    # the rest: a read of a retained file is copied from the retainer's arena and one of a cached block's file
+    # from the block, both by the reader thread that took it (never DEFERRED to the data pool), without
+    # read_entry or the cache's read_file, and counted as each tier counts a hit.
+    from kernelcalls import KernelCalls
+
+    from blockfs.core.dataset import PackedDataset
+    from blockfs.serve.cache.block_cache import BlockCache
+    from blockfs.serve.fuse import wire
+    from blockfs.serve.fuse.session import DEFERRED
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    total = sum((src / n).stat().st_size for n in names)
+    options = MountOptions(
+        cache_bytes=total * 3 // 4,
+        retain_strategy="threshold",
+        retain_threshold=4000,
+        prefill=False,
+        preload=True,  # the blocks the cache holds, then every retained file
+        lock_memory=False,
+    )
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        view, calls = fs.view, KernelCalls(fs)
+        assert view.retainer is not None and view.retainer.targets > 0
+        retained = cached = None
+        for name in names:
+            e = view.lookup(name.encode())
+            block, slot = view.block_slot(e)
+            if retained is None and view.retainer.holds(block, slot):
+                retained = name
+            elif cached is None and not view.retainer.is_target(block, slot) and view.cache.holds(block):
+                cached = name
+        assert retained is not None and cached is not None, "the plan should retain some files and cache some blocks"
+        made: list[str] = []
+        for cls, method_name in ((PackedDataset, "read_entry"), (BlockCache, "read_file")):
+            method = getattr(cls, method_name)
+            monkeypatch.setattr(
+                cls, method_name, lambda *a, _m=method, _n=method_name, **k: made.append(_n) or _m(*a, **k)
+            )
+        before = view.stats()
+        for name in (retained, cached):
+            err, node = calls.lookup_path(name.encode())
+            assert err == 0
+            out = fs.read(node, memoryview(wire.READ_IN.pack(0, 0, 1 << 20, 0) + bytes(16)), 1)
+            assert out is not DEFERRED, f"{name}: its read waited for the data pool"
+            assert bytes(out) == (src / name).read_bytes(), name
+        after = view.stats()
+    assert made == [], made
+    assert after["retained"]["retained_hits"] - before["retained"]["retained_hits"] == 1
+    assert after["counters"]["file_hits"] - before["counters"]["file_hits"] == 2

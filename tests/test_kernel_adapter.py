@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,8 @@ def test_after_a_listing_with_attributes_no_lookup_and_no_read_reaches_the_serve
 
 def test_a_default_listing_is_names_only_pushes_nothing_and_each_file_is_looked_up_once(packed, tmp_path):
     """--listing plain, the default (chosen by the whole pass, docs/benchmarks.md): the kernel is sent READDIR,
-    never READDIRPLUS, so it links no inode for a listed entry and nothing is pushed with every block in
-    memory; a file read after the listing is looked up once, then read."""
+    never READDIRPLUS, so it links no inode for a listed entry and nothing is pushed for the listing with every
+    block in memory; a file read after the listing is looked up once, then read."""
     src, dest = packed
     with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
         n_blocks = stats(m.path)["dataset"]["blocks"]
@@ -87,7 +88,9 @@ def test_a_default_listing_is_names_only_pushes_nothing_and_each_file_is_looked_
         assert listed.get("lookup", 0) - before.get("lookup", 0) <= dirs
         same_bytes(m.path, src, names)
         s = stats(m.path)
-        assert s["page_cache"]["files_pushed"] == 0 and s["mount"]["listing"] == "plain"
+        pushes = s["page_cache"]
+        # Nothing pushed for the listing: only files opened (at their isatty ioctl, pushed before it is answered)
+        assert pushes["files_pushed"] == pushes["pushed_at_open"] and s["mount"]["listing"] == "plain"
         assert s["requests"]["lookup"] - listed.get("lookup", 0) >= len(names)
 
 
@@ -474,3 +477,24 @@ def test_reads_of_retained_files_and_of_cached_blocks_are_answered_on_the_reques
     assert made == [], made
     assert after["retained"]["retained_hits"] - before["retained"]["retained_hits"] == 1
     assert after["counters"]["file_hits"] - before["counters"]["file_hits"] == 2
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="CPython 3.14's open() sends no isatty ioctl to push at")
+def test_a_file_opened_with_python_is_pushed_at_its_isatty_and_sends_no_read(packed, tmp_path):
+    # Reads from a list, no listing, every block in memory: a LOOKUP, then open()'s isatty ioctl, then the READ.
+    # The ioctl is taken by the pusher, which pushes the file's pages and only then answers, so the reader's
+    # first read finds them: no READ is sent (a push after the LOOKUP answer lost that race 97-99 % of the time).
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+        n_blocks = stats(m.path)["dataset"]["blocks"]
+        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == n_blocks, "prefill to load every block")
+        before, pushed = requests(m.path), stats(m.path)["page_cache"]
+        for name in names:
+            with open(m.path / name, "rb") as f:
+                assert f.read() == (src / name).read_bytes(), name
+        after, now = requests(m.path), stats(m.path)["page_cache"]
+    assert after.get("ioctl", 0) - before.get("ioctl", 0) >= len(names)
+    assert after.get("read", 0) - before.get("read", 0) <= len(names) // 10, (before, after)
+    assert now["pushed_at_open"] - pushed["pushed_at_open"] >= len(names) * 9 // 10, now
+    assert now["push_errors"] == 0

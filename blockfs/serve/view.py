@@ -115,16 +115,8 @@ class MountView:
     def attr(self, node: int) -> Attr:
         if node >= self.n_entries:
             return self.control.getattr(self._ctl(node))
-        _kind, ino, size, mode, nlink, mtime_ns = self._stat(node)
+        _kind, ino, size, mode, nlink, mtime_ns = self.index.attr_fields(node)  # a symlink's size: its target's
         return Attr(ino, size, mode, nlink, mtime_ns)
-
-    def _stat(self, e: int) -> tuple[int, int, int, int, int, int]:
-        """(kind, ino, size, mode, nlink, mtime_ns) of dataset entry ``e``, as :meth:`attr` and
-        :meth:`entry_attr` answer it (a symlink's size is its target's length, as :meth:`attrs` has it)."""
-        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self.index.stat_fields(e)
-        if kind == KIND_SYMLINK:
-            size = len(self.index.link_target(e))
-        return kind, ino, size, mode, nlink, mtime_ns
 
     def entry_attr(self, node: int) -> tuple[int, int, int, int, int] | None:
         """:meth:`attr` of a node the kernel learns of by a lookup, as (ino, size, mode, nlink, mtime_ns), with
@@ -132,7 +124,7 @@ class MountView:
         would wait on storage.  A lookup's whole question, in one call and no object but the tuple."""
         if node >= self.n_entries:
             return self.control.getattr(self._ctl(node))
-        kind, ino, size, mode, nlink, mtime_ns = self._stat(node)
+        kind, ino, size, mode, nlink, mtime_ns = self.index.attr_fields(node)  # as attr() has it
         if not size and kind == KIND_FILE and self.ds.confirm_empty(node) is None:
             return None
         return ino, size, mode, nlink, mtime_ns
@@ -340,11 +332,14 @@ class MountView:
         held = [b for b in np.unique(blocks).tolist() if self.cache.holds(b)]
         return entries[np.isin(blocks, held)]
 
-    def pages(self, e: int) -> memoryview | None:
-        """File ``e``'s bytes where its block is in memory (verified; valid while held), else None."""
+    def pages(self, e: int) -> bytes | memoryview | None:
+        """File ``e``'s bytes where they are in memory (verified): a view of its cached block (valid while held),
+        else a copy of it from the retained files; None where neither holds it."""
         block, slot = self.block_slot(e)
         cached = self.cache.cached(block)
-        return None if cached is None else cached.view(slot)
+        if cached is not None:
+            return cached.view(slot)
+        return None if self.retainer is None else self.retainer.read_held(block, slot, count=False)
 
     def path_of(self, e: int) -> str:
         """A dataset entry's path, for messages."""

@@ -129,15 +129,18 @@ class RetainingReader:
                     self._c["retained_bytes"] += length
         return data[offset : offset + size]
 
-    def read_held(self, block: int, slot: int, offset: int = 0, size: int = -1) -> bytes | None:
-        """A held file's bytes from ``offset`` (``size`` < 0: to its end), counted as a retained read; None
-        where the file is not held (not a target, or not read yet): a memory copy, never a wait."""
+    def read_held(self, block: int, slot: int, offset: int = 0, size: int = -1, *, count: bool = True) -> bytes | None:
+        """A held file's bytes from ``offset`` (``size`` < 0: to its end), counted as a retained read (unless
+        ``count`` is False: a push, not a read); None where the file is not held (not a target, or not read
+        yet): a memory copy, never a wait."""
         row = self._row(block, slot)
         if row < 0 or not self._held[row]:
             return None
         start, length = self._start[row], self._length[row]
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
+        if not count:
+            return self._arena[start + offset : start + offset + size]
         with self._lock:
             self._c["retained_reads"] += 1
             self._c["storage_bytes_avoided"] += size

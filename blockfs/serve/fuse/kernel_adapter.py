@@ -19,7 +19,9 @@ plus the three things only this route can do:
 * **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
   file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
   reads of those files never reach this process.  Files listed after their block loaded are pushed as
-  they are listed (:mod:`blockfs.serve.fuse.page_pusher`).  Only bytes the store verified are pushed, and
+  they are listed, and a file opened by CPython < 3.14's ``open()`` at its isatty ioctl, answered only once
+  its pages are in, so its first read is not sent (:mod:`blockfs.serve.fuse.page_pusher`); retained files
+  are pushed as block files are.  Only bytes the store verified are pushed, and
   a push to a node the kernel has dropped is skipped.  Pushed pages are ordinary page cache: under memory
   pressure the kernel drops them and the reads come back here, served as before.
 

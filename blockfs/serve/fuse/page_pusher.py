@@ -117,14 +117,21 @@ class PagePusher:
 
     def _push_opened(self, e: int, unique: int) -> None:
         """Push a file just opened, if its bytes are in memory, then answer the ioctl that brought it: the
-        answer comes after the pages, so the reader's first read finds them (whatever happens here)."""
+        answer comes after the pages, so the reader's first read finds them (whatever happens here).  The
+        kernel holds the node (the file is open): no lookup count to check, no retry."""
         try:
-            before = self.counts["files_pushed"]
-            self.push([e])
-            self.counts["pushed_at_open"] += self.counts["files_pushed"] - before
-        except Exception:
-            self.counts["push_errors"] += 1
-            log.exception("pushing an opened file's pages failed; its reads are served as usual")
+            data = None if self._pushed[e] else self.view.pages(e)
+            if data is not None and len(data):
+                stored = self._store(e + 1, data)
+                if stored:
+                    self._pushed[e] = 1
+                    counts = self.counts
+                    counts["files_pushed"] += 1
+                    counts["bytes_pushed"] += len(data)
+                    counts["pushed_at_open"] += 1
+        except Exception as err:  # noqa: BLE001 - its reads are served as usual
+            self._pushed[e] = 1  # not tried again while the kernel holds the node
+            self._failed(e, err)
         finally:
             if self._answer_ioctl is not None:
                 self._answer_ioctl(unique)

@@ -498,3 +498,54 @@ def test_a_file_opened_with_python_is_pushed_at_its_isatty_and_sends_no_read(pac
     assert after.get("read", 0) - before.get("read", 0) <= len(names) // 10, (before, after)
     assert now["pushed_at_open"] - pushed["pushed_at_open"] >= len(names) * 9 // 10, now
     assert now["push_errors"] == 0
+
+
+def test_an_ioctl_taken_for_a_push_is_always_answered(packed, tmp_path):
+    # The pusher takes an opened file's isatty ioctl and answers it after the push, whatever the push does:
+    # pushed, refused by the kernel, or failed.  Nodes past the dataset's entries and files already pushed
+    # are not taken (the session answers them at once).
+    import errno as errnos
+    import threading
+
+    from kernelcalls import KernelCalls
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)
+        stored: list[int] = []
+        outcomes = iter([True, False, OSError(errnos.EIO, "refused"), True])
+
+        def store(nodeid: int, data, offset: int = 0) -> bool:
+            outcome = next(outcomes)
+            if isinstance(outcome, Exception):
+                raise outcome
+            stored.append(nodeid)
+            return outcome
+
+        calls.session.store = store
+        while not fs.pusher.jobs.empty():  # the blocks' loads queued their pushes: only the opens' are wanted here
+            fs.pusher.jobs.get()
+        pusher = threading.Thread(target=fs.pusher.run, daemon=True)
+        pusher.start()
+        try:
+            nodes = [calls.lookup_path(n.encode())[1] for n in names[:3]]
+            for unique, node in enumerate(nodes, start=1000):
+                assert fs.pusher.opened(node, unique)
+                assert calls.session.wait(unique) == (errnos.ENOTTY, b"")
+            assert stored == nodes[:2]
+            assert not fs.pusher.opened(nodes[0], 2000)  # pushed: its pages are in the kernel
+            assert fs.pusher.opened(nodes[1], 2001)  # refused: tried again at its next open
+            assert calls.session.wait(2001) == (errnos.ENOTTY, b"")
+            assert stored == [*nodes[:2], nodes[1]]
+            assert not fs.pusher.opened(fs.view.n_entries + 1, 2002)  # the control directory's node
+            counts = fs.pusher.counts
+            assert counts["pushed_at_open"] == 2 and counts["push_errors"] == 1
+        finally:
+            fs.pusher.jobs.put(None)
+            pusher.join(10)

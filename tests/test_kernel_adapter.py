@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,8 @@ def test_after_a_listing_with_attributes_no_lookup_and_no_read_reaches_the_serve
 
 def test_a_default_listing_is_names_only_pushes_nothing_and_each_file_is_looked_up_once(packed, tmp_path):
     """--listing plain, the default (chosen by the whole pass, docs/benchmarks.md): the kernel is sent READDIR,
-    never READDIRPLUS, so it links no inode for a listed entry and nothing is pushed with every block in
-    memory; a file read after the listing is looked up once, then read."""
+    never READDIRPLUS, so it links no inode for a listed entry and nothing is pushed for the listing with every
+    block in memory; a file read after the listing is looked up once, then read."""
     src, dest = packed
     with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
         n_blocks = stats(m.path)["dataset"]["blocks"]
@@ -87,7 +88,9 @@ def test_a_default_listing_is_names_only_pushes_nothing_and_each_file_is_looked_
         assert listed.get("lookup", 0) - before.get("lookup", 0) <= dirs
         same_bytes(m.path, src, names)
         s = stats(m.path)
-        assert s["page_cache"]["files_pushed"] == 0 and s["mount"]["listing"] == "plain"
+        pushes = s["page_cache"]
+        # Nothing pushed for the listing: only files opened (at their isatty ioctl, pushed before it is answered)
+        assert pushes["files_pushed"] == pushes["pushed_at_open"] and s["mount"]["listing"] == "plain"
         assert s["requests"]["lookup"] - listed.get("lookup", 0) >= len(names)
 
 
@@ -418,3 +421,131 @@ def test_a_size_the_block_disagrees_with_is_never_served_from_memory(tmp_path):
             calls.read(b"f1")
         assert raised.value.errno == errno.EIO
         assert not fs.view.cache.holds(0)
+
+
+def test_reads_of_retained_files_and_of_cached_blocks_are_answered_on_the_request_thread(packed, tmp_path, monkeypatch):
+    # With a budget smaller than the dataset the plan retains small files (the retainer) and caches blocks with
+    # the rest: a read of a retained file is copied from the retainer's arena and one of a cached block's file
+    # from the block, both by the reader thread that took it (never DEFERRED to the data pool), without
+    # read_entry or the cache's read_file, and counted as each tier counts a hit.
+    from kernelcalls import KernelCalls
+
+    from blockfs.core.dataset import PackedDataset
+    from blockfs.serve.cache.block_cache import BlockCache
+    from blockfs.serve.fuse import wire
+    from blockfs.serve.fuse.session import DEFERRED
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    total = sum((src / n).stat().st_size for n in names)
+    options = MountOptions(
+        cache_bytes=total * 3 // 4,
+        retain_strategy="threshold",
+        retain_threshold=4000,
+        prefill=False,
+        preload=True,  # the blocks the cache holds, then every retained file
+        lock_memory=False,
+    )
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        view, calls = fs.view, KernelCalls(fs)
+        assert view.retainer is not None and view.retainer.targets > 0
+        retained = cached = None
+        for name in names:
+            e = view.lookup(name.encode())
+            block, slot = view.block_slot(e)
+            if retained is None and view.retainer.holds(block, slot):
+                retained = name
+            elif cached is None and not view.retainer.is_target(block, slot) and view.cache.holds(block):
+                cached = name
+        assert retained is not None and cached is not None, "the plan should retain some files and cache some blocks"
+        made: list[str] = []
+        for cls, method_name in ((PackedDataset, "read_entry"), (BlockCache, "read_file")):
+            method = getattr(cls, method_name)
+            monkeypatch.setattr(
+                cls, method_name, lambda *a, _m=method, _n=method_name, **k: made.append(_n) or _m(*a, **k)
+            )
+        before = view.stats()
+        for name in (retained, cached):
+            err, node = calls.lookup_path(name.encode())
+            assert err == 0
+            out = fs.read(node, memoryview(wire.READ_IN.pack(0, 0, 1 << 20, 0) + bytes(16)), 1)
+            assert out is not DEFERRED, f"{name}: its read waited for the data pool"
+            assert bytes(out) == (src / name).read_bytes(), name
+        after = view.stats()
+    assert made == [], made
+    assert after["retained"]["retained_hits"] - before["retained"]["retained_hits"] == 1
+    assert after["counters"]["file_hits"] - before["counters"]["file_hits"] == 2
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="CPython 3.14's open() sends no isatty ioctl to push at")
+def test_a_file_opened_with_python_is_pushed_at_its_isatty_and_sends_no_read(packed, tmp_path):
+    # Reads from a list, no listing, every block in memory: a LOOKUP, then open()'s isatty ioctl, then the READ.
+    # The ioctl is taken by the pusher, which pushes the file's pages and only then answers, so the reader's
+    # first read finds them: no READ is sent (a push after the LOOKUP answer lost that race 97-99 % of the time).
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    with mounted(dest, tmp_path / "mnt", binding="kernel") as m:
+        n_blocks = stats(m.path)["dataset"]["blocks"]
+        wait_until(lambda: stats(m.path)["cache"]["cached_blocks"] == n_blocks, "prefill to load every block")
+        before, pushed = requests(m.path), stats(m.path)["page_cache"]
+        for name in names:
+            with open(m.path / name, "rb") as f:
+                assert f.read() == (src / name).read_bytes(), name
+        after, now = requests(m.path), stats(m.path)["page_cache"]
+    assert after.get("ioctl", 0) - before.get("ioctl", 0) >= len(names)
+    assert after.get("read", 0) - before.get("read", 0) <= len(names) // 10, (before, after)
+    assert now["pushed_at_open"] - pushed["pushed_at_open"] >= len(names) * 9 // 10, now
+    assert now["push_errors"] == 0
+
+
+def test_an_ioctl_taken_for_a_push_is_always_answered(packed, tmp_path):
+    # The pusher takes an opened file's isatty ioctl and answers it after the push, whatever the push does:
+    # pushed, refused by the kernel, or failed.  Nodes past the dataset's entries and files already pushed
+    # are not taken (the session answers them at once).
+    import errno as errnos
+    import threading
+
+    from kernelcalls import KernelCalls
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        fs.view.cache.preload(lambda n: None)
+        stored: list[int] = []
+        outcomes = iter([True, False, OSError(errnos.EIO, "refused"), True])
+
+        def store(nodeid: int, data, offset: int = 0) -> bool:
+            outcome = next(outcomes)
+            if isinstance(outcome, Exception):
+                raise outcome
+            stored.append(nodeid)
+            return outcome
+
+        calls.session.store = store
+        while not fs.pusher.jobs.empty():  # the blocks' loads queued their pushes: only the opens' are wanted here
+            fs.pusher.jobs.get()
+        pusher = threading.Thread(target=fs.pusher.run, daemon=True)
+        pusher.start()
+        try:
+            nodes = [calls.lookup_path(n.encode())[1] for n in names[:3]]
+            for unique, node in enumerate(nodes, start=1000):
+                assert fs.pusher.opened(node, unique)
+                assert calls.session.wait(unique) == (errnos.ENOTTY, b"")
+            assert stored == nodes[:2]
+            assert not fs.pusher.opened(nodes[0], 2000)  # pushed: its pages are in the kernel
+            assert fs.pusher.opened(nodes[1], 2001)  # refused: tried again at its next open
+            assert calls.session.wait(2001) == (errnos.ENOTTY, b"")
+            assert stored == [*nodes[:2], nodes[1]]
+            assert not fs.pusher.opened(fs.view.n_entries + 1, 2002)  # the control directory's node
+            counts = fs.pusher.counts
+            assert counts["pushed_at_open"] == 2 and counts["push_errors"] == 1
+        finally:
+            fs.pusher.jobs.put(None)
+            pusher.join(10)

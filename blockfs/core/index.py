@@ -584,6 +584,26 @@ class PackedIndex:
             block[entry],
         )
 
+    def attr_fields(self, entry: int) -> tuple[int, int, int, int, int, int]:
+        """(kind, ino, size, mode, nlink, mtime_ns) of an entry as a stat shows it, as Python ints: a symlink's
+        size is its target's length (the one rule; :meth:`link_length`)."""
+        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self._stat_views
+        k = kind[entry]
+        return (
+            k,
+            ino[entry],
+            self.link_length(entry) if k == KIND_SYMLINK else size[entry],
+            mode[entry],
+            nlink[entry],
+            mtime_ns[entry],
+        )
+
+    def link_length(self, entry: int) -> int:
+        """The length of a symlink's target, without building it."""
+        k = int(self.arrays["slot"][entry])
+        off = self.arrays["link_offsets"]
+        return int(off[k + 1]) - int(off[k])
+
     def read_fields(self, entry: int) -> tuple[int, int, int, int, int]:
         """(kind, block, slot, size, crc) of an entry, as Python ints: what a read needs, one call per read."""
         kind, block, slot, size, crc = self._read_views

@@ -82,7 +82,6 @@ class MountView:
         self._block = self._a["block"]
         self._slot = self._a["slot"]
         self._size = self._a["size"]
-        self._header_size = ds.store.known_file_size  # what a read's size check compares with (None: not read yet)
         self.n_entries = self.index.n_entries  # nodes below this are the dataset's entries (per-node state fits)
         self.uid, self.gid = os.getuid(), os.getgid()
         self.error_log = ErrorLog()
@@ -116,9 +115,7 @@ class MountView:
     def attr(self, node: int) -> Attr:
         if node >= self.n_entries:
             return self.control.getattr(self._ctl(node))
-        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self.index.stat_fields(node)
-        if kind == KIND_SYMLINK:
-            size = len(self.index.link_target(node))
+        _kind, ino, size, mode, nlink, mtime_ns = self.index.attr_fields(node)  # a symlink's size: its target's
         return Attr(ino, size, mode, nlink, mtime_ns)
 
     def entry_attr(self, node: int) -> tuple[int, int, int, int, int] | None:
@@ -127,10 +124,8 @@ class MountView:
         would wait on storage.  A lookup's whole question, in one call and no object but the tuple."""
         if node >= self.n_entries:
             return self.control.getattr(self._ctl(node))
-        kind, mode, size, mtime_ns, ino, nlink, _label, _block = self.index.stat_fields(node)
-        if kind == KIND_SYMLINK:
-            size = len(self.index.link_target(node))
-        elif not size and kind == KIND_FILE and self.ds.confirm_empty(node) is None:
+        kind, ino, size, mode, nlink, mtime_ns = self.index.attr_fields(node)  # as attr() has it
+        if not size and kind == KIND_FILE and self.ds.confirm_empty(node) is None:
             return None
         return ino, size, mode, nlink, mtime_ns
 
@@ -267,25 +262,31 @@ class MountView:
     def read_now(self, node: int, offset: int, size: int) -> bytes | memoryview | None:
         """:meth:`read` where the bytes are in memory now, else None (read it where waiting is allowed).
 
-        A file of a cached block is answered from it here, as a view of the block's memory (valid while
-        held: an answer written at once is copied only by the kernel), checked as :meth:`read` checks it (the
-        block was verified when it loaded; the index's size must be the size the store's checked header
-        gives) and counted as the cache counts a hit — without the layers between: one read of the index's
-        columns, no lock but the counters'.  Anything else (a retained file, a header not at hand, an error
-        to raise, the control files) takes :meth:`read`'s own way."""
-        if node < self.n_entries and self.retainer is None:
+        A file's read is answered here from the first of: the retained files (a copy out of their arena:
+        the file's first read checked it whole, its size included), a cached block (a view of the block's
+        memory, valid while held: an answer written at once is copied only by the kernel; served only where
+        the block's own checked header gives the index's size, the check :meth:`read` makes) — each counted
+        as its tier counts a hit, without the layers between: one read of the index's columns, no lock but
+        the counters'.  Anything else (an error to raise, a read past the end, a size the block disagrees
+        with, the control files) takes :meth:`read`'s own way where it is in memory."""
+        if node < self.n_entries:
             kind, block, slot, length, _crc = self.index.read_fields(node)
-            cached = self.cache.cached(block)
-            if cached is None:
-                return None
-            if kind == KIND_FILE and 0 <= offset < length and size > 0 and self._header_size(block, slot) == length:
-                data = cached.piece(slot, offset, size)
-                self.cache.count_hit(block, offset, len(data))
-                return data
-            return self.ds.read_entry(node, offset, size)  # answers or raises as every read does
+            if kind == KIND_FILE and 0 <= offset < length and size > 0:
+                retainer = self.retainer
+                if retainer is not None:
+                    held = retainer.read_held(block, slot, offset, size)
+                    if held is not None:
+                        return held
+                cached = self.cache.cached(block)
+                if cached is None:
+                    return None
+                if cached.sizes[slot] == length:
+                    data = cached.piece(slot, offset, size)
+                    self.cache.count_hit(block, offset, len(data))
+                    return data
         if not self.in_memory(node):
             return None
-        return self.read(node, offset, size)
+        return self.read(node, offset, size)  # answers or raises as every read does
 
     def in_memory(self, node: int) -> bool:
         """Whether a read of ``node`` is answered from memory now, without waiting on storage."""
@@ -331,11 +332,14 @@ class MountView:
         held = [b for b in np.unique(blocks).tolist() if self.cache.holds(b)]
         return entries[np.isin(blocks, held)]
 
-    def pages(self, e: int) -> memoryview | None:
-        """File ``e``'s bytes where its block is in memory (verified; valid while held), else None."""
+    def pages(self, e: int) -> bytes | memoryview | None:
+        """File ``e``'s bytes where they are in memory (verified): a view of its cached block (valid while held),
+        else a copy of it from the retained files; None where neither holds it."""
         block, slot = self.block_slot(e)
         cached = self.cache.cached(block)
-        return None if cached is None else cached.view(slot)
+        if cached is not None:
+            return cached.view(slot)
+        return None if self.retainer is None else self.retainer.read_held(block, slot, count=False)
 
     def path_of(self, e: int) -> str:
         """A dataset entry's path, for messages."""

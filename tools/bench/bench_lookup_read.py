@@ -73,13 +73,17 @@ def null_counts(proc: subprocess.Popen, counts_file: Path, timeout: float = 30) 
 def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str) -> int:
     """A background ``blockfs mount`` of ``checkout``'s blockfs; its pid once every block is in memory."""
     mnt.mkdir(parents=True, exist_ok=True)
-    env_before = dict(os.environ)
+    env_before, cwd_before = dict(os.environ), os.getcwd()
     os.environ["PYTHONPATH"] = str(checkout)
     os.environ["BLOCKFS_FUSE"] = route
+    # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: started from another
+    # checkout, the server would run that checkout's blockfs (a "before" that was the "after").
+    os.chdir(checkout)
     try:
         command = [sys.executable, "-m", "blockfs", "mount", str(packed), str(mnt), "--foreground"]
         pid = start_background(command, mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=120)
     finally:
+        os.chdir(cwd_before)
         os.environ.clear()
         os.environ.update(env_before)
     stats = read_stats(mnt)
@@ -105,7 +109,7 @@ def main() -> int:
     args = parser.parse_args()
     if not drop_caches(1):
         raise SystemExit("dropping the kernel's caches needs root: every pass must start with none")
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-lookup-read-"))
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-lookup-read-")).resolve()
     src, packed = work / "src", work / "packed"
     if not (packed / "blockfs.json").exists():
         md.make_dataset(src, "tiny", files=args.files, classes=100, seed=0, force=True)

@@ -125,20 +125,15 @@ class RetainingReader:
         return row if 0 <= slot and row < self._base[block + 1] and self._length[row] >= 0 else -1
 
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
+        held = self.read_held(block, slot, offset, size)
+        if held is not None:
+            return held
         row = self._row(block, slot)
         if row < 0:
             return self._cache.read_file(block, slot, crc, offset, size)
         start, length = self._start[row], self._length[row]
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
-        if self._held[row]:
-            with self._lock:
-                self._c["retained_reads"] += 1
-                self._c["storage_bytes_avoided"] += size
-                if offset == 0:
-                    self._c["retained_hits"] += 1
-            self._cache.note_hit(offset, size)
-            return self._arena[start + offset : start + offset + size]
         data = self._cache.read_file(block, slot, crc, 0, length)  # the whole file, once, verified
         if len(data) == length:
             self._arena[start : start + length] = data  # concurrent first reads write the same bytes
@@ -148,6 +143,26 @@ class RetainingReader:
                     self._c["retained_files"] += 1
                     self._c["retained_bytes"] += length
         return data[offset : offset + size]
+
+    def read_held(self, block: int, slot: int, offset: int = 0, size: int = -1, *, count: bool = True) -> bytes | None:
+        """A held file's bytes from ``offset`` (``size`` < 0: to its end), counted as a retained read (unless
+        ``count`` is False: a push, not a read); None where the file is not held (not a target, or not read
+        yet): a memory copy, never a wait."""
+        row = self._row(block, slot)
+        if row < 0 or not self._held[row]:
+            return None
+        start, length = self._start[row], self._length[row]
+        if size < 0 or offset + size > length:
+            size = max(0, length - offset)
+        if not count:
+            return self._arena[start + offset : start + offset + size]
+        with self._lock:
+            self._c["retained_reads"] += 1
+            self._c["storage_bytes_avoided"] += size
+            if offset == 0:
+                self._c["retained_hits"] += 1
+        self._cache.note_hit(offset, size)
+        return self._arena[start + offset : start + offset + size]
 
     def preload(self, crcs: dict[tuple[int, int], int], on_file: Callable[[int], None] | None = None) -> None:
         """Read every target file now (``crcs``: key -> CRC); ``on_file(bytes)`` after each."""

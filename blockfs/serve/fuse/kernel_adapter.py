@@ -19,7 +19,9 @@ plus the three things only this route can do:
 * **Loaded blocks are pushed into the page cache** (``FUSE_NOTIFY_STORE``): when a block is cached, every
   file of it whose node the kernel holds is written into that node's pages by one pusher thread, so the
   reads of those files never reach this process.  Files listed after their block loaded are pushed as
-  they are listed (:mod:`blockfs.serve.fuse.page_pusher`).  Only bytes the store verified are pushed, and
+  they are listed, and a file opened by CPython < 3.14's ``open()`` at its isatty ioctl, answered only once
+  its pages are in, so its first read is not sent (:mod:`blockfs.serve.fuse.page_pusher`); retained files
+  are pushed as block files are.  Only bytes the store verified are pushed, and
   a push to a node the kernel has dropped is skipped.  Pushed pages are ordinary page cache: under memory
   pressure the kernel drops them and the reads come back here, served as before.
 
@@ -111,13 +113,23 @@ class KernelFS:
         self._negative = wire.negative_entry(self._valid)  # "no such name": the same bytes every time
         self._uid, self._gid = self.view.uid, self.view.gid
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
-        self.pusher = PagePusher(self.view, pushes, self._lookups, self._store, self.stopped, enabled=pushing)
+        self.pusher = PagePusher(
+            self.view,
+            pushes,
+            self._lookups,
+            self._store,
+            self.stopped,
+            enabled=pushing,
+            answer_ioctl=lambda unique: self.session.fail(unique, errno.ENOTTY),
+        )
         self._pushed_flags = self.pusher.pushed.data  # the same flags, one at a time: no NumPy scalar
         self._replies = DirReplies(self.view, self._valid, self._lookups, self._nodes, self.pusher)
         flags = INIT_FLAGS if self.open_mode == "enosys" else INIT_FLAGS & ~wire.NO_OPEN_SUPPORT
         self.listing = options.listing
         flags |= LISTING_FLAGS[self.listing]
-        self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: flags)
+        # A file's isatty ioctl at open goes to the pusher while its pages are not in the kernel: pushed, then
+        # answered, so the read that follows is not sent (page_pusher).
+        self.session = Session(self._handlers(), on_init=lambda minor, kernel_flags: flags, on_ioctl=self.pusher.opened)
 
     # --- life cycle ----------------------------------------------------------------------------------
     def run(self, mountpoint: str, fsname: str) -> None:

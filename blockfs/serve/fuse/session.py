@@ -63,9 +63,17 @@ def _libc() -> ctypes.CDLL:
 class Session:
     """One mount of a filesystem whose requests ``handlers`` (opcode -> :data:`Handler`) answer."""
 
-    def __init__(self, handlers: dict[int, Handler], *, on_init: Callable[[int, int], int] | None = None) -> None:
+    def __init__(
+        self,
+        handlers: dict[int, Handler],
+        *,
+        on_init: Callable[[int, int], int] | None = None,
+        on_ioctl: Callable[[int, int], bool] | None = None,
+    ) -> None:
         self._handlers = handlers
         self._on_init = on_init  # (kernel minor, kernel flags) -> the flags we want
+        # (nodeid, unique) -> True when it takes the ioctl (and answers it later, ENOTTY): see _loop
+        self._on_ioctl = on_ioctl
         self.fd = -1
         self.mountpoint = ""
         self.minor = 0
@@ -216,7 +224,7 @@ class Session:
         fd, handlers, unpack, requests = self.fd, self._handlers, wire.IN_HEADER.unpack_from, self.requests
         ioctl, out_header, enotty = wire.IOCTL, wire.OUT_HEADER.pack, -errno.ENOTTY
         head, init, reply, into = wire.IN_HEADER.size, wire.INIT, self.reply, [buf]  # locals: looked up per request
-        writev, out_size, parts = os.writev, wire.OUT_HEADER.size, (list, tuple)
+        writev, out_size, parts, taken = os.writev, wire.OUT_HEADER.size, (list, tuple), self._on_ioctl
         while True:
             try:
                 n = os.readv(fd, into)
@@ -231,6 +239,8 @@ class Session:
             _len, opcode, unique, nodeid, _uid, _gid, _pid, _ext, _pad = unpack(buf)
             requests[opcode] += 1
             if opcode == ioctl:  # isatty() of every Python < 3.14 open(): answered as cheaply as can be
+                if taken is not None and taken(nodeid, unique):
+                    continue  # answered later by whoever took it (never an error but ENOTTY)
                 try:
                     os.write(fd, out_header(out_size, enotty, unique))
                 except OSError:

@@ -166,3 +166,10 @@ def run_storage_reader(root: Path, order_file: Path, threads: int) -> dict:
     if result["errors"]:
         raise SystemExit(f"reader errors under {root}: {result}")
     return result
+
+
+def checkout_main(checkout: Path) -> str:
+    """``python -c`` code that runs the ``blockfs`` command of the blockfs in ``checkout``: put first on
+    ``sys.path``, before the current directory (``python -m blockfs`` run from another checkout's root would
+    import that one's, whatever ``PYTHONPATH`` says)."""
+    return f"import sys; sys.path.insert(0, {str(checkout)!r}); from blockfs.cli import main; sys.exit(main())"

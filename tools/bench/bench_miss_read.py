@@ -1,0 +1,141 @@
+"""What a read that is not in memory costs the mount's CPU, beside a read that is: one mount each, same run.
+
+    python tools/bench/bench_miss_read.py [--files 2000] [--threads 4] [--repeats 5] [--fuse kernel]
+                                          [--before DIR] [--work DIR] [--json OUT]
+
+A tree of ``--files`` files of 10-100 KiB (bench_nodes' sizes), packed in 1 MiB blocks, mounted twice with
+``--open-mode none --no-retain`` (every open's reads reach the server):
+
+* **memory**: every block in memory (``--preload``): each READ is answered by the reader thread that took it;
+* **miss**: ``--cache-size 0``: each READ reads its file alone from the (local) store, verified, on a data
+  thread (the kernel route's deferred read; on mfusepy, on libfuse's worker thread).
+
+``--before [LABEL=]DIR`` (repeatable): a checkout of another version of blockfs (``git archive`` of the commit
+before a change), mounted the same two ways and read in the same repeats.  Each repeat reads every mount in
+turn, the whole list in a shuffled order over ``--threads`` reader threads (helpers/storage_reader.py).
+Reported per mount: median files/s, and the server's CPU microseconds per file (``/proc/PID/stat``: user +
+system, every thread; steadier than a rate on a busy machine), and miss - memory: what the miss path adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
+
+# isort: split
+import bench_remote as br
+from helpers import ROOT
+from helpers.benchutil import checkout_main, run_storage_reader
+
+import blockfs
+from blockfs.client import read_stats
+from blockfs.serve.daemon import start_background, unmount
+
+KINDS = {
+    "memory": ["--preload", "--cache-size", "1GiB"],
+    "miss": ["--cache-size", "0"],
+}
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mount(checkout: Path, packed: Path, mnt: Path, route: str, extra: list[str]) -> int:
+    """A background ``blockfs mount`` of ``checkout``'s blockfs; its pid once it serves."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(checkout)
+    os.environ["BLOCKFS_FUSE"] = route
+    try:
+        # The checkout first on sys.path: ``-m blockfs`` would import the current directory's blockfs first.
+        command = [sys.executable, "-c", checkout_main(checkout), "mount", str(packed), str(mnt), "--foreground"]
+        command += ["--open-mode", "none", "--no-retain", *extra]
+        return start_background(command, mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=300)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fuse", default="kernel", choices=("kernel", "mfusepy"))
+    parser.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        metavar="[LABEL=]DIR",
+        help="a checkout of the blockfs to compare with (measured in the same repeats); repeatable",
+    )
+    parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
+    parser.add_argument("--json", help="write every sample here")
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-miss-read-"))
+    src, packed = work / "src", work / "packed"
+    if not (packed / "blockfs.json").exists():
+        br.make_tree(src, args.files, 10 << 10, 100 << 10, 20, 0)
+        blockfs.pack(src, packed, block_size=1 << 20, force=True, fsync=False)
+    names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
+    random.Random(0).shuffle(names)
+    order_file = work / "order.txt"
+    order_file.write_text("\n".join(names) + "\n")
+
+    checkouts = {"this": ROOT}
+    for given in args.before:
+        label, sep, path = given.rpartition("=")
+        checkouts[label if sep else "before" if len(args.before) == 1 else path] = Path(path).resolve()
+    servers: dict[str, tuple[Path, int]] = {}
+    try:
+        for version, checkout in checkouts.items():
+            for kind, extra in KINDS.items():
+                mnt = work / f"mnt-{len(servers)}"
+                servers[f"{version} {kind}"] = (mnt, mount(checkout, packed, mnt, args.fuse, extra))
+        for name, (mnt, _pid) in servers.items():  # --preload answers once loaded; check, and warm every mount
+            stats = read_stats(mnt)
+            if name.endswith("memory") and stats["cache"]["cached_blocks"] < stats["dataset"]["blocks"]:
+                raise SystemExit(f"{name}: not every block is in memory after --preload")
+            run_storage_reader(mnt, order_file, args.threads)
+        samples: dict[str, list[dict]] = {name: [] for name in servers}
+        for _ in range(args.repeats):
+            for name, (mnt, pid) in servers.items():
+                cpu = cpu_seconds(pid)
+                got = run_storage_reader(mnt, order_file, args.threads)
+                samples[name].append(
+                    {"files_s": got["files"] / got["seconds"], "cpu_us": (cpu_seconds(pid) - cpu) * 1e6 / got["files"]}
+                )
+    finally:
+        for mnt, _pid in servers.values():
+            unmount(mnt)
+
+    print(
+        f"{len(names):,} files of 10-100 KiB, --open-mode none, {args.threads} readers, route {args.fuse}; "
+        f"medians of {args.repeats} (a shared machine: read ratios within the run)"
+    )
+    width = max(len(n) for n in servers) + 1
+    print(f"{'mount':{width}} {'files/s':>8} {'cpu us/file':>11}")
+    med = {n: {k: statistics.median(s[k] for s in rows) for k in ("files_s", "cpu_us")} for n, rows in samples.items()}
+    for name, m in med.items():
+        print(f"{name:{width}} {m['files_s']:8,.0f} {m['cpu_us']:11.0f}")
+    for version in checkouts:
+        extra = med[f"{version} miss"]["cpu_us"] - med[f"{version} memory"]["cpu_us"]
+        print(f"{version}: a miss costs {extra:.0f} us of CPU more than a memory hit")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"files": len(names), "route": args.fuse, "samples": samples}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -115,8 +115,7 @@ if [ "$(version_of torch)" != "$torch_want" ]; then
   rm -f "$compiled"
   "$VPY" -m pip install -q --no-compile --no-deps --retries 1 "torch==$torch_want" "${torch_from[@]}"
   pip_install "torch==$torch_want"
-  warm_imports  # before the import below, which would compile torch's modules and then throw them away
-  "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
+  env -u PYTHONDONTWRITEBYTECODE "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi
 

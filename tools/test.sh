@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Install what the tests need into .venv (tools/setup.sh), then run the whole suite with .venv's python, in
 # two steps: every test on BLOCKFS_TEST_WORKERS pytest-xdist workers (default 4: most tests wait on FUSE
-# round trips, servers and subprocesses, so more workers than cores pays on 2 cores), tests dealt out one by
-# one and taken over by an idle worker (--dist worksteal; with a file a worker, loadfile, test_loader.py alone
-# was 478 s of one worker in an 849 s pass; a module's fixtures are now made on each worker that runs one of
-# its tests); then the tests marked serial, alone (those
+# round trips, servers and subprocesses, so more workers than cores pays on 2 cores), a file to a worker
+# (--dist loadfile: a module's fixtures are made once; worksteal, which splits files, cost 9-26% more CPU
+# and was slower here); then the tests marked serial, alone (those
 # that time a wait or count what other processes move; see tests/conftest.py).  BLOCKFS_TEST_WORKERS=0:
 # one process, serial tests included, as plain pytest.  Extra arguments go to pytest in both steps (e.g.
 # -x, -k NAME, -m fuse, tests/test_cli.py).
@@ -18,7 +17,7 @@ unset PYTHONDONTWRITEBYTECODE
 workers=${BLOCKFS_TEST_WORKERS:-4}
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest -q "$@"; fi
 par=0 ser=0
-.venv/bin/python -m pytest -q -n "$workers" --dist worksteal "$@" || par=$?
+.venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@" || par=$?
 .venv/bin/python -m pytest -q --only-serial "$@" || ser=$?
 # pytest exits 5 when a step selects no test (no serial test among those asked for): an error only if both do.
 if [ "$par" = 5 ] && [ "$ser" = 5 ]; then exit 5; fi

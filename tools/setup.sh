@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Install everything blockfs needs on a fresh Debian/Ubuntu machine: the FUSE libraries (libfuse 3 and
 # libfuse 2) system-wide, and a virtual environment in the checkout (.venv) holding PyTorch's CPU build
-# (installed before the project, so pip never pulls CUDA wheels) and blockfs, editable, with its torch and
+# (installed before the project, so no CUDA wheels are pulled) and blockfs, editable, with its torch and
 # test extras.  Everything Python goes into .venv because a distribution's own python3 refuses `pip
-# install` (PEP 668, Debian 12 and Ubuntu 23.04 on) and may have no pip at all.
+# install` (PEP 668, Debian 12 and Ubuntu 23.04 on) and may have no pip at all.  The installer is uv (from
+# PyPI, into .venv: it resolves and installs the ~80 packages in seconds where pip took minutes), or pip
+# where uv cannot be installed; the torch wheel itself always comes through pip, which reads this machine's
+# pip configuration (a local wheel, a mirror) that uv does not.
 #
 #   bash tools/setup.sh                        # base interpreter: python3 on PATH
 #   PYTHON=/opt/python3.12/bin/python3 bash tools/setup.sh   # any Python >= 3.10; rebuilds .venv with it
@@ -62,15 +65,37 @@ else
   "$PYTHON" -m venv "$VENV"
 fi
 
-# pip byte-compiles every module it installs, one file after another (~40 s of CPU here: torch, sympy,
-# moto...): install with --no-compile, then compile .venv's site-packages once on every core (compile_all).
-# The stamp is removed before an install and written after the compile, so an interrupted run compiles next time.
+# --- the installer: uv where it can be had, else pip ----------------------------------------------------
+# Neither byte-compiles what it installs (pip one file after another took ~40 s of CPU here; uv does not by
+# default): warm_imports then compiles what the package and its tests import, by importing it once.  The
+# stamp is removed before an install and written after the imports, so an interrupted run compiles next time.
 compiled=$VENV/.compiled
-pip_install() { rm -f "$compiled"; "$VPY" -m pip install -q --no-compile "$@"; }
-compile_all() {
-  # A module that does not compile (a test file for another Python) is left alone, as pip leaves it.
-  "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    >/dev/null 2>&1 || true
+UV=$VENV/bin/uv
+if ! "$UV" --version >/dev/null 2>&1; then
+  say "installing uv (the installer) into .venv"
+  "$VPY" -m pip install -q uv >/dev/null 2>&1 || say "uv could not be installed: installing with pip"
+fi
+pip_install() {
+  rm -f "$compiled"
+  if "$UV" --version >/dev/null 2>&1; then
+    "$UV" pip install -q --python "$VPY" "$@"
+  else
+    "$VPY" -m pip install -q --no-compile "$@"
+  fi
+}
+# Compiling all of site-packages (10,000 modules: sympy's, every moto service's) took ~75 s of CPU; importing
+# what the suite imports compiles ~1,500, and the first process that imports anything else compiles it.  A
+# distribution may set PYTHONDONTWRITEBYTECODE: unset here, or nothing would be written.
+warm_imports() {
+  (cd / && env -u PYTHONDONTWRITEBYTECODE "$VPY" -W ignore -c "
+import importlib
+for name in ('torch', 'numpy', 'PIL.Image', 'hypothesis', 'pytest', 'xdist', 'fuse', 'mfusepy', 'obstore',
+             'boto3', 'botocore.session', 'yaml', 'tqdm', 'blake3', 'zlib_ng', 'moto.server', 'moto.s3.responses'):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass  # an optional one missing (obstore before Python 3.11): the setup's own checks name what must be there
+") >/dev/null 2>&1 || true
   touch "$compiled"
 }
 
@@ -87,10 +112,10 @@ if [ "$(version_of torch)" != "$torch_want" ]; then
   say "installing torch==$torch_want (CPU build) into .venv"
   # torch alone from the CPU index, then its dependencies from the usual one (an unreachable CPU index
   # then costs one lookup, not one per dependency, and one retry, not pip's five with their back-off).
-  pip_install --no-deps --retries 1 "torch==$torch_want" "${torch_from[@]}"
+  rm -f "$compiled"
+  "$VPY" -m pip install -q --no-compile --no-deps --retries 1 "torch==$torch_want" "${torch_from[@]}"
   pip_install "torch==$torch_want"
-  compile_all  # before the import below, which would compile torch's modules one by one
-  "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
+  env -u PYTHONDONTWRITEBYTECODE "$VPY" -W ignore -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "pip installed a CUDA build of torch; set BLOCKFS_TORCH_INDEX to an index of CPU wheels, then: rm -rf .venv && bash tools/setup.sh"
 fi
 
@@ -105,6 +130,6 @@ sys.exit(os.path.dirname(blockfs.__file__) != os.path.join(sys.argv[1], 'blockfs
   pip_install -e ".[torch,remote,test]"
   cp pyproject.toml "$stamp"
 fi
-if [ ! -e "$compiled" ]; then say "compiling .venv's modules"; compile_all; fi
+if [ ! -e "$compiled" ]; then say "compiling the modules the suite imports"; warm_imports; fi
 say "ready: blockfs $(version_of blockfs), torch $(version_of torch) in .venv" \
     "(run .venv/bin/blockfs, or source .venv/bin/activate)"

@@ -2,7 +2,8 @@
 # Install what the tests need into .venv (tools/setup.sh), then run the whole suite with .venv's python, in
 # two steps: every test on BLOCKFS_TEST_WORKERS pytest-xdist workers (default 4: most tests wait on FUSE
 # round trips, servers and subprocesses, so more workers than cores pays on 2 cores), a file to a worker
-# (--dist loadfile: a module's fixtures are made once); then the tests marked serial, alone (those
+# (--dist loadfile: a module's fixtures are made once; worksteal, which splits files, cost 9-26% more CPU
+# and was slower here); then the tests marked serial, alone (those
 # that time a wait or count what other processes move; see tests/conftest.py).  BLOCKFS_TEST_WORKERS=0:
 # one process, serial tests included, as plain pytest.  Extra arguments go to pytest in both steps (e.g.
 # -x, -k NAME, -m fuse, tests/test_cli.py).

@@ -78,10 +78,12 @@ fi
 pip_install() {
   rm -f "$compiled"
   if "$UV" --version >/dev/null 2>&1; then
-    "$UV" pip install -q --python "$VPY" "$@"
-  else
-    "$VPY" -m pip install -q --no-compile "$@"
+    # The platform's certificates (UV_SYSTEM_CERTS), as pip uses: uv's own roots refuse a network whose TLS
+    # goes through a local authority.  Whatever uv cannot do, pip does.
+    UV_SYSTEM_CERTS=1 "$UV" pip install -q --python "$VPY" "$@" && return 0
+    say "uv could not install $*: installing with pip"
   fi
+  "$VPY" -m pip install -q --no-compile "$@"
 }
 # Compiling all of site-packages (10,000 modules: sympy's, every moto service's) took ~75 s of CPU; importing
 # what the suite imports compiles ~1,500, and the first process that imports anything else compiles it.  A

@@ -75,13 +75,16 @@ if ! "$UV" --version >/dev/null 2>&1; then
   say "installing uv (the installer) into .venv"
   "$VPY" -m pip install -q uv >/dev/null 2>&1 || say "uv could not be installed: installing with pip"
 fi
+# uv reads none of pip's configuration (pip.conf's index, certificate, proxy; PIP_CERT): where only pip can
+# reach an index (a mirror, a TLS-intercepting proxy; or under `env -i`, which drops SSL_CERT_FILE), uv
+# fails, and pip installs instead.
 pip_install() {
   rm -f "$compiled"
   if "$UV" --version >/dev/null 2>&1; then
-    "$UV" pip install -q --python "$VPY" "$@"
-  else
-    "$VPY" -m pip install -q --no-compile "$@"
+    if "$UV" pip install -q --python "$VPY" "$@"; then return 0; fi
+    say "uv could not install $*: installing with pip"
   fi
+  "$VPY" -m pip install -q --no-compile "$@"
 }
 # Compiling all of site-packages (10,000 modules: sympy's, every moto service's) took ~75 s of CPU; importing
 # what the suite imports compiles ~1,500, and the first process that imports anything else compiles it.  A

@@ -549,3 +549,37 @@ def test_an_ioctl_taken_for_a_push_is_always_answered(packed, tmp_path):
         finally:
             fs.pusher.jobs.put(None)
             pusher.join(10)
+
+
+def test_an_ioctl_is_taken_only_for_bytes_in_memory_and_answered_once_the_pusher_ends(packed, tmp_path):
+    # Taken ioctls wait behind every push queued (a loaded block's files): an open whose file is not in memory
+    # (nothing to push) or a directory's is answered at once.  Once the pusher thread ends, whatever it took
+    # is answered and nothing more is taken: no opener waits for as long as the mount lives.
+    import errno as errnos
+    import threading
+
+    from kernelcalls import KernelCalls
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
+        calls = KernelCalls(fs)
+        node = calls.lookup_path(names[0].encode())[1]
+        assert not fs.pusher.opened(node, 1000)  # its block is not loaded: nothing to push
+        assert not fs.pusher.opened(1, 1001)  # the root directory
+        fs.view.cache.preload(lambda n: None)
+        while not fs.pusher.jobs.empty():  # the loads' block pushes: not wanted here
+            fs.pusher.jobs.get()
+        assert fs.pusher.opened(node, 1002)  # in memory now: taken, to push before answering
+        fs.pusher.jobs.put(None)  # the pusher ends (unmounted) before it reaches that ioctl...
+        fs.pusher.jobs.put(("open", (node - 1, 1003)))  # ...and one taken just as it ended
+        pusher = threading.Thread(target=fs.pusher.run, daemon=True)
+        pusher.start()
+        pusher.join(30)
+        assert calls.session.wait(1002, timeout=10) == (errnos.ENOTTY, b"")
+        assert calls.session.wait(1003, timeout=10) == (errnos.ENOTTY, b"")
+        assert not fs.pusher.opened(node, 1004)  # the session answers it at once

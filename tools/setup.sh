@@ -75,6 +75,8 @@ if ! "$UV" --version >/dev/null 2>&1; then
   say "installing uv (the installer) into .venv"
   "$VPY" -m pip install -q uv >/dev/null 2>&1 || say "uv could not be installed: installing with pip"
 fi
+# uv reads none of pip's configuration (pip.conf's index, certificate, proxy; PIP_CERT): where only pip can
+# reach an index (a mirror, a proxy), uv fails, and pip installs instead.
 pip_install() {
   rm -f "$compiled"
   if "$UV" --version >/dev/null 2>&1; then

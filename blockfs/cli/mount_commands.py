@@ -244,6 +244,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
     # Absolute before anything: libfuse 3 changes the working directory to / once mounted.
     args.dest, args.mountpoint = absolute(args.dest), os.path.abspath(args.mountpoint)
     mnt.check_mountpoint(args.mountpoint)
+    if os.path.islink(args.mountpoint):
+        # The mount table names the link's target, never the link: waited for by the link's name, the mount
+        # would never be seen to serve (its server never says 'ready', and 'blockfs mount' waits forever).
+        args.mountpoint = os.path.realpath(args.mountpoint)
+        mnt.check_mountpoint(args.mountpoint)
     _check_nodes(args)
     size, why = _budget(args)
     # A remote dataset's metadata and index are fetched once: here, into the disk tier or into a directory

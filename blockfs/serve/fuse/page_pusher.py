@@ -66,13 +66,17 @@ class PagePusher:
         }
 
     def opened(self, nodeid: int, unique: int) -> bool:
-        """The session's ioctl hook (a request thread): take the ioctl of a file not pushed yet, to push it
-        before answering (:meth:`run`); False (answer it now) for any other node or with pushing off."""
+        """The session's ioctl hook (a request thread): take the ioctl of a file not pushed yet whose bytes are
+        in memory now, to push it before answering (:meth:`run`); False (answer it now) for any other node
+        (a file whose bytes are not in memory, whose open would only wait behind every push queued; a
+        directory; the control files), with pushing off, or once the pusher thread has ended."""
         e = nodeid - 1
-        if not self.enabled or not 0 <= e < len(self._pushed) or self._pushed[e]:
+        if not self.enabled or not 0 <= e < len(self._pushed) or self._pushed[e] or not self.view.in_memory(e):
             return False
         self.jobs.put(("open", (e, unique)))
-        return True
+        # The pusher may have ended meanwhile (its drain done): answered now as well (a second answer to
+        # one request is refused by the kernel, ENOENT, and ignored).
+        return self.enabled
 
     def listed(self, entries: np.ndarray, linked: np.ndarray) -> None:
         """Queue pushes of the ``entries`` a listing gave with attributes (``linked``) whose blocks are in
@@ -92,6 +96,25 @@ class PagePusher:
         A push can reach the kernel before the answer that told it of the node (the lookup or listing is
         answered after it queued the push): the kernel then says ENOENT, and the push is tried once more
         :data:`PUSH_RETRY_S` later."""
+        try:
+            self._serve_jobs()
+        finally:
+            # Ended (stopped, or an error past the handlers): no ioctl taken from now on, and every one taken
+            # is answered, or its opener would wait for as long as the mount lives.
+            self.enabled = False
+            self._answer_taken()
+
+    def _answer_taken(self) -> None:
+        """Answer the ioctls still queued (the pusher has ended); drop the other jobs."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job[0] == "open" and self._answer_ioctl is not None:
+                self._answer_ioctl(job[1][1])
+
+    def _serve_jobs(self) -> None:
         retry: list[int] = []
         while True:
             try:

@@ -8,11 +8,14 @@ a mount only this test reads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from capability import has_fuse, require
@@ -42,6 +45,20 @@ def stats(mnt: Path) -> dict:
 
 def requests(mnt: Path) -> dict:
     return stats(mnt)["requests"]
+
+
+@contextlib.contextmanager
+def in_process(dataset: Path, mountpoint: Path) -> Iterator[tuple[Any, Any]]:
+    """The kernel route's filesystem for ``dataset``, assembled but not mounted, and the :class:`KernelCalls`
+    that send it requests in-process: 64 MiB of cache, nothing prefilled or locked."""
+    from kernelcalls import KernelCalls
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
+    with assembled(dataset, mountpoint, options, route="kernel") as fs:
+        yield fs, KernelCalls(fs)
 
 
 def walk(root: Path) -> list[str]:
@@ -276,16 +293,10 @@ def test_a_file_of_several_store_pieces_is_pushed_whole_and_read_with_no_read_se
 def test_a_lookup_pushes_nothing_its_read_would_outrun(packed, tmp_path):
     # A file looked up (no listing) is read at once: the READ reaches the server before a push from the pusher
     # thread could land, so the lookup queues none (the block's own load still pushes what the kernel holds).
-    from kernelcalls import KernelCalls
-
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
 
     src, dest = packed
     names = walk(src)
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(dest, tmp_path / "mnt") as (fs, calls):
         assert calls.read(names[0].encode()) == (src / names[0]).read_bytes()  # loads the block
         block = fs.view.block_slot(fs.view.lookup(names[0].encode()))[0]
         same_block = [n for n in names[1:] if fs.view.block_slot(fs.view.lookup(n.encode()))[0] == block]
@@ -337,16 +348,10 @@ def test_opening_a_cached_file_again_sends_only_pythons_isatty(packed, tmp_path)
 def test_a_file_read_whole_through_the_server_is_not_pushed_again(packed, tmp_path):
     # Its pages are in the kernel's cache from the READ's answer: a push when its block loads (or is listed)
     # would copy the same bytes again.  A file only looked up is still pushed (the recording session refuses).
-    from kernelcalls import KernelCalls
-
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
 
     src, dest = packed
     names = [n for n in walk(src) if (src / n).stat().st_size > 0]
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(dest, tmp_path / "mnt") as (fs, calls):
         fs.view.cache.preload(lambda n: None)  # every block in memory: reads are answered by the reader
         read, looked_up = names[0], names[1]
         assert calls.read(read.encode()) == (src / read).read_bytes()
@@ -360,19 +365,14 @@ def test_a_lookup_and_a_read_from_memory_build_no_path_and_skip_the_read_layers(
     # lookup hashes the name from its directory's kept hash (no path built, once per directory at most), the
     # read copies from the cached block (not read_entry, not the cache's read_file) — checked and counted as
     # every read is.
-    from kernelcalls import KernelCalls
 
     from blockfs.core.dataset import PackedDataset
     from blockfs.core.index import PackedIndex
     from blockfs.serve.cache.block_cache import BlockCache
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
 
     src, dest = packed
     names = [n for n in walk(src) if (src / n).stat().st_size > 0]
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(dest, tmp_path / "mnt") as (fs, calls):
         fs.view.cache.preload(lambda n: None)
         made: list[str] = []
 
@@ -399,10 +399,6 @@ def test_a_size_the_block_disagrees_with_is_never_served_from_memory(tmp_path):
     # The read from memory serves only cached blocks, and a block whose header disagrees with the index's sizes
     # is never cached (its header check, before any load, calls it foreign): a forged size answers EIO.
     from fuzz.indexutil import patch_array, resign
-    from kernelcalls import KernelCalls
-
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
 
     src = tmp_path / "src"
     src.mkdir()
@@ -413,9 +409,7 @@ def test_a_size_the_block_disagrees_with_is_never_served_from_memory(tmp_path):
         e = ds.lookup("f1")
     patch_array(tmp_path / "p" / "index.bfi", "size", lambda a: a.__setitem__(e, a[e] - 1))
     resign(tmp_path / "p")
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(tmp_path / "p", tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(tmp_path / "p", tmp_path / "mnt") as (fs, calls):
         fs.view.cache.preload(lambda n: None)
         with pytest.raises(OSError) as raised:
             calls.read(b"f1")
@@ -507,16 +501,9 @@ def test_an_ioctl_taken_for_a_push_is_always_answered(packed, tmp_path):
     import errno as errnos
     import threading
 
-    from kernelcalls import KernelCalls
-
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
-
     src, dest = packed
     names = [n for n in walk(src) if (src / n).stat().st_size > 0]
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(dest, tmp_path / "mnt") as (fs, calls):
         fs.view.cache.preload(lambda n: None)
         stored: list[int] = []
         outcomes = iter([True, False, OSError(errnos.EIO, "refused"), True])
@@ -558,16 +545,9 @@ def test_an_ioctl_is_taken_only_for_bytes_in_memory_and_answered_once_the_pusher
     import errno as errnos
     import threading
 
-    from kernelcalls import KernelCalls
-
-    from blockfs.serve.mount_options import MountOptions
-    from blockfs.serve.server import assembled
-
     src, dest = packed
     names = [n for n in walk(src) if (src / n).stat().st_size > 0]
-    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False)
-    with assembled(dest, tmp_path / "mnt", options, route="kernel") as fs:
-        calls = KernelCalls(fs)
+    with in_process(dest, tmp_path / "mnt") as (fs, calls):
         node = calls.lookup_path(names[0].encode())[1]
         assert not fs.pusher.opened(node, 1000)  # its block is not loaded: nothing to push
         assert not fs.pusher.opened(1, 1001)  # the root directory

@@ -42,11 +42,11 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_da
 # isort: split
 import make_dataset as md
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches, run_storage_reader
+from helpers.benchutil import drop_caches, mount_checkout, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.daemon import start_background, unmount, wait_until_mounted
+from blockfs.serve.daemon import unmount, wait_until_mounted
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,20 +72,7 @@ def null_counts(proc: subprocess.Popen, counts_file: Path, timeout: float = 30) 
 
 def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str) -> int:
     """A background ``blockfs mount`` of ``checkout``'s blockfs; its pid once every block is in memory."""
-    mnt.mkdir(parents=True, exist_ok=True)
-    env_before, cwd_before = dict(os.environ), os.getcwd()
-    os.environ["PYTHONPATH"] = str(checkout)
-    os.environ["BLOCKFS_FUSE"] = route
-    # ``python -m`` puts the working directory first on sys.path, before PYTHONPATH: started from another
-    # checkout, the server would run that checkout's blockfs (a "before" that was the "after").
-    os.chdir(checkout)
-    try:
-        command = [sys.executable, "-m", "blockfs", "mount", str(packed), str(mnt), "--foreground"]
-        pid = start_background(command, mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=120)
-    finally:
-        os.chdir(cwd_before)
-        os.environ.clear()
-        os.environ.update(env_before)
+    pid = mount_checkout(checkout, packed, mnt, route)
     stats = read_stats(mnt)
     deadline = 600
     started = time.monotonic()

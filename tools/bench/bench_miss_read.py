@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,11 +32,11 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import checkout_main, run_storage_reader
+from helpers.benchutil import mount_checkout, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
-from blockfs.serve.daemon import start_background, unmount
+from blockfs.serve.daemon import unmount
 
 KINDS = {
     "memory": ["--preload", "--cache-size", "1GiB"],
@@ -49,22 +48,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def mount(checkout: Path, packed: Path, mnt: Path, route: str, extra: list[str]) -> int:
-    """A background ``blockfs mount`` of ``checkout``'s blockfs; its pid once it serves."""
-    mnt.mkdir(parents=True, exist_ok=True)
-    env_before = dict(os.environ)
-    os.environ["PYTHONPATH"] = str(checkout)
-    os.environ["BLOCKFS_FUSE"] = route
-    try:
-        # The checkout first on sys.path: ``-m blockfs`` would import the current directory's blockfs first.
-        command = [sys.executable, "-c", checkout_main(checkout), "mount", str(packed), str(mnt), "--foreground"]
-        command += ["--open-mode", "none", "--no-retain", *extra]
-        return start_background(command, mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=300)
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
 
 
 def main() -> int:
@@ -102,7 +85,12 @@ def main() -> int:
         for version, checkout in checkouts.items():
             for kind, extra in KINDS.items():
                 mnt = work / f"mnt-{len(servers)}"
-                servers[f"{version} {kind}"] = (mnt, mount(checkout, packed, mnt, args.fuse, extra))
+                servers[f"{version} {kind}"] = (
+                    mnt,
+                    mount_checkout(
+                        checkout, packed, mnt, args.fuse, ["--open-mode", "none", "--no-retain", *extra], timeout=300
+                    ),
+                )
         for name, (mnt, _pid) in servers.items():  # --preload answers once loaded; check, and warm every mount
             stats = read_stats(mnt)
             if name.endswith("memory") and stats["cache"]["cached_blocks"] < stats["dataset"]["blocks"]:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -173,3 +173,22 @@ def checkout_main(checkout: Path) -> str:
     ``sys.path``, before the current directory (``python -m blockfs`` run from another checkout's root would
     import that one's, whatever ``PYTHONPATH`` says)."""
     return f"import sys; sys.path.insert(0, {str(checkout)!r}); from blockfs.cli import main; sys.exit(main())"
+
+
+def mount_checkout(
+    checkout: Path, packed: Path, mnt: Path, route: str, extra: Sequence[str] = (), timeout: float = 120
+) -> int:
+    """A background ``blockfs mount PACKED MNT --foreground EXTRA`` of ``checkout``'s blockfs on FUSE route
+    ``route``, logging to ``MNT.log`` beside it; its pid once it serves."""
+    from blockfs.serve.daemon import start_background
+
+    mnt.mkdir(parents=True, exist_ok=True)
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(checkout)
+    os.environ["BLOCKFS_FUSE"] = route
+    try:
+        command = [sys.executable, "-c", checkout_main(checkout), "mount", str(packed), str(mnt), "--foreground"]
+        return start_background([*command, *extra], mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=timeout)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)

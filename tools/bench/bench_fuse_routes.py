@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from helpers import HELPERS
-from helpers.benchutil import run_storage_reader
+from helpers.benchutil import cpu_seconds, run_storage_reader
 
 ROUTES = ("kernel", "lowlevel", "mfusepy", "pyfuse3")
 
@@ -48,12 +48,6 @@ def make_tree(root: Path, files: int, size: int) -> list[str]:
             path.write_bytes(os.urandom(size))
         names.append(rel)
     return names
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_mounted(path: Path, proc: subprocess.Popen, timeout: float = 30) -> None:

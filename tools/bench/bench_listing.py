@@ -43,7 +43,7 @@ from pathlib import Path
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches, read_files_threads
+from helpers.benchutil import cpu_seconds, drop_caches, read_files_threads
 
 import blockfs
 from blockfs.client import read_stats
@@ -80,13 +80,6 @@ def anon_bytes(pid: int) -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time process ``pid`` has used (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def served(

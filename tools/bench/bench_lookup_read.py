@@ -42,18 +42,11 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_da
 # isort: split
 import make_dataset as md
 from helpers import HELPERS, ROOT
-from helpers.benchutil import drop_caches, mount_checkout, run_storage_reader
+from helpers.benchutil import cpu_seconds, drop_caches, mount_checkout, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
 from blockfs.serve.daemon import unmount, wait_until_mounted
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 NULL, PLAIN = "null_fs (floor)", "plain directory"
 

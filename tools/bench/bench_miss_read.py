@@ -32,7 +32,7 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import mount_checkout, run_storage_reader
+from helpers.benchutil import cpu_seconds, mount_checkout, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
@@ -42,12 +42,6 @@ KINDS = {
     "memory": ["--preload", "--cache-size", "1GiB"],
     "miss": ["--cache-size", "0"],
 }
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:

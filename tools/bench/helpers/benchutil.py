@@ -192,3 +192,10 @@ def mount_checkout(
     finally:
         os.environ.clear()
         os.environ.update(env_before)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (all its threads), from ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

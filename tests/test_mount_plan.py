@@ -4,6 +4,8 @@ it; ``blockfs plan`` makes the same one the same way.  Mechanisms, not speed: co
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from capability import has_fuse, require
@@ -91,3 +93,22 @@ def test_the_plan_counts_what_the_kernel_holds_for_a_listing(packed, capsys):
     assert cli.main(["plan", str(packed), "--cache-size", "1GiB"]) == 0
     out = capsys.readouterr().out
     assert "kernel:" in out and f"each of {listed:,} entries" in out, out
+
+
+def test_the_mount_command_prints_its_servers_plan_without_importing_numpy(packed):
+    """``blockfs mount`` returns once its server serves, after printing the plan the server reported: that
+    process only describes a plan, and numpy's import (~0.1 s, more on a busy machine) would delay it."""
+    with PackedDataset(packed) as ds:
+        report = json.dumps(make_mount_plan(ds, 1 << 20).report())
+    probe = (
+        "import json, sys\n"
+        "from blockfs.cli import mount_commands\n"
+        f"report = json.loads({report!r})\n"
+        "text = mount_commands._describe(report)\n"
+        "plan = mount_commands._plan_of(report)\n"
+        "assert 'retained files:' in text and plan.retained is None, text\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "the mount command's process imported numpy"

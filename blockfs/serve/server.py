@@ -163,7 +163,7 @@ def assembled(
         # Only the retained files' (block, slot, size) are kept: the plan's arrays over every file are not
         # held for the mount's life (24 bytes a file), and what planning freed goes back to the system.
         targets: tuple[np.ndarray, ...] | None = None
-        if retain and plan.retained_files:
+        if retain and plan.retained_files and plan.retained is not None:
             mask = plan.retained
             targets = tuple(column[mask] for column in planned.files)
         del planned

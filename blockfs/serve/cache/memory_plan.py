@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...sizes import format_size, parse_size
 from .budget import STRATEGIES, budget_from_memory_fraction, read_mem_available
+
+if TYPE_CHECKING:  # imported where a plan is made: 'blockfs mount' only describes its server's plan, and
+    import numpy as np  # numpy's import would delay its return by ~0.1 s after the server serves
 
 __all__ = [
     "DEFAULT_RETAIN_SHARE",
@@ -57,9 +58,10 @@ KERNEL_BYTES_PER_ENTRY = 1_180
 class MemoryPlan:
     """What :func:`make_memory_plan` chose.  Hit rates are expected per epoch from the second on.
 
-    ``retained`` is a read-only boolean mask over the files (True: keep the file after its first read);
-    ``threshold`` is the size threshold applied by the ``threshold`` strategy (None otherwise), which is
-    lower than ``requested_threshold`` when the files under the requested one did not fit.
+        ``retained`` is a read-only boolean mask over the files (True: keep the file after its first read), None
+    in a plan read back from its report (:meth:`from_dict`);
+        ``threshold`` is the size threshold applied by the ``threshold`` strategy (None otherwise), which is
+        lower than ``requested_threshold`` when the files under the requested one did not fit.
     """
 
     budget_bytes: int
@@ -75,7 +77,7 @@ class MemoryPlan:
     block_cache_bytes: int
     expected_file_hit_rate: float
     expected_byte_hit_rate: float
-    retained: np.ndarray = dataclasses.field(repr=False, compare=False)
+    retained: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
     block_bytes: int = 0  # one block's size (the dataset's median): a smaller block cache holds none
     n_entries: int = 0  # entries a full listing returns (files, directories and links; not the root)
 
@@ -88,6 +90,10 @@ class MemoryPlan:
     @property
     def retained_ids(self) -> np.ndarray:
         """Ids (positions in the sizes given) of the retained files, ascending."""
+        import numpy as np
+
+        if self.retained is None:
+            raise ValueError("a plan read back from its report (from_dict) has no per-file mask")
         return np.flatnonzero(self.retained)
 
     @property
@@ -108,7 +114,7 @@ class MemoryPlan:
     def from_dict(cls, values: dict[str, Any]) -> MemoryPlan:
         """The plan :meth:`to_dict` gave (a server's report), without the per-file mask: enough to describe it."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "retained" and f.name in values]
-        return cls(**{name: values[name] for name in names}, retained=np.zeros(0, dtype=bool))
+        return cls(**{name: values[name] for name in names})
 
     @property
     def page_cache_bytes(self) -> int:
@@ -198,6 +204,8 @@ def make_memory_plan(
     is larger than the block cache (its block cannot fit).  See :data:`DEFAULT_RETAIN_SHARE` for why
     retention takes the whole budget by default.
     """
+    import numpy as np
+
     sizes = _checked_sizes(sizes)
     budget_bytes = operator.index(budget_bytes)
     requested = _checked_options(budget_bytes, strategy, threshold, retain_share)
@@ -235,6 +243,8 @@ def make_memory_plan(
 
 
 def _checked_sizes(sizes: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     sizes = np.asarray(sizes)
     if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
         raise ValueError(f"sizes must be a 1-D array of integers, not {sizes.dtype} of shape {sizes.shape}")
@@ -267,6 +277,8 @@ def _expected_hit_rates(
 ) -> tuple[float, float]:
     """(file, byte) hit rates per epoch for a dataset that does not fit: a retained file always hits; any
     other file hits when its block is cached, never when it is larger than the block cache."""
+    import numpy as np
+
     dataset_bytes = int(sizes.sum())
     cached_fraction = block_cache_bytes / dataset_bytes
     cacheable = ~retained & (sizes <= block_cache_bytes)
@@ -286,6 +298,8 @@ _EXACT_SUMS = 2**53
 
 def _size_classes(sizes: np.ndarray) -> np.ndarray:
     """A class for each size, never decreasing as the size grows (see :data:`_EXACT_BITS`)."""
+    import numpy as np
+
     if not sizes.size or int(sizes.max()) < 2**_EXACT_BITS:
         return sizes  # every size its own class
     _, bits = np.frexp(sizes)  # the bit length: exact, sizes are below 2**53
@@ -297,6 +311,8 @@ def _select(sizes: np.ndarray, share: int, strategy: str, requested: int | None)
     """(retained mask, threshold applied, retained bytes) for a dataset larger than ``share``: the same
     choice as :func:`_select_sorted` in linear time (a count and a byte sum per size class, then the
     one class the budget ends in, sorted alone)."""
+    import numpy as np
+
     total = int(sizes.sum())
     if total >= _EXACT_SUMS:
         return _select_sorted(sizes, share, strategy, requested)
@@ -331,6 +347,8 @@ def _select_sorted(
     sizes: np.ndarray, share: int, strategy: str, requested: int | None
 ) -> tuple[np.ndarray, int | None, int]:
     """:func:`_select` by one sort of every file: for byte sums too large for its classes' float sums."""
+    import numpy as np
+
     order = np.argsort(sizes, kind="stable")  # by size, then by id
     ordered = sizes[order]
     cumulative = np.cumsum(ordered)

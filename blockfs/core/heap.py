@@ -14,7 +14,6 @@ memory back calls :func:`one_arena` first: every thread then allocates from the 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from collections.abc import Callable
 
@@ -23,7 +22,7 @@ _mallopt: Callable[[int, int], int] | None = None
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 if sys.platform.startswith("linux"):
     try:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        _libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them
         _trim, _mallopt = _libc.malloc_trim, _libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         _trim = _mallopt = None

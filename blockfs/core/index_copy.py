@@ -28,7 +28,6 @@ answers None and the index is read into anonymous memory as before.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import mmap
@@ -151,7 +150,7 @@ def _copy(src: int, dst: int, size: int, on_copied: Callable[[int], None] | None
 
 _statfs = None
 try:
-    _statfs = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fstatfs
+    _statfs = ctypes.CDLL(None, use_errno=True).fstatfs
 except (OSError, AttributeError):  # pragma: no cover (not Linux's libc)
     _statfs = None
 

@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import logging
 from collections.abc import Iterator
-from ctypes.util import find_library
 from types import ModuleType
 from typing import Any
 
@@ -85,7 +84,7 @@ def _bind(lib: ctypes.CDLL) -> dict | None:
 def main_with_max_threads(f: dict, argc: int, argv: Any, operations: Any, operations_size: int, user_data: Any) -> int:
     """libfuse 3.14's ``fuse_main_real`` (lib/helper.c), with ``max_threads`` applied to the loop; the
     arguments are the ctypes values the binding passes to ``fuse_main_real``."""
-    libc = ctypes.CDLL(find_library("c"))
+    libc = ctypes.CDLL(None)
     libc.free.argtypes = [ctypes.c_void_p]
     args = _FuseArgs(argc, ctypes.cast(argv, ctypes.POINTER(ctypes.c_char_p)), 0)
     opts = _CmdlineOpts()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -57,7 +56,7 @@ class MountFailed(OSError):
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class Session:

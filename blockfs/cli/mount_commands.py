@@ -357,15 +357,18 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from ..serve.daemon import unmount
+    from ..serve.daemon import mount_point, unmount
+    from ..serve.mount_files import canonical
 
-    if unmount(args.mountpoint):
+    point = mount_point(args.mountpoint)  # a symbolic link: the blockfs mount it leads to, said as such
+    shown = point if point == canonical(args.mountpoint) else f"{point} (linked as {args.mountpoint})"
+    if unmount(point):
         print(
-            f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
+            f"unmounted {shown} lazily: its serving process did not answer, so the mount is detached "
             "and goes once nothing uses it"
         )
     else:
-        print(f"unmounted {args.mountpoint}")
+        print(f"unmounted {shown}")
     return 0
 
 

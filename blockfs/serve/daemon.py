@@ -26,6 +26,7 @@ __all__ = [
     "is_mounted",
     "Reports",
     "mount_entry",
+    "mount_point",
     "serving_pid",
     "start_background",
     "unmount",
@@ -341,13 +342,45 @@ def _run(command: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
+BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route (subtype "blockfs")
+MAX_LINKS = 40  # symbolic links followed to a mount point, as the kernel's own limit
+
+
+def mount_point(path: str | os.PathLike) -> str:
+    """The mount point ``path`` names: itself (canonical) when mounted or not a symbolic link, else the
+    blockfs mount its link leads to, as ``blockfs mount`` resolves a linked mount point (the mount table
+    names the target, never the link).  A link to anything but a blockfs mount is refused: ``umount``
+    must never unmount another filesystem because a link pointed there.  A mounted path itself is never
+    touched (a server that does not answer would hang the call); only links are read."""
+    given = os.fspath(path)
+    point = first = canonical(path)
+    for _ in range(MAX_LINKS):
+        if mount_entry(point) is not None or not os.path.islink(point):
+            break
+        point = canonical(os.path.join(os.path.dirname(point), os.readlink(point)))
+    else:
+        raise MountError(f"{given!r}: more than {MAX_LINKS} symbolic links in a row: give the mount point itself")
+    if point == first:
+        return point
+    entry = mount_entry(point)
+    if entry is not None and entry["fstype"] != BLOCKFS_FSTYPE:
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {entry['fstype']} mount, not a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts"
+        )
+    if entry is None:
+        raise MountError(f"{given!r} is a symbolic link to {point!r}, which is not mounted")
+    return point
+
+
 def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
     """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit.
+    ``mountpoint`` may be a symbolic link to a blockfs mount (:func:`mount_point`).
 
     Plain unmounts first, lazy ones last.  A command that does not return within :data:`UNMOUNT_WAIT_S`
     (a live server that does not answer) is stopped, and the lazy unmounts are tried next; True when the
     mount was detached lazily for that reason (it goes once nothing uses it)."""
-    path = canonical(mountpoint)
+    path = mount_point(mountpoint)
     entry = mount_entry(path)
     if entry is None:
         raise MountError(f"{os.fspath(mountpoint)!r} is not mounted")

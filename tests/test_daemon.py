@@ -152,3 +152,44 @@ def test_umount_of_a_server_that_does_not_answer_stops_waiting_and_unmounts_lazi
     ), (out, err)
     # One plain unmount waited on; no other plain one after it; the lazy one last.
     assert calls.read_text().splitlines() == ["fusermount3 -u", "fusermount3 -uz"]
+
+
+@pytest.mark.fuse
+def test_umount_of_a_symbolic_link_unmounts_the_blockfs_mount_it_leads_to(tmp_path, capsys):
+    """As ``blockfs mount`` resolves a linked mount point, ``blockfs umount LINK`` unmounts the mount the link
+    leads to (the mount table names the target: the link's own name was 'not mounted')."""
+    from mountutil import mounted
+
+    from blockfs import cli
+
+    require(has_fuse(), "/dev/fuse")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"hello\n")
+    blockfs.pack(tmp_path / "src", tmp_path / "packed", fsync=False)
+    mnt, link = tmp_path / "mnt", tmp_path / "link"
+    link.symlink_to("mnt")  # relative, as a link often is
+    with mounted(tmp_path / "packed", mnt) as m:
+        assert cli.main(["umount", str(link)]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip() == f"unmounted {os.path.realpath(mnt)} (linked as {link})"
+        assert not process.is_mounted(mnt)
+        wait_until(lambda: m.proc.poll() is not None, "the serving process to exit")
+    assert link.is_symlink() and mnt.is_dir()
+
+
+def test_umount_never_follows_a_symbolic_link_to_a_mount_blockfs_did_not_make(tmp_path, capsys):
+    from blockfs import cli
+
+    proc_mount = process.mount_entry("/proc")
+    assert proc_mount is not None and proc_mount["fstype"] == "proc"
+    (tmp_path / "to-proc").symlink_to("/proc")
+    (tmp_path / "unmounted").mkdir()
+    (tmp_path / "to-unmounted").symlink_to(tmp_path / "unmounted")
+    assert cli.main(["umount", str(tmp_path / "to-proc")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"blockfs umount: error: '{tmp_path / 'to-proc'}' is a symbolic link to '/proc', a proc mount, not a "
+        "blockfs one: blockfs umount unmounts only blockfs mounts"
+    )
+    assert process.mount_entry("/proc") == proc_mount
+    assert cli.main(["umount", str(tmp_path / "to-unmounted")]) == 2
+    assert "which is not mounted" in capsys.readouterr().err

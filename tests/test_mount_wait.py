@@ -159,3 +159,121 @@ def test_a_mount_point_given_as_a_symbolic_link_is_mounted_at_its_target(tmp_pat
         assert str(target) in capsys.readouterr().out
     finally:
         release(target)
+
+
+# The command: ``blockfs mount`` as a user runs it, its serving process started as the stand-in below.
+_COMMAND = r"""
+import sys
+from blockfs.cli import main
+from blockfs.serve import daemon
+start, server, server_args = daemon.start_background, sys.argv.pop(1), [sys.argv.pop(1), sys.argv.pop(1)]
+def start_stand_in(command, *args, **kwargs):
+    assert command[1:3] == ["-m", "blockfs"], command
+    return start([command[0], "-c", server, *server_args, *command[3:]], *args, **kwargs)
+daemon.start_background = start_stand_in
+sys.exit(main(sys.argv[1:]))
+"""
+
+# The serving process: the real one (the real mount, either route), slow to say that it serves; argv[1] a
+# file where it says so ("pid"), argv[2] how it goes on: "hold" (until unmounted) or "die" (SIGKILL, its
+# mount left answering ENOTCONN).
+_STAND_IN = r"""
+import os, signal, sys, time
+from blockfs.cli import main
+from blockfs.serve import daemon
+said, then = sys.argv.pop(1), sys.argv.pop(1)
+mountpoint = sys.argv[sys.argv.index("mount") + 2]
+def slow_ready(reports):
+    with open(said + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(said + ".tmp", said)
+    if then == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while daemon.is_mounted(mountpoint):  # a server mounted and serving, not yet saying so
+        time.sleep(0.01)
+daemon.Reports.ready = slow_ready
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    import blockfs
+
+    root = tmp_path_factory.mktemp("wait")
+    (root / "src").mkdir()
+    (root / "src" / "a.txt").write_bytes(b"hello\n")
+    blockfs.pack(root / "src", root / "packed", fsync=False)
+    return root / "packed"
+
+
+def _mount_command(tmp_path, packed, then: str) -> tuple:
+    import subprocess
+
+    (tmp_path / "mnt").mkdir()
+    said = tmp_path / "server.pid"
+    argv = [sys.executable, "-c", _COMMAND, _STAND_IN, said, then, "mount", packed, tmp_path / "mnt"]
+    argv += ["--log", tmp_path / "log"]
+    command = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return command, said
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_path, packed, signum):
+    """SIGTERM killed 'blockfs mount' at once while it waited for its server's word, leaving the server (a
+    new session: the signal never reached it) mounted or half-started.  Now the command stops it, and exits
+    as the signal would, saying so in one line."""
+    from capability import has_fuse, require
+    from mountutil import release
+
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    command, said = _mount_command(tmp_path, packed, "hold")
+    server = None
+    try:
+        wait_until(lambda: said.exists() and process.is_mounted(mnt), "the server to mount", timeout=60)
+        server = int(said.read_text())
+        command.send_signal(signum)
+        out, err = command.communicate(timeout=60)
+        assert command.returncode == 128 + signum, (out, err)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        assert err.strip() == (
+            f"blockfs mount: {what}; the serving process it started was stopped, nothing is mounted at {mnt}"
+        )
+        assert not process.is_mounted(mnt)
+        wait_until(lambda: _gone(server), "the serving process to end")
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait(10)
+        if server is not None and not _gone(server):
+            os.kill(server, signal.SIGKILL)
+        release(mnt)
+
+
+@pytest.mark.fuse
+def test_a_server_that_dies_after_mounting_leaves_no_mount_behind(tmp_path, packed):
+    from capability import has_fuse, require
+    from mountutil import release
+
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    command, _said = _mount_command(tmp_path, packed, "die")
+    try:
+        out, err = command.communicate(timeout=60)
+        assert command.returncode == 2 and "before serving" in err, (out, err)
+        assert not process.is_mounted(mnt)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait(10)
+        release(mnt)

@@ -51,6 +51,21 @@ def test_unique_files_counts_hard_links_once(tmp_path):
     assert sorted(sizes.tolist()) == [7, 100]
 
 
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_unique_files_reads_sizes_in_the_index_byte_order(tmp_path, order):
+    """The index declares its sizes little-endian ('<u8'); the sizes come out right whatever the machine's
+    own order: here a column of either order stands for an index read on a machine of the other."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"x" * 100)
+    (tmp_path / "src" / "c").write_bytes(b"y" * 70000)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", fsync=False)
+    with PackedDataset(tmp_path / "p") as ds:
+        arrays = {name: ds.index.arrays[name] for name in ("kind", "block", "slot", "block_counts", "block_files")}
+        arrays["size"] = ds.index.arrays["size"].astype(order + "u8")
+        _blocks, _slots, sizes = unique_files(arrays)
+    assert sorted(sizes.tolist()) == [100, 70000]
+
+
 @pytest.mark.fuse
 def test_retained_files_survive_their_blocks_and_memory_stays_in_budget(packed, tmp_path):
     require(has_fuse(), "needs FUSE")

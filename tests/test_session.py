@@ -160,3 +160,54 @@ def test_serving_finds_libc_without_running_ldconfig():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_write_that_outlives_the_session_never_lands_in_a_file_opened_since(tmp_path, monkeypatch):
+    """A push (or a late answer) that has read the session's descriptor number when the mount ends writes
+    after the session let go of /dev/fuse.  Closed, the number went to the next file opened, and the FUSE
+    message into that file; now the number is kept for a descriptor that refuses the write."""
+    import fcntl
+
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    box: list = []
+    session = Session(tiny_fs(box, threading.Event()))
+    box.append(session)
+    session.mount(str(mnt), "tiny-test", "tinytest")
+    server = threading.Thread(target=session.serve, args=(2,), daemon=True)
+    server.start()
+    real_writev, inside, go = os.writev, threading.Event(), threading.Event()
+
+    def writev(fd: int, parts: list) -> int:
+        if threading.current_thread().name == "late-push":  # the number read, the GIL dropped: held here
+            inside.set()
+            go.wait(30)
+        return real_writev(fd, parts)
+
+    monkeypatch.setattr(os, "writev", writev)
+    stored: list = []
+    late = threading.Thread(target=lambda: stored.append(session.store(2, b"FUSE message")), name="late-push")
+    victim = None
+    try:
+        wait_until(lambda: session.requests[wire.INIT], "the kernel's INIT")
+        late.start()
+        assert inside.wait(10)
+        number = session.fd
+    finally:
+        session.unmount()
+        server.join(10)
+    try:
+        assert not server.is_alive() and not os.path.ismount(mnt)
+        victim = os.open(tmp_path / "victim", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if victim != number:  # moved to the lowest free number from it on: that one, once it is free
+            first, victim = victim, fcntl.fcntl(victim, fcntl.F_DUPFD_CLOEXEC, number)
+            os.close(first)
+    finally:
+        go.set()
+        if late.ident is not None:
+            late.join(10)
+        if victim is not None:
+            os.close(victim)
+    assert (tmp_path / "victim").read_bytes() == b""
+    assert stored == [False]  # refused: not stored

@@ -4,12 +4,16 @@ decided here, once, from the options or the machine, so ``plan`` and ``mount`` p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..serve.mount_options import MountOptions
@@ -280,9 +284,20 @@ def cmd_mount(args: argparse.Namespace) -> int:
         # too: it logs its progress), unless --timeout is given.
         timeout = args.timeout
         on_report = lambda raw: _print_plan(args, size, why, json.loads(raw))  # noqa: E731
-        pid = mnt.start_background(
-            command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args), on_report=on_report
-        )
+        try:
+            with _signals_stop_the_wait():
+                pid = mnt.start_background(
+                    command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args), on_report=on_report
+                )
+        except KeyboardInterrupt as e:  # start_background stopped its server and unmounted what it left
+            left = mnt.is_mounted(args.mountpoint)
+            raise Stopped(
+                getattr(e, "signum", signal.SIGINT),
+                f"the serving process it started was stopped; {args.mountpoint} is still mounted: run "
+                f"'{_program()} umount {args.mountpoint}'"
+                if left
+                else f"the serving process it started was stopped, nothing is mounted at {args.mountpoint}",
+            ) from None
     except BaseException:
         if fetched:
             shutil.rmtree(fetched, ignore_errors=True)
@@ -294,6 +309,40 @@ def cmd_mount(args: argparse.Namespace) -> int:
             f"stop with: {_program()} umount {args.mountpoint}"
         )
     return 0
+
+
+class Stopped(KeyboardInterrupt):
+    """A command stopped by ``signum`` (SIGINT, SIGTERM, SIGHUP); its text says what it left (the CLI
+    prints it in one line and exits 128 + ``signum``, as a process killed by that signal would)."""
+
+    def __init__(self, signum: int, text: str = "") -> None:
+        super().__init__(*([text] if text else []))
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_stop_the_wait() -> Iterator[None]:
+    """While ``mount`` waits for its server: SIGTERM and SIGHUP (whose default is to die at once, leaving a
+    half-started server and maybe its mount) stop the wait as Ctrl-C does, so the server is stopped on the
+    way out.  The first signal only: a second one must not cut that clean-up short.  A signal the process
+    ignores (nohup) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if not fired:
+            fired.append(signum)
+            raise Stopped(signum)
+
+    signums = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    old = {s: signal.signal(s, stop) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:
@@ -357,15 +406,18 @@ def _drop_clean_default_log(args: argparse.Namespace) -> None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from ..serve.daemon import unmount
+    from ..serve.daemon import mount_point, unmount
+    from ..serve.mount_files import canonical
 
-    if unmount(args.mountpoint):
+    point = mount_point(args.mountpoint)  # a symbolic link: the blockfs mount it leads to, said as such
+    shown = point if point == canonical(args.mountpoint) else f"{point} (linked as {args.mountpoint})"
+    if unmount(point):
         print(
-            f"unmounted {args.mountpoint} lazily: its serving process did not answer, so the mount is detached "
+            f"unmounted {shown} lazily: its serving process did not answer, so the mount is detached "
             "and goes once nothing uses it"
         )
     else:
-        print(f"unmounted {args.mountpoint}")
+        print(f"unmounted {shown}")
     return 0
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "is_mounted",
     "Reports",
     "mount_entry",
+    "mount_point",
     "serving_pid",
     "start_background",
     "unmount",
@@ -142,7 +143,9 @@ def start_background(
     ``on_report(bytes)``: called with each report the process writes to the pipe named by ``report_option
     FD`` (its plan, :meth:`Reports.report`) as it arrives.  With that pipe, the wait is for the process's
     word that it serves (:meth:`Reports.ready`) or its death, however long a large dataset takes to
-    assemble (``timeout`` None: no limit); without it, the mount point is polled for ``timeout`` seconds."""
+    assemble (``timeout`` None: no limit); without it, the mount point is polled for ``timeout`` seconds.
+    However the wait ends without serving (an error, a timeout, an exception such as KeyboardInterrupt
+    raised in it), the process is stopped and a mount it left at ``mountpoint`` is unmounted."""
     command = list(command)
     read_end = report_read = report_write = None
     passed: list[int] = []
@@ -156,6 +159,7 @@ def start_background(
         end = command.index("--") if "--" in command else len(command)
         command[end:end] = [report_option, str(report_write)]
         passed.append(report_write)
+    mounted_before = is_mounted(mountpoint)
     log_fd = open_log(log_path)
     try:
         offset = os.lseek(log_fd, 0, os.SEEK_END)
@@ -176,25 +180,45 @@ def start_background(
         raise
     finally:
         os.close(log_fd)
-    if read_end is not None:
-        os.close(read_end)
-        # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child reads.
-        threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
     try:
+        if read_end is not None:
+            os.close(read_end)
+            # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child
+            # reads.
+            threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
         if report_read is not None and report_write is not None and on_report is not None:
             os.close(report_write)
             _follow_reports(report_read, proc, timeout, on_report, mountpoint, log_path, offset)
         else:
             wait_until_mounted(mountpoint, proc, 30.0 if timeout is None else timeout, log_path, offset)
-    except BaseException:  # a failure, or the wait interrupted (Ctrl-C): no half-started server is left
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    except BaseException:  # a failure, or the wait interrupted (a signal): no half-started server is left
+        _stop_half_started(proc, mountpoint, mounted_before)
         raise
     return proc.pid
+
+
+STOP_WAIT_S = 5.0  # how long a half-started server has to stop (and unmount) after SIGTERM, before SIGKILL
+
+
+def _stop_half_started(proc: subprocess.Popen, mountpoint: str | os.PathLike, mounted_before: bool) -> None:
+    """Stop a serving process that did not say it serves, and unmount what it left mounted: a server
+    stopped after mounting unmounts itself, but one killed (SIGKILL after :data:`STOP_WAIT_S`, or a
+    SIGTERM before its handlers were set) or dead of its own leaves a mount that answers ENOTCONN."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the kernel (a request of its own in flight): the unmount below frees it
+    if not mounted_before and is_mounted(mountpoint):  # the mount point was free: what is there is its
+        try:
+            unmount(mountpoint)
+        except MountError as e:
+            log.warning("%s: run 'blockfs umount %s'", e, os.fspath(mountpoint))
 
 
 READY = b"ready"  # the last line a serving process writes to its report pipe: it serves
@@ -341,13 +365,45 @@ def _run(command: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
+BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route (subtype "blockfs")
+MAX_LINKS = 40  # symbolic links followed to a mount point, as the kernel's own limit
+
+
+def mount_point(path: str | os.PathLike) -> str:
+    """The mount point ``path`` names: itself (canonical) when mounted or not a symbolic link, else the
+    blockfs mount its link leads to, as ``blockfs mount`` resolves a linked mount point (the mount table
+    names the target, never the link).  A link to anything but a blockfs mount is refused: ``umount``
+    must never unmount another filesystem because a link pointed there.  A mounted path itself is never
+    touched (a server that does not answer would hang the call); only links are read."""
+    given = os.fspath(path)
+    point = first = canonical(path)
+    for _ in range(MAX_LINKS):
+        if mount_entry(point) is not None or not os.path.islink(point):
+            break
+        point = canonical(os.path.join(os.path.dirname(point), os.readlink(point)))
+    else:
+        raise MountError(f"{given!r}: more than {MAX_LINKS} symbolic links in a row: give the mount point itself")
+    if point == first:
+        return point
+    entry = mount_entry(point)
+    if entry is not None and entry["fstype"] != BLOCKFS_FSTYPE:
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {entry['fstype']} mount, not a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts"
+        )
+    if entry is None:
+        raise MountError(f"{given!r} is a symbolic link to {point!r}, which is not mounted")
+    return point
+
+
 def unmount(mountpoint: str | os.PathLike, timeout: float = 10.0) -> bool:
     """Unmount a blockfs (or any FUSE) mount, live or dead; wait for its serving process to exit.
+    ``mountpoint`` may be a symbolic link to a blockfs mount (:func:`mount_point`).
 
     Plain unmounts first, lazy ones last.  A command that does not return within :data:`UNMOUNT_WAIT_S`
     (a live server that does not answer) is stopped, and the lazy unmounts are tried next; True when the
     mount was detached lazily for that reason (it goes once nothing uses it)."""
-    path = canonical(mountpoint)
+    path = mount_point(mountpoint)
     entry = mount_entry(path)
     if entry is None:
         raise MountError(f"{os.fspath(mountpoint)!r} is not mounted")

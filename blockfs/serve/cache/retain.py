@@ -40,7 +40,10 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     files = np.flatnonzero(arrays["kind"] == KIND_FILE)
     block, slot = arrays["block"][files], arrays["slot"][files]
     # Sizes as int64 without a copy: every file fits in its block (core/index_checks.py), far below 2**63.
-    size = arrays["size"][files].view(np.int64)
+    # Signed in the column's own byte order (the index declares '<u8'): a native int64 view of it would
+    # swap every size's bytes on a big-endian machine.
+    size = arrays["size"][files]
+    size = size.view(np.dtype(np.int64).newbyteorder(size.dtype.byteorder))
     if not files.size:
         return block, slot, size
     if _shares_slots(arrays):  # hard links: keep each file's first

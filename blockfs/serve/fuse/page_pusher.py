@@ -10,6 +10,11 @@ the READ (a push after the LOOKUP answer lost it 97-99 % of the time: the READ f
 the same reason every push is: only this thread stores, never a reader thread, so a store waiting on a page
 lock never keeps a READ from being answered.
 
+**At unmount** the pusher may still be inside a push when the session lets go of ``/dev/fuse``: it is not
+joined first, and need not be, since the session keeps that descriptor's number for an inert descriptor
+(:meth:`~blockfs.serve.fuse.session.Session._retire_fd`), so a late push fails (EBADF: not stored) instead of
+writing a FUSE message into whatever file took the number since.
+
 It reaches the memory tier only through :class:`blockfs.serve.view.MountView`'s narrow hook
 (:meth:`~MountView.files_of_block`, :meth:`~MountView.held`, :meth:`~MountView.pages`); what the kernel
 holds (lookup counts) is the adapter's node table, read here, never written.

@@ -8,7 +8,9 @@ callback and no thread-state switch in between (``tools/bench/helpers/null_fs.py
 
 * **Mounting.**  As root, ``mount(2)`` with the device's descriptor in the options, as libfuse does; as
   anyone else, ``fusermount3`` (setuid), which mounts and hands the descriptor back over a socket
-  (``_FUSE_COMMFD``).  Unmounting: ``umount2(MNT_DETACH)`` or ``fusermount3 -u -z``.
+  (``_FUSE_COMMFD``).  Unmounting: ``umount2(MNT_DETACH)`` or ``fusermount3 -u -z``; then the device's
+  descriptor is let go but its number kept (:meth:`Session._retire_fd`): a late write from any thread
+  fails, never lands in a file opened since under that number.
 * **Threads.**  ``threads`` readers share the one descriptor; the kernel hands each request to one of
   them.  A handler either answers at once (its return value is the reply body) or returns
   :data:`DEFERRED` and answers later from any thread with :meth:`Session.reply`/:meth:`Session.fail` —
@@ -34,6 +36,7 @@ import socket
 import stat
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -196,9 +199,26 @@ class Session:
             self.unmount()
             for t in self._threads:
                 t.join(timeout=5)
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
+            self._retire_fd()
+
+    def _retire_fd(self) -> None:
+        """Let go of the connection, never of its descriptor's number, while this session may be written to.
+
+        A plain close would free the number for the next ``open`` of any thread, and a write that had read
+        :attr:`fd` before (a page push, a data thread's late answer, a name forgotten, a reader that outlived
+        its join on a lazily detached mount; the GIL is dropped between reading the number and the system
+        call) would then land in that file: a FUSE message written into a log, a block copy, a socket.
+        Instead, one ``dup2`` puts in its place a descriptor that refuses every read and write (``O_PATH``:
+        EBADF, which every writer here takes as "gone"); that one is closed once the session is collected,
+        when no thread holds it to write through, or by the process's end."""
+        if self.fd < 0:
+            return
+        inert = os.open(os.devnull, os.O_PATH | os.O_CLOEXEC)
+        try:
+            os.dup2(inert, self.fd, inheritable=False)  # atomic: the number never refers to nothing
+        finally:
+            os.close(inert)
+        weakref.finalize(self, os.close, self.fd).atexit = False  # at exit the process closes it
 
     def _catch_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
@@ -232,7 +252,7 @@ class Session:
             except OSError as e:
                 if e.errno in (errno.ENOENT, errno.EAGAIN):  # the request was interrupted before we read it
                     continue
-                if e.errno != errno.ENODEV:  # ENODEV: unmounted
+                if e.errno not in (errno.ENODEV, errno.EBADF):  # unmounted; served and let go (_retire_fd)
                     log.error("reading /dev/fuse failed: %s", e)
                 break
             _len, opcode, unique, nodeid, _uid, _gid, _pid, _ext, _pad = unpack(buf)

@@ -25,7 +25,9 @@ import tempfile
 import time
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
+from helpers.benchutil import compiled
 
+import blockfs
 from blockfs.serve.daemon import serving_pid
 
 
@@ -61,6 +63,9 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     ds = os.path.abspath(args.ds)
+    compiled(os.path.dirname(os.path.dirname(os.path.abspath(blockfs.__file__))))
+    if args.before:
+        compiled(args.before)
     with tempfile.TemporaryDirectory(prefix="bench_remount-") as work:
         kept = os.path.join(work, "kept")
         mount_once(ds, work, kept, None)  # the re-mounts' record now holds this index

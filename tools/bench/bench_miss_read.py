@@ -32,7 +32,7 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import cpu_seconds, mount_checkout, run_storage_reader
+from helpers.benchutil import cpu_seconds, mount_checkout, parse_variant, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
@@ -57,6 +57,13 @@ def main() -> int:
         metavar="[LABEL=]DIR",
         help="a checkout of the blockfs to compare with (measured in the same repeats); repeatable",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
+        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
+    )
     parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args()
@@ -70,19 +77,28 @@ def main() -> int:
     order_file = work / "order.txt"
     order_file.write_text("\n".join(names) + "\n")
 
-    checkouts = {"this": ROOT}
+    checkouts: dict[str, tuple[Path, dict[str, str]]] = {"this": (ROOT, {})}
     for given in args.before:
         label, sep, path = given.rpartition("=")
-        checkouts[label if sep else "before" if len(args.before) == 1 else path] = Path(path).resolve()
+        checkouts[label if sep else "before" if len(args.before) == 1 else path] = (Path(path).resolve(), {})
+    for given in args.variant:
+        label, env = parse_variant(given)
+        checkouts[label] = (ROOT, env)
     servers: dict[str, tuple[Path, int]] = {}
     try:
-        for version, checkout in checkouts.items():
+        for version, (checkout, env) in checkouts.items():
             for kind, extra in KINDS.items():
                 mnt = work / f"mnt-{len(servers)}"
                 servers[f"{version} {kind}"] = (
                     mnt,
                     mount_checkout(
-                        checkout, packed, mnt, args.fuse, ["--open-mode", "none", "--no-retain", *extra], timeout=300
+                        checkout,
+                        packed,
+                        mnt,
+                        args.fuse,
+                        ["--open-mode", "none", "--no-retain", *extra],
+                        timeout=300,
+                        env=env,
                     ),
                 )
         for name, (mnt, _pid) in servers.items():  # --preload answers once loaded; check, and warm every mount

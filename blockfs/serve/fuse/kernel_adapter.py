@@ -55,7 +55,9 @@ from .session import DEFERRED, NO_REPLY, Session
 
 log = logging.getLogger(__name__)
 
-READER_THREADS = 2  # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
+READER_THREADS = int(
+    __import__("os").environ.get("BLOCKFS_SPIKE_READERS", "2")
+)  # # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 INIT_FLAGS = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | wire.PARALLEL_DIROPS | wire.MAX_PAGES
 # --listing (MountOptions.listing): the INIT flags that make the kernel send READDIR (plain), READDIRPLUS

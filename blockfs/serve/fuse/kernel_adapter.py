@@ -55,9 +55,10 @@ from .session import DEFERRED, NO_REPLY, Session
 
 log = logging.getLogger(__name__)
 
-READER_THREADS = int(
-    __import__("os").environ.get("BLOCKFS_SPIKE_READERS", "2")
-)  # # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
+# One reader thread: every request is answered from memory or handed to a data thread (none waits on storage),
+# so a second reader only passes the GIL back and forth with the first (and the pusher) at every request: one
+# costs 17-38 % less server CPU per file read from a list (docs/benchmarks.md, "One reader thread").
+READER_THREADS = 1
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 INIT_FLAGS = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | wire.PARALLEL_DIROPS | wire.MAX_PAGES
 # --listing (MountOptions.listing): the INIT flags that make the kernel send READDIR (plain), READDIRPLUS
@@ -142,7 +143,7 @@ class KernelFS:
         try:
             self.session.mount(mountpoint, fsname, "blockfs", fuse_options)
             threading.Thread(target=self.pusher.run, name="blockfs-push", daemon=True).start()
-            self.session.serve(READER_THREADS if self.options.threads else 1, on_ready=self._ready)
+            self.session.serve(READER_THREADS, on_ready=self._ready)
         except OSError as e:
             if not self.served:
                 raise MountError(f"cannot mount {mountpoint!r}: {e.strerror or e}") from e

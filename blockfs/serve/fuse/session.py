@@ -34,7 +34,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,18 +54,6 @@ Handler = Callable[[int, memoryview, int], Any]  # (nodeid, request body, unique
 
 class MountFailed(OSError):
     """The kernel or fusermount3 refused the mount; ``str()`` is one line saying why."""
-
-
-# SPIKE (issue 30/32): switches to compare in one benchmark run.
-_SPIKE_WRITE = os.environ.get("BLOCKFS_SPIKE_WRITE", "os")  # os | gil: reply writes that keep the GIL
-_SPIKE_SWITCH = os.environ.get("BLOCKFS_SPIKE_SWITCH")  # sys.setswitchinterval(seconds)
-HELD_MAX = int(os.environ.get("BLOCKFS_SPIKE_HELD_MAX", 1 << 16))
-
-
-def _held_write() -> Any:
-    if _SPIKE_WRITE != "gil":
-        return None
-    return ctypes.PyDLL(ctypes.util.find_library("c"), use_errno=True).write
 
 
 def _libc() -> ctypes.CDLL:
@@ -95,7 +82,6 @@ class Session:
         self._threads: list[threading.Thread] = []
         self._fusermount = False
         self.requests: collections.Counter[int] = collections.Counter()  # by opcode; unlocked: a rare lost count
-        self._held = _held_write()
 
     # --- mounting ---------------------------------------------------------------------------------
     def mount(
@@ -197,8 +183,6 @@ class Session:
         """Answer requests with ``threads`` readers until the mount goes away (or SIGINT/SIGTERM, when
         called from the main thread); blocks.  ``on_ready`` runs after the kernel's INIT is answered."""
         self._on_ready = on_ready
-        if _SPIKE_SWITCH:
-            sys.setswitchinterval(float(_SPIKE_SWITCH))
         restore = self._catch_signals()
         try:
             self._threads = [
@@ -241,7 +225,6 @@ class Session:
         ioctl, out_header, enotty = wire.IOCTL, wire.OUT_HEADER.pack, -errno.ENOTTY
         head, init, reply, into = wire.IN_HEADER.size, wire.INIT, self.reply, [buf]  # locals: looked up per request
         writev, out_size, parts, taken = os.writev, wire.OUT_HEADER.size, (list, tuple), self._on_ioctl
-        held, held_max, get_errno = self._held, HELD_MAX, ctypes.get_errno
         while True:
             try:
                 n = os.readv(fd, into)
@@ -258,9 +241,6 @@ class Session:
             if opcode == ioctl:  # isatty() of every Python < 3.14 open(): answered as cheaply as can be
                 if taken is not None and taken(nodeid, unique):
                     continue  # answered later by whoever took it (never an error but ENOTTY)
-                if held is not None:
-                    held(fd, out_header(out_size, enotty, unique), out_size)
-                    continue
                 try:
                     os.write(fd, out_header(out_size, enotty, unique))
                 except OSError:
@@ -288,15 +268,8 @@ class Session:
             if isinstance(out, parts):
                 reply(unique, out)
                 continue
-            size = len(out)
-            if held is not None and size <= held_max:
-                message = out_header(out_size + size, 0, unique) + out
-                if held(fd, message, out_size + size) < 0:
-                    code = get_errno()
-                    self._write_failed(OSError(code, os.strerror(code)))
-                continue
             try:  # one part, the common answer (an entry, a file's bytes): :meth:`reply` without its calls
-                writev(fd, [out_header(out_size + size, 0, unique), out])
+                writev(fd, [out_header(out_size + len(out), 0, unique), out])
             except OSError as e:
                 self._write_failed(e)
         self.stopped.set()
@@ -345,14 +318,6 @@ class Session:
         self._write([wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -err, unique)])
 
     def _write(self, parts: list) -> None:
-        held = self._held
-        if held is not None:
-            message = b"".join(parts)
-            if len(message) <= HELD_MAX + 4096:
-                if held(self.fd, message, len(message)) < 0:
-                    e = ctypes.get_errno()
-                    self._write_failed(OSError(e, os.strerror(e)))
-                return
         try:
             os.writev(self.fd, parts)
         except OSError as e:

@@ -206,7 +206,7 @@ def parse_variant(given: str) -> tuple[str, dict[str, str]]:
     label, sep, assignments = given.partition("=")
     env = dict(item.split("=", 1) for item in assignments.split(",") if "=" in item)
     if not sep or not label or not env:
-        raise SystemExit(f"--variant {given!r}: give LABEL=VAR=VALUE[,VAR=VALUE...], e.g. gil=BLOCKFS_FUSE_WRITE=os")
+        raise SystemExit(f"--variant {given!r}: give LABEL=VAR=VALUE[,VAR=VALUE...], e.g. libfuse=BLOCKFS_FUSE=mfusepy")
     return label, env
 
 

@@ -567,7 +567,7 @@ def test_an_ioctl_is_taken_only_for_bytes_in_memory_and_answered_once_the_pusher
 
 def test_one_reader_thread_answers_lookups_and_memory_reads_while_a_read_waits_on_storage(packed, tmp_path):
     """The kernel route reads its requests with one thread (a second only passes the GIL back and forth with
-    it: docs/benchmarks.md, "One reader thread"), which is safe because no request holds it: while a read
+    it: docs/benchmarks.md, "The GIL's hand-offs"), which is safe because no request holds it: while a read
     waits on storage (on a data thread), lookups, the statistics and reads of cached bytes are answered."""
     import threading
 

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 # One reader thread: every request is answered from memory or handed to a data thread (none waits on storage),
 # so a second reader only passes the GIL back and forth with the first (and the pusher) at every request: one
-# costs 17-38 % less server CPU per file read from a list (docs/benchmarks.md, "One reader thread").
+# cost less server CPU per file in most runs, up to a third (docs/benchmarks.md, "The GIL's hand-offs").
 READER_THREADS = 1
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 INIT_FLAGS = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | wire.PARALLEL_DIROPS | wire.MAX_PAGES
@@ -112,7 +112,7 @@ class KernelFS:
         # cached (the kernel's own count is 64-bit: 2**31 lookups of one name without a FORGET do not come).
         self._lookups = np.zeros(self._n, dtype=np.int32)
         self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
-        self._nodes = threading.Lock()  # lookup counts move in several reader threads
+        self._nodes = threading.Lock()  # lookup counts move in the reader thread and the data threads
         self._negative = wire.negative_entry(self._valid)  # "no such name": the same bytes every time
         self._uid, self._gid = self.view.uid, self.view.gid
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")

@@ -1,7 +1,7 @@
 """Reads from a list of paths, no listing first: blockfs served from memory beside the no-work server (the floor).
 
     python tools/bench/bench_lookup_read.py [--files 50000] [--threads 4] [--repeats 3] [--fuse kernel]
-                                            [--before DIR] [--work DIR] [--json OUT]
+                                            [--before DIR] [--variant LABEL=VAR=VALUE[,...]] [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 2-6 KiB (tools/make_dataset.py's ``tiny`` mode, ~4 KiB), packed; blockfs mounted
 with every block prefilled into its memory, and tools/bench/helpers/null_fs.py (no work per request) on the
@@ -15,7 +15,9 @@ same tree and route.  Each repeat, the servers in turn, two passes each (helpers
 The plain directory (the tree the dataset was packed from) is read the same two ways, for the goals
 "kernel-served ≥ 0.9× the plain directory warm".  ``--before DIR``: a checkout of another version of blockfs
 (``git archive`` of the commit before a change), mounted and read in the same repeats, so a change is
-measured against its baseline in one run on a shared machine.
+measured against its baseline in one run on a shared machine.  ``--variant LABEL=VAR=VALUE[,VAR=VALUE]``
+(repeatable): this blockfs mounted again with those environment variables added, read in the same repeats (a
+spike's switches compared in one run).
 
 Reported per server and pass: the median files/s, its ratio to the no-work server's (cold) or to the plain
 directory's (kernel-served), the server's CPU microseconds per file (``/proc/PID/stat``: what a file costs the

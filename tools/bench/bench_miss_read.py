@@ -1,7 +1,7 @@
 """What a read that is not in memory costs the mount's CPU, beside a read that is: one mount each, same run.
 
     python tools/bench/bench_miss_read.py [--files 2000] [--threads 4] [--repeats 5] [--fuse kernel]
-                                          [--before DIR] [--work DIR] [--json OUT]
+                                          [--before DIR] [--variant LABEL=VAR=VALUE[,...]] [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 10-100 KiB (bench_nodes' sizes), packed in 1 MiB blocks, mounted twice with
 ``--open-mode none --no-retain`` (every open's reads reach the server):
@@ -13,6 +13,8 @@ A tree of ``--files`` files of 10-100 KiB (bench_nodes' sizes), packed in 1 MiB 
 ``--before [LABEL=]DIR`` (repeatable): a checkout of another version of blockfs (``git archive`` of the commit
 before a change), mounted the same two ways and read in the same repeats.  Each repeat reads every mount in
 turn, the whole list in a shuffled order over ``--threads`` reader threads (helpers/storage_reader.py).
+``--variant LABEL=VAR=VALUE[,VAR=VALUE]`` (repeatable): this blockfs mounted the same two ways again with those
+environment variables added (a spike's switches compared in one run).
 Reported per mount: median files/s, and the server's CPU microseconds per file (``/proc/PID/stat``: user +
 system, every thread; steadier than a rate on a busy machine), and miss - memory: what the miss path adds.
 """

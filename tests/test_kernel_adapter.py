@@ -563,3 +563,61 @@ def test_an_ioctl_is_taken_only_for_bytes_in_memory_and_answered_once_the_pusher
         assert calls.session.wait(1002, timeout=10) == (errnos.ENOTTY, b"")
         assert calls.session.wait(1003, timeout=10) == (errnos.ENOTTY, b"")
         assert not fs.pusher.opened(node, 1004)  # the session answers it at once
+
+
+def test_one_reader_thread_answers_lookups_and_memory_reads_while_a_read_waits_on_storage(packed, tmp_path):
+    """The kernel route reads its requests with one thread (a second only passes the GIL back and forth with
+    it: docs/benchmarks.md, "The GIL's hand-offs"), which is safe because no request holds it: while a read
+    waits on storage (on a data thread), lookups, the statistics and reads of cached bytes are answered."""
+    import threading
+
+    from blockfs.serve.mount_options import MountOptions
+    from blockfs.serve.server import assembled
+
+    src, dest = packed
+    names = [n for n in walk(src) if (src / n).stat().st_size > 0]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    options = MountOptions(cache_bytes=64 << 20, prefill=False, lock_memory=False, readahead=0)
+    with assembled(dest, mnt, options, route="kernel") as fs:
+        block_of = {n: fs.view.index.read_fields(fs.view.ds.lookup(n))[1] for n in names}
+        first = names[0]
+        same = next(n for n in names[1:] if block_of[n] == block_of[first])
+        slow = next(n for n in names if block_of[n] != block_of[first])
+        looked_up = next(n for n in names if n not in (first, same, slow))
+        gate, waiting, callers = threading.Event(), threading.Semaphore(0), []
+        gate.set()
+        files = fs.view.ds.store._files
+        for name in ("pread", "read_into", "size"):
+
+            def gated(*args, _real=getattr(files, name)):  # noqa: B008 (bound now: one per name)
+                callers.append(threading.current_thread().name)
+                if not gate.is_set():
+                    waiting.release()
+                    gate.wait(30)
+                return _real(*args)
+
+            setattr(files, name, gated)
+        server = threading.Thread(target=fs.run, args=(str(mnt), "blockfs-one-reader"), daemon=True)
+        server.start()
+        got: list[bytes] = []
+        try:
+            wait_until(lambda: fs.served, "the mount to serve")
+            assert (mnt / first).read_bytes() == (src / first).read_bytes()  # its block is now in memory
+            gate.clear()
+            reader = threading.Thread(target=lambda: got.append((mnt / slow).read_bytes()), daemon=True)
+            reader.start()
+            assert waiting.acquire(timeout=10), "the read of a block not in memory never reached storage"
+            assert (mnt / looked_up).stat().st_size == (src / looked_up).stat().st_size
+            assert stats(mnt)["requests"]["read"] >= 2
+            assert (mnt / same).read_bytes() == (src / same).read_bytes()
+            assert not got  # all of that while the read still waits on storage
+            readers = [t.name for t in threading.enumerate() if t.name.startswith("blockfs-fuse-")]
+            assert readers == ["blockfs-fuse-0"], readers
+        finally:
+            gate.set()
+            fs.session.unmount()
+            server.join(10)
+        assert got == [(src / slow).read_bytes()]
+        assert not server.is_alive() and not os.path.ismount(mnt)
+    assert callers and not any(c.startswith("blockfs-fuse-") for c in callers), callers

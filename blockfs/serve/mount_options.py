@@ -289,7 +289,8 @@ class MountOptions:
         Flag(  # libfuse's thread pool: a cached file never waits behind another's disk read
             "--single-threaded",
             section="tuning",
-            help="one FUSE request at a time",
+            help="libfuse routes: one FUSE request at a time (the kernel route always reads its requests with one "
+            "thread, and waits on storage on others)",
         ),
         True,
     )

@@ -1,7 +1,7 @@
 """Reads from a list of paths, no listing first: blockfs served from memory beside the no-work server (the floor).
 
     python tools/bench/bench_lookup_read.py [--files 50000] [--threads 4] [--repeats 3] [--fuse kernel]
-                                            [--before DIR] [--work DIR] [--json OUT]
+                                            [--before DIR] [--variant LABEL=VAR=VALUE[,...]] [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 2-6 KiB (tools/make_dataset.py's ``tiny`` mode, ~4 KiB), packed; blockfs mounted
 with every block prefilled into its memory, and tools/bench/helpers/null_fs.py (no work per request) on the
@@ -15,7 +15,9 @@ same tree and route.  Each repeat, the servers in turn, two passes each (helpers
 The plain directory (the tree the dataset was packed from) is read the same two ways, for the goals
 "kernel-served ≥ 0.9× the plain directory warm".  ``--before DIR``: a checkout of another version of blockfs
 (``git archive`` of the commit before a change), mounted and read in the same repeats, so a change is
-measured against its baseline in one run on a shared machine.
+measured against its baseline in one run on a shared machine.  ``--variant LABEL=VAR=VALUE[,VAR=VALUE]``
+(repeatable): this blockfs mounted again with those environment variables added, read in the same repeats (a
+spike's switches compared in one run).
 
 Reported per server and pass: the median files/s, its ratio to the no-work server's (cold) or to the plain
 directory's (kernel-served), the server's CPU microseconds per file (``/proc/PID/stat``: what a file costs the
@@ -42,7 +44,7 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_da
 # isort: split
 import make_dataset as md
 from helpers import HELPERS, ROOT
-from helpers.benchutil import cpu_seconds, drop_caches, mount_checkout, run_storage_reader
+from helpers.benchutil import cpu_seconds, drop_caches, mount_checkout, parse_variant, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
@@ -63,9 +65,10 @@ def null_counts(proc: subprocess.Popen, counts_file: Path, timeout: float = 30) 
     return json.loads(counts_file.read_text())
 
 
-def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str) -> int:
-    """A background ``blockfs mount`` of ``checkout``'s blockfs; its pid once every block is in memory."""
-    pid = mount_checkout(checkout, packed, mnt, route)
+def mount_blockfs(checkout: Path, packed: Path, mnt: Path, route: str, env: dict[str, str] | None = None) -> int:
+    """A background ``blockfs mount`` of ``checkout``'s blockfs (``env`` added to its environment); its pid once
+    every block is in memory."""
+    pid = mount_checkout(checkout, packed, mnt, route, env=env)
     stats = read_stats(mnt)
     deadline = 600
     started = time.monotonic()
@@ -84,6 +87,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fuse", default="kernel", choices=("kernel", "mfusepy"))
     parser.add_argument("--before", help="a checkout of the blockfs to compare with (measured in the same repeats)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
+        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
+    )
     parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args()
@@ -99,14 +109,19 @@ def main() -> int:
     order_file = work / "order.txt"
     order_file.write_text("\n".join(names) + "\n")
 
-    checkouts = {"blockfs": ROOT} | ({"blockfs before": Path(args.before).resolve()} if args.before else {})
+    checkouts: dict[str, tuple[Path, dict[str, str]]] = {"blockfs": (ROOT, {})}
+    if args.before:
+        checkouts["blockfs before"] = (Path(args.before).resolve(), {})
+    for given in args.variant:
+        label, env = parse_variant(given)
+        checkouts[label] = (ROOT, env)
     servers: dict[str, tuple[Path, int | None]] = {}
     null_proc = None
     counts_file = work / "null-counts.json"
     try:
-        for name, checkout in checkouts.items():
+        for name, (checkout, env) in checkouts.items():
             mnt = work / f"mnt-{len(servers)}"
-            servers[name] = (mnt, mount_blockfs(checkout, packed, mnt, args.fuse))
+            servers[name] = (mnt, mount_blockfs(checkout, packed, mnt, args.fuse, env))
         null_mnt = work / "mnt-null"
         null_mnt.mkdir(exist_ok=True)
         log = open(work / "null.log", "ab")

@@ -1,7 +1,7 @@
 """What a read that is not in memory costs the mount's CPU, beside a read that is: one mount each, same run.
 
     python tools/bench/bench_miss_read.py [--files 2000] [--threads 4] [--repeats 5] [--fuse kernel]
-                                          [--before DIR] [--work DIR] [--json OUT]
+                                          [--before DIR] [--variant LABEL=VAR=VALUE[,...]] [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 10-100 KiB (bench_nodes' sizes), packed in 1 MiB blocks, mounted twice with
 ``--open-mode none --no-retain`` (every open's reads reach the server):
@@ -13,6 +13,8 @@ A tree of ``--files`` files of 10-100 KiB (bench_nodes' sizes), packed in 1 MiB 
 ``--before [LABEL=]DIR`` (repeatable): a checkout of another version of blockfs (``git archive`` of the commit
 before a change), mounted the same two ways and read in the same repeats.  Each repeat reads every mount in
 turn, the whole list in a shuffled order over ``--threads`` reader threads (helpers/storage_reader.py).
+``--variant LABEL=VAR=VALUE[,VAR=VALUE]`` (repeatable): this blockfs mounted the same two ways again with those
+environment variables added (a spike's switches compared in one run).
 Reported per mount: median files/s, and the server's CPU microseconds per file (``/proc/PID/stat``: user +
 system, every thread; steadier than a rate on a busy machine), and miss - memory: what the miss path adds.
 """
@@ -32,7 +34,7 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import cpu_seconds, mount_checkout, run_storage_reader
+from helpers.benchutil import cpu_seconds, mount_checkout, parse_variant, run_storage_reader
 
 import blockfs
 from blockfs.client import read_stats
@@ -57,6 +59,13 @@ def main() -> int:
         metavar="[LABEL=]DIR",
         help="a checkout of the blockfs to compare with (measured in the same repeats); repeatable",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
+        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
+    )
     parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args()
@@ -70,19 +79,28 @@ def main() -> int:
     order_file = work / "order.txt"
     order_file.write_text("\n".join(names) + "\n")
 
-    checkouts = {"this": ROOT}
+    checkouts: dict[str, tuple[Path, dict[str, str]]] = {"this": (ROOT, {})}
     for given in args.before:
         label, sep, path = given.rpartition("=")
-        checkouts[label if sep else "before" if len(args.before) == 1 else path] = Path(path).resolve()
+        checkouts[label if sep else "before" if len(args.before) == 1 else path] = (Path(path).resolve(), {})
+    for given in args.variant:
+        label, env = parse_variant(given)
+        checkouts[label] = (ROOT, env)
     servers: dict[str, tuple[Path, int]] = {}
     try:
-        for version, checkout in checkouts.items():
+        for version, (checkout, env) in checkouts.items():
             for kind, extra in KINDS.items():
                 mnt = work / f"mnt-{len(servers)}"
                 servers[f"{version} {kind}"] = (
                     mnt,
                     mount_checkout(
-                        checkout, packed, mnt, args.fuse, ["--open-mode", "none", "--no-retain", *extra], timeout=300
+                        checkout,
+                        packed,
+                        mnt,
+                        args.fuse,
+                        ["--open-mode", "none", "--no-retain", *extra],
+                        timeout=300,
+                        env=env,
                     ),
                 )
         for name, (mnt, _pid) in servers.items():  # --preload answers once loaded; check, and warm every mount

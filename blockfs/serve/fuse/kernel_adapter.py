@@ -55,7 +55,10 @@ from .session import DEFERRED, NO_REPLY, Session
 
 log = logging.getLogger(__name__)
 
-READER_THREADS = 2  # answer requests; measured by tools/bench/bench_fuse_routes.py (2 cores: more only contend)
+# One reader thread: every request is answered from memory or handed to a data thread (none waits on storage),
+# so a second reader only passes the GIL back and forth with the first (and the pusher) at every request: one
+# cost less server CPU per file in most runs, up to a third (docs/benchmarks.md, "The GIL's hand-offs").
+READER_THREADS = 1
 DATA_THREADS = 64  # wait on storage for reads not in memory, one read each
 INIT_FLAGS = wire.ASYNC_READ | wire.NO_OPEN_SUPPORT | wire.NO_OPENDIR_SUPPORT | wire.PARALLEL_DIROPS | wire.MAX_PAGES
 # --listing (MountOptions.listing): the INIT flags that make the kernel send READDIR (plain), READDIRPLUS
@@ -109,7 +112,7 @@ class KernelFS:
         # cached (the kernel's own count is 64-bit: 2**31 lookups of one name without a FORGET do not come).
         self._lookups = np.zeros(self._n, dtype=np.int32)
         self._lookup_counts = self._lookups.data  # the same counts, one at a time: no NumPy scalar
-        self._nodes = threading.Lock()  # lookup counts move in several reader threads
+        self._nodes = threading.Lock()  # lookup counts move in the reader thread and the data threads
         self._negative = wire.negative_entry(self._valid)  # "no such name": the same bytes every time
         self._uid, self._gid = self.view.uid, self.view.gid
         self._data = ThreadPoolExecutor(max_workers=DATA_THREADS, thread_name_prefix="blockfs-data")
@@ -140,7 +143,7 @@ class KernelFS:
         try:
             self.session.mount(mountpoint, fsname, "blockfs", fuse_options)
             threading.Thread(target=self.pusher.run, name="blockfs-push", daemon=True).start()
-            self.session.serve(READER_THREADS if self.options.threads else 1, on_ready=self._ready)
+            self.session.serve(READER_THREADS, on_ready=self._ready)
         except OSError as e:
             if not self.served:
                 raise MountError(f"cannot mount {mountpoint!r}: {e.strerror or e}") from e

@@ -183,22 +183,38 @@ def checkout_main(checkout: Path) -> str:
 
 
 def mount_checkout(
-    checkout: Path, packed: Path, mnt: Path, route: str, extra: Sequence[str] = (), timeout: float = 120
+    checkout: Path,
+    packed: Path,
+    mnt: Path,
+    route: str,
+    extra: Sequence[str] = (),
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
 ) -> int:
     """A background ``blockfs mount PACKED MNT --foreground EXTRA`` of ``checkout``'s blockfs on FUSE route
-    ``route``, logging to ``MNT.log`` beside it; its pid once it serves."""
+    ``route``, logging to ``MNT.log`` beside it, ``env`` added to its environment; its pid once it serves."""
     from blockfs.serve.daemon import start_background
 
     mnt.mkdir(parents=True, exist_ok=True)
     env_before = dict(os.environ)
     os.environ["PYTHONPATH"] = str(checkout)
     os.environ["BLOCKFS_FUSE"] = route
+    os.environ.update(env or {})
     try:
         command = [sys.executable, "-c", checkout_main(checkout), "mount", str(packed), str(mnt), "--foreground"]
         return start_background([*command, *extra], mnt, str(mnt.parent / f"{mnt.name}.log"), timeout=timeout)
     finally:
         os.environ.clear()
         os.environ.update(env_before)
+
+
+def parse_variant(given: str) -> tuple[str, dict[str, str]]:
+    """``LABEL=VAR=VALUE[,VAR=VALUE...]`` (a benchmark's ``--variant``): the label and the environment it adds."""
+    label, sep, assignments = given.partition("=")
+    env = dict(item.split("=", 1) for item in assignments.split(",") if "=" in item)
+    if not sep or not label or not env:
+        raise SystemExit(f"--variant {given!r}: give LABEL=VAR=VALUE[,VAR=VALUE...], e.g. libfuse=BLOCKFS_FUSE=mfusepy")
+    return label, env
 
 
 def cpu_seconds(pid: int) -> float:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 
 from ..storage.owned import read_regular_at, unlink_quietly_at, write_file_at
 
@@ -119,11 +120,19 @@ def find(dir_fd: int, digest: str) -> int | None:
     except BaseException:
         os.close(fd)
         raise
-    try:  # the least recently used go first: a use makes the record new (never the copy: its ctime would move)
-        os.utime(digest + RECORD, dir_fd=dir_fd, follow_symlinks=False)
+    _used(dir_fd, digest)
+    return fd
+
+
+def _used(dir_fd: int, digest: str) -> None:
+    """The copy of ``digest`` was used now: its record's modification time, set from the fine clock (the
+    file times' coarse clock ties uses in one tick), orders the copies for removal.  Never the copy's own
+    times: its ctime would move."""
+    now = time.time_ns()
+    try:
+        os.utime(digest + RECORD, ns=(now, now), dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         pass
-    return fd
 
 
 def _remove(dir_fd: int, digest: str, why: str) -> None:
@@ -153,6 +162,7 @@ def keep(dir_fd: int, copy: int, digest: str, kept: int = KEPT, kept_bytes: int 
     try:
         # Taken after the name was made (linking changes the ctime): what a later mount must find.
         write_file_at(dir_fd, digest + RECORD, (_record(digest, boot, os.fstat(copy)),), sync=False)
+        _used(dir_fd, digest)
         _keep_newest(dir_fd, kept, kept_bytes)
     except OSError as e:  # a full disk: no record, so the copy is never used; removed
         log.warning("the index copy is not kept for the next mount: %s", e.strerror or e)

@@ -219,3 +219,22 @@ def test_a_copy_directory_moved_to_another_machine_is_not_believed(packed, tmp_p
     before = work["copied"]
     assert opened(packed, IndexCopies(tmp_path / "moved"))[0] == original
     assert work["copied"] == before + len(original)
+
+
+@pytest.mark.parametrize("keep", ["", "0"], ids=["seeded", "none-kept"])
+def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, work, monkeypatch, keep):
+    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json): the
+    first open of the dataset on this machine neither copies nor hashes it.  Keeping none, the pack hashes
+    the file and keeps nothing; the digest is the same either way."""
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    monkeypatch.setenv(kept_copies.KEPT_ENV, keep)
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    original = (tmp_path / "p" / "index.bfi").read_bytes()
+    assert digest_of(tmp_path / "p") == dg.digest(original).hex()
+    listed = sorted(os.listdir(tmp_path / "copies")) if (tmp_path / "copies").exists() else []
+    assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
+    before = dict(work)
+    monkeypatch.delenv(kept_copies.KEPT_ENV)
+    assert opened(tmp_path / "p", IndexCopies(tmp_path / "copies"))[0] == original
+    copied = work["copied"] - before["copied"]
+    assert copied == (0 if not keep else len(original))

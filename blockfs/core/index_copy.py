@@ -115,25 +115,40 @@ class IndexCopies:
         finally:
             os.close(fd)
 
+    def seed(self, fd: int) -> bytes | None:
+        """The BLAKE3 digest of the index file ``fd`` (a pack's, which is to record it), hashed from a copy
+        kept for this machine's next mount of it; None, and nothing said, where no copy is kept here (the
+        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces."""
+        if self.kept_count <= 0:
+            return None
+        held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True)
+        if held is None:
+            return None
+        buf, digest = held
+        buf.close()
+        return digest
+
     def hold(
-        self, fd: int, size: int, hashed: bool = False, keep: str | bool = False
+        self, fd: int, size: int, hashed: bool = False, keep: str | bool = False, quiet: bool = False
     ) -> tuple[mmap.mmap, bytes | None] | None:
         """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd`` and, if
         ``hashed``, the copy's BLAKE3 digest (hashed piece by piece behind the copy); None where no copy
         can be made here (the reason logged once).  ``IndexChanged`` if ``fd`` ends before ``size`` bytes
         (the file shrank while it was copied).  ``keep`` (with ``hashed``): the digest (hex) that
         ``blockfs.json`` records: the copy is kept for the next mount if it is that; True: kept under its
-        own digest (a pack's, which is making that record)."""
+        own digest (a pack's, which is making that record).  ``quiet``: why no copy was made is logged for
+        debugging only (a pack's seed: nothing is held in memory instead)."""
         keep = keep if hashed and self.kept_count > 0 else False
+        warn, say = (log.debug, log.debug) if quiet else (log.warning, log.info)
         try:
             dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX)
         except OSError as e:
-            log.warning("the index is held in memory: %s", e)
+            warn("the index is held in memory: %s", e)
             return None
         copy = -1
         try:
             if _on_memory_fs(dir_fd):
-                log.info("the index is held in memory: %s is in memory itself (tmpfs)", self.directory)
+                say("the index is held in memory: %s is in memory itself (tmpfs)", self.directory)
                 return None
             # O_EXCL: never to be linked, unless it is to be kept.  Mode 0400 from the start: reopened through
             # /proc/PID/fd, it is not writable (but by root); this descriptor is.
@@ -141,7 +156,7 @@ class IndexCopies:
             try:
                 copy = os.open(".", os.O_TMPFILE | unlinkable | os.O_RDWR | os.O_CLOEXEC, 0o400, dir_fd=dir_fd)
             except OSError as e:  # no O_TMPFILE on this filesystem (EOPNOTSUPP, EISDIR on old kernels)
-                log.info("the index is held in memory: no unnamed file in %s (%s)", self.directory, e.strerror)
+                say("the index is held in memory: no unnamed file in %s (%s)", self.directory, e.strerror)
                 return None
             held = hashing = None
             try:
@@ -161,7 +176,7 @@ class IndexCopies:
                         log.info("the index copy is not kept for the next mount: %s", e.strerror or e)
                 return held, got
             except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
-                log.warning("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
+                warn("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
                 return None
             finally:
                 if hashing is not None:  # failed: nothing may hash the map once it is closed

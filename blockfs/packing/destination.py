@@ -25,6 +25,7 @@ from ..core import format as fmt
 from ..core.digest import file_digest
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
 from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
+from ..core.index_copy import IndexCopies
 from ..core.metadata import METADATA_VERSION, metadata_bytes
 from ..errors import PackError
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
@@ -282,6 +283,22 @@ def index_counts(cols: IndexColumns) -> dict:
     }
 
 
+def index_digest(dir_fd: int) -> bytes:
+    """The digest of the index just written, hashed from a copy kept for this machine's next mount of it
+    (:mod:`blockfs.core.kept_copies`: that mount then neither copies nor hashes it), or from the file where
+    no copy is kept (``BLOCKFS_KEPT_INDEX_COPIES=0``, no copy directory, no room)."""
+    copies = IndexCopies.default()
+    if copies is not None:
+        fd = read_at(dir_fd, INDEX_NAME)
+        try:
+            digest = copies.seed(fd)
+        finally:
+            os.close(fd)
+        if digest is not None:
+            return digest
+    return file_digest(read_at(dir_fd, INDEX_NAME))
+
+
 def dataset_metadata(
     dir_fd: int,
     counts: dict,
@@ -307,7 +324,7 @@ def dataset_metadata(
         "index": {
             "file": INDEX_NAME,
             "crc32": fmt.file_crc(read_at(dir_fd, INDEX_NAME)),
-            "blake3": file_digest(read_at(dir_fd, INDEX_NAME)).hex(),
+            "blake3": index_digest(dir_fd).hex(),
         },
         "pack": {
             "block_size": options.block_bytes,

@@ -238,3 +238,53 @@ def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, wo
     assert opened(tmp_path / "p", IndexCopies(tmp_path / "copies"))[0] == original
     copied = work["copied"] - before["copied"]
     assert copied == (0 if not keep else len(original))
+
+
+def _server_index_map(pid: int, copies) -> str:
+    """The file the server maps from ``copies`` (its index: the unnamed copy it made, or a kept one)."""
+    where = os.path.realpath(copies) + "/"
+    with open(f"/proc/{pid}/maps") as f:
+        found = {" ".join(line.split()[5:]) for line in f if where in line}
+    assert len(found) == 1, found
+    return found.pop()
+
+
+@pytest.mark.fuse
+def test_a_remount_serves_from_the_kept_copy_and_a_changed_one_is_copied_again(tmp_path, edge_tree, monkeypatch):
+    """Through a real mount (the route BLOCKFS_FUSE names): the first mount copies the index and keeps the
+    copy, the second maps that copy by its name, and after the kept copy is written the third copies again;
+    every mount reads every file right."""
+    from capability import has_fuse, require
+    from mountutil import mounted
+
+    require(has_fuse(), "needs FUSE")
+    copies = tmp_path / "copies"
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(copies))
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
+    monkeypatch.setenv(kept_copies.KEPT_ENV, "0")  # the pack seeds nothing: the first mount copies
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000, fsync=False)
+    monkeypatch.delenv(kept_copies.KEPT_ENV)
+    digest = digest_of(tmp_path / "p")
+    kept = copies / digest
+    sources = {
+        os.path.relpath(os.path.join(d, f), edge_tree): os.path.join(d, f)
+        for d, _, fs in os.walk(edge_tree)
+        for f in fs
+        if not os.path.islink(os.path.join(d, f))
+    }
+
+    def mount_and_read(n: int) -> str:
+        with mounted(tmp_path / "p", tmp_path / f"mnt{n}") as m:
+            where = _server_index_map(m.pid, copies)
+            for rel, src in sources.items():
+                with open(src, "rb") as a, open(os.path.join(os.fsencode(m.path), os.fsencode(rel)), "rb") as b:
+                    assert a.read() == b.read(), rel
+        return where
+
+    assert mount_and_read(1).endswith("(deleted)") and kept.exists()
+    assert mount_and_read(2) == os.path.realpath(kept)
+    damaged = bytearray(kept.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    _write(kept, bytes(damaged))
+    assert mount_and_read(3).endswith("(deleted)")
+    assert dg.digest(kept.read_bytes()).hex() == digest  # kept anew

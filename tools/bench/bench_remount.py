@@ -91,12 +91,12 @@ def main() -> None:
             }
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
         for r in range(args.rounds):
-            for name, (record, copies, before, keep) in variants.items():
+            for v, (name, (record, copies, before, keep)) in enumerate(variants.items()):
                 if record is None:  # a first mount: an empty record
-                    record = os.path.join(work, f"fresh-{r}")
+                    record = os.path.join(work, f"fresh-{r}-{v}")
                 fresh = copies is None
                 if fresh:  # no copy kept
-                    copies = os.path.join(work, f"fresh-copies-{r}")
+                    copies = os.path.join(work, f"fresh-copies-{r}-{v}")
                 assert copies is not None
                 runs[name].append(mount_once(ds, work, record, copies, before, keep))
                 if fresh:

@@ -188,7 +188,7 @@ def _keep_newest(dir_fd: int, kept: int, kept_bytes: int) -> None:
                 continue
             aged.append((used, digest, size))
     total = count = 0
-    for _used, digest, size in sorted(aged, reverse=True):
+    for _when, digest, size in sorted(aged, reverse=True):
         if count < kept and total + size <= kept_bytes:
             count, total = count + 1, total + size
         else:

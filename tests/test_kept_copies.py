@@ -13,6 +13,7 @@ import pytest
 import blockfs
 from blockfs.core import digest as dg
 from blockfs.core import index_copy, kept_copies
+from blockfs.core.checked_indexes import CheckedIndexes
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index_copy import IndexCopies
 
@@ -223,14 +224,18 @@ def test_a_copy_directory_moved_to_another_machine_is_not_believed(packed, tmp_p
 
 @pytest.mark.parametrize("keep", ["", "0"], ids=["seeded", "none-kept"])
 def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, work, monkeypatch, keep):
-    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json): the
-    first open of the dataset on this machine neither copies nor hashes it.  Keeping none, the pack hashes
+    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json), and runs
+    and records a mount's checks of it: the first open of the dataset on this machine neither copies nor
+    hashes it, nor checks it.  Keeping none, the pack hashes
     the file and keeps nothing; the digest is the same either way."""
     monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
     monkeypatch.setenv(kept_copies.KEPT_ENV, keep)
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
     original = (tmp_path / "p" / "index.bfi").read_bytes()
     assert digest_of(tmp_path / "p") == dg.digest(original).hex()
+    # The pack also ran a mount's checks on it and recorded them: its first mount here skips them.
+    assert CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
     listed = sorted(os.listdir(tmp_path / "copies")) if (tmp_path / "copies").exists() else []
     assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
     before = dict(work)
@@ -238,6 +243,14 @@ def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, wo
     assert opened(tmp_path / "p", IndexCopies(tmp_path / "copies"))[0] == original
     copied = work["copied"] - before["copied"]
     assert copied == (0 if not keep else len(original))
+
+
+def test_a_pack_records_nothing_where_no_record_is_kept(tmp_path, edge_tree, monkeypatch):
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", "")
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    assert not (tmp_path / "checked").exists()
+    assert len(os.listdir(tmp_path / "copies")) == 2  # the copy is kept all the same
 
 
 def _server_index_map(pid: int, copies) -> str:

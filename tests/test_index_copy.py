@@ -38,18 +38,21 @@ def _mapping(index: PackedIndex) -> tuple[str, int]:
     raise AssertionError("the index's bytes are in no mapping")
 
 
-def test_the_copy_is_an_unnamed_file_of_the_directory_and_no_writer_of_the_dataset_reaches_it(packed, tmp_path):
+@pytest.mark.parametrize("kept", [0, 4], ids=["none-kept", "kept"])
+def test_the_copy_is_an_unnamed_file_of_the_directory_and_no_writer_of_the_dataset_reaches_it(packed, tmp_path, kept):
     """In place (as ``cp other.bfi index.bfi`` writes), then truncated: the mount's index still holds the
-    bytes it checked, answers lookups (no SIGBUS), and the copy directory holds no name anyone could open."""
+    bytes it checked, answers lookups (no SIGBUS), and the copy directory holds no name anyone could open
+    but the copy kept for the next mount, mode 0400 (blockfs/core/kept_copies.py), where one is kept."""
     path = packed / "index.bfi"
     original = path.read_bytes()
     copies = tmp_path / "copies"
-    ds = PackedDataset(packed, copies=IndexCopies(copies))
+    ds = PackedDataset(packed, copies=IndexCopies(copies, kept=kept))
     index = ds.index
     where, anonymous_kb = _mapping(index)
     assert where.startswith(str(copies.resolve()) + "/") and where.endswith("(deleted)"), where
     assert anonymous_kb == 0
-    assert os.listdir(copies) == []
+    digest = ds.metadata["index"]["blake3"]
+    assert sorted(os.listdir(copies)) == ([digest, digest + ".id"] if kept else [])
     entry = index.n_entries - 1
     name = index.path(entry)
 

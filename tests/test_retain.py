@@ -66,6 +66,17 @@ def test_unique_files_reads_sizes_in_the_index_byte_order(tmp_path, order):
     assert sorted(sizes.tolist()) == [100, 70000]
 
 
+def test_two_files_in_one_slot_are_told_from_neighbouring_slots():
+    """The hard-link test marks each (block, slot) once: slots side by side, in or across blocks, are not one."""
+    from blockfs.serve.cache.retain import _shares_slots, slot_base
+
+    base = slot_base(np.array([3, 2]))  # block 0: slots 0-2, block 1: slots 0-1
+    every = base[np.array([0, 0, 0, 1, 1])] + np.array([2, 0, 1, 1, 0])
+    assert not _shares_slots(every, int(base[-1]))
+    assert _shares_slots(np.append(every[:2], every[1]), int(base[-1]))
+    assert not _shares_slots(every[:0], int(base[-1]))
+
+
 @pytest.mark.fuse
 def test_retained_files_survive_their_blocks_and_memory_stays_in_budget(packed, tmp_path):
     require(has_fuse(), "needs FUSE")

@@ -448,7 +448,8 @@ class PackedIndex:
         self.file = os.fspath(path)
         where = f"index {self.file}"
         # Hashed as it is read (on a thread, piece by piece), when blockfs.json gives a digest to compare with.
-        self._buf, hashed = read_index_file_hashed(self.file, where, copies, hashed=digest is not None)
+        # With ``copies`` (a mount's), a copy kept by an earlier mount of this digest is mapped instead.
+        self._buf, hashed = read_index_file_hashed(self.file, where, copies, digest is not None, expected=digest)
         toc_len, self.version = check_header(self._buf, where)  # before the CRC: "not an index" or "upgrade" say more
         if digest is not None:  # the chain: blockfs.json names this file's digest, and with it every digest inside
             if self.version < 2:

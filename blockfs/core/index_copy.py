@@ -1,4 +1,4 @@
-"""A mount's index held in a private, unnamed file: page cache the kernel can reclaim, bytes no one can change.
+"""A mount's index held in a private file: page cache the kernel can reclaim, bytes no one else can change.
 
 A mount reads its index once, checks it, and answers from it for as long as it runs; at a million entries
 the index is ~147 MB, ten million ~1.5 GB.  Where those bytes live was measured three ways
@@ -9,16 +9,33 @@ the index is ~147 MB, ten million ~1.5 GB.  Where those bytes live was measured 
 2. a map of the dataset's own ``index.bfi``: free to make and reclaimable, but not ours: ``cp other.bfi
    index.bfi`` or any writer that opens it in place changes the bytes after they were checked (served
    unproven), and a truncation turns every later touch of the map into SIGBUS;
-3. **this**: a copy into a file made with ``O_TMPFILE | O_EXCL`` in a directory of this user's alone, mapped
-   read-only, its descriptor closed.  The file has no name: no writer of ``index.bfi`` reaches it, and it
-   cannot be linked into the tree (``O_EXCL``), so the bytes checked are the bytes served until the mount
-   ends.  Its pages are page cache, written back and reclaimed like any file's under memory pressure
-   (re-read from this disk when touched again).  What can still reach it: on Python < 3.13 the map keeps
-   a duplicate descriptor, which ``/proc/PID/fd`` opens for a process allowed to read this one's ``/proc``
-   entries (the same user; root): the file's mode is 0400, so only root may then write it.  Anonymous
-   memory is reached by the same users through ``/proc/PID/mem`` (given ptrace rights).  Cost: one in-kernel copy at
-   mount (``copy_file_range``: a reflink where the filesystem shares extents), no more than the read into
-   anonymous memory it replaces.
+3. **this**: a copy into a file made with ``O_TMPFILE`` in a directory of this user's alone, mode 0400,
+   mapped read-only, its descriptor closed.  No writer of ``index.bfi`` reaches it.  Its pages are page
+   cache, written back and reclaimed like any file's under memory pressure (re-read from this disk when
+   touched again).  Cost: one in-kernel copy at mount (``copy_file_range``: a reflink where the filesystem
+   shares extents), no more than the read into anonymous memory it replaces, and its BLAKE3 hash, made
+   piece by piece behind the copy.
+
+Copying and hashing 1.5 GB is most of a re-mount's time at ten million files, so a copy whose digest is the
+one ``blockfs.json`` records is kept for the next mount of the same index (:mod:`.kept_copies`): named
+under its digest in this directory, its identity recorded; a re-mount that finds it as recorded maps it,
+neither copying nor hashing.  ``BLOCKFS_KEPT_INDEX_COPIES=0`` keeps none: the copy is then made with
+``O_EXCL`` and can never be linked anywhere.
+
+Who can change the bytes a mount serves (the threat model):
+
+* another user: no one.  The directory is this user's alone (0700, checked), the file 0400, and an
+  unnamed copy has no path at all.
+* a writer of the dataset (``index.bfi`` written, truncated or replaced): no one; the copy is the bytes
+  hashed.  A re-mount maps the kept copy of the digest ``blockfs.json`` names and does not read
+  ``index.bfi`` again (``blockfs verify`` does).
+* this user, or root, deliberately: an unnamed copy is reached only through ``/proc/PID/fd`` (on Python
+  < 3.13 the map keeps a duplicate descriptor; 3.13's ``trackfd=False`` does not) and refuses a writer but
+  root there (mode 0400).  A kept copy newly has a path while it is kept: a ``chmod u+w`` and a write, or a
+  truncation, reaches the map of every live mount of it (shared page cache: bytes served unchecked, or
+  SIGBUS) and is detected by the next mount (mode, size, modification time, ctime: :mod:`.kept_copies`),
+  which copies and hashes again.  The same users can trace the server (``/proc/PID/mem``) or change
+  blockfs's own code, so this defends against accidents and other users, not against them.
 
 A copy directory on tmpfs would only move the same unreclaimable memory to shared memory: there, and
 wherever the copy cannot be made (no directory, no ``O_TMPFILE``, a full disk), :meth:`IndexCopies.hold`
@@ -38,6 +55,7 @@ from collections.abc import Callable
 
 from ..storage.owned import open_owned_dir, user_cache_directory
 from . import digest as dg
+from . import kept_copies as kc
 
 log = logging.getLogger(__name__)
 
@@ -58,60 +76,117 @@ def default_directory() -> str | None:
 
 
 class IndexCopies:
-    """Where a mount's index is copied: :meth:`hold` makes the copy and maps it."""
+    """Where a mount's index is copied: :meth:`hold` makes the copy and maps it (and keeps it for the next
+    mount, :mod:`.kept_copies`); :meth:`kept` maps a copy kept by an earlier one."""
 
     FIX = f"set {DIRECTORY_ENV} to a private directory on a disk (or to nothing, to hold the index in memory)"
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, kept: int = kc.KEPT, kept_bytes: int = kc.KEPT_BYTES) -> None:
         self.directory = os.fspath(directory)
+        self.kept_count = kept  # copies kept for re-mounts at most (0: none)
+        self.kept_bytes = kept_bytes
 
     @classmethod
     def default(cls) -> IndexCopies | None:
         directory = default_directory()
-        return cls(directory) if directory else None
+        return cls(directory, kc.kept_count()) if directory else None
 
-    def hold(self, fd: int, size: int, hashed: bool = False) -> tuple[mmap.mmap, bytes | None] | None:
+    def kept(self, digest: str) -> mmap.mmap | None:
+        """A read-only map of the copy an earlier mount kept of the index whose BLAKE3 digest is ``digest``
+        (hex), if it is here as it was kept (:func:`.kept_copies.find`); None otherwise."""
+        if self.kept_count <= 0:
+            return None
+        try:
+            dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX, create=False)
+        except OSError:  # none yet, or refused: hold() says why when it copies
+            return None
+        try:
+            fd = kc.find(dir_fd, digest)
+        finally:
+            os.close(dir_fd)
+        if fd is None:
+            return None
+        try:
+            return mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
+        except OSError as e:
+            log.info("not using the kept index copy %s: %s", digest, e.strerror or e)
+            return None
+        finally:
+            os.close(fd)
+
+    def seed(self, fd: int) -> bytes | None:
+        """The BLAKE3 digest of the index file ``fd`` (a pack's, which is to record it), hashed from a copy
+        kept for this machine's next mount of it; None, and nothing said, where no copy is kept here (the
+        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces."""
+        if self.kept_count <= 0:
+            return None
+        held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True)
+        if held is None:
+            return None
+        buf, digest = held
+        buf.close()
+        return digest
+
+    def hold(
+        self, fd: int, size: int, hashed: bool = False, keep: str | bool = False, quiet: bool = False
+    ) -> tuple[mmap.mmap, bytes | None] | None:
         """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd`` and, if
         ``hashed``, the copy's BLAKE3 digest (hashed piece by piece behind the copy); None where no copy
         can be made here (the reason logged once).  ``IndexChanged`` if ``fd`` ends before ``size`` bytes
-        (the file shrank while it was copied)."""
+        (the file shrank while it was copied).  ``keep`` (with ``hashed``): the digest (hex) that
+        ``blockfs.json`` records: the copy is kept for the next mount if it is that; True: kept under its
+        own digest (a pack's, which is making that record).  ``quiet``: why no copy was made is logged for
+        debugging only (a pack's seed: nothing is held in memory instead)."""
+        keep = keep if hashed and self.kept_count > 0 else False
+        warn, say = (log.debug, log.debug) if quiet else (log.warning, log.info)
         try:
             dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX)
         except OSError as e:
-            log.warning("the index is held in memory: %s", e)
+            warn("the index is held in memory: %s", e)
             return None
+        copy = -1
         try:
             if _on_memory_fs(dir_fd):
-                log.info("the index is held in memory: %s is in memory itself (tmpfs)", self.directory)
+                say("the index is held in memory: %s is in memory itself (tmpfs)", self.directory)
                 return None
+            # O_EXCL: never to be linked, unless it is to be kept.  Mode 0400 from the start: reopened through
+            # /proc/PID/fd, it is not writable (but by root); this descriptor is.
+            unlinkable = 0 if keep else os.O_EXCL
             try:
-                copy = os.open(".", os.O_TMPFILE | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+                copy = os.open(".", os.O_TMPFILE | unlinkable | os.O_RDWR | os.O_CLOEXEC, 0o400, dir_fd=dir_fd)
             except OSError as e:  # no O_TMPFILE on this filesystem (EOPNOTSUPP, EISDIR on old kernels)
-                log.info("the index is held in memory: no unnamed file in %s (%s)", self.directory, e.strerror)
+                say("the index is held in memory: no unnamed file in %s (%s)", self.directory, e.strerror)
                 return None
+            held = hashing = None
+            try:
+                if not size:
+                    return None
+                os.fchmod(copy, 0o400)  # whatever the umask made of it
+                os.ftruncate(copy, size)  # mapped before it is filled, so each piece is hashed as soon as it is copied
+                held = mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
+                hashing = dg.FillingDigest(held) if hashed else None
+                _copy(fd, copy, size, hashing.filled if hashing is not None else None)
+                got = hashing.digest() if hashing is not None else None
+                hashing = None
+                if got is not None and keep and (keep is True or got.hex() == keep):
+                    try:
+                        kc.keep(dir_fd, copy, got.hex(), self.kept_count, self.kept_bytes)
+                    except OSError as e:  # the copy serves this mount all the same
+                        log.info("the index copy is not kept for the next mount: %s", e.strerror or e)
+                return held, got
+            except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
+                warn("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
+                return None
+            finally:
+                if hashing is not None:  # failed: nothing may hash the map once it is closed
+                    hashing.abandon()
+                    if held is not None:
+                        held.close()
         finally:
+            # The map keeps the file; with no descriptor (and no name unless kept), nothing else reaches it.
+            if copy >= 0:
+                os.close(copy)
             os.close(dir_fd)
-        held = hashing = None
-        try:
-            if not size:
-                return None
-            os.ftruncate(copy, size)  # mapped before it is filled, so each piece is hashed as soon as it is copied
-            held = mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
-            hashing = dg.FillingDigest(held) if hashed else None
-            _copy(fd, copy, size, hashing.filled if hashing is not None else None)
-            os.fchmod(copy, 0o400)  # reopened through /proc/PID/fd, it is not writable (but by root)
-            got = hashing.digest() if hashing is not None else None
-            hashing = None
-            return held, got
-        except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
-            log.warning("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)
-            return None
-        finally:
-            if hashing is not None:  # failed: nothing may hash the map once it is closed
-                hashing.abandon()
-                if held is not None:
-                    held.close()
-            os.close(copy)  # the map keeps the file; with no descriptor and no name, nothing else reaches it
 
 
 class IndexChanged(Exception):

@@ -191,10 +191,13 @@ def read_index_file(path: str, where: str, copies: IndexCopies | None = None) ->
 
 
 def read_index_file_hashed(
-    path: str, where: str, copies: IndexCopies | None = None, hashed: bool = True
+    path: str, where: str, copies: IndexCopies | None = None, hashed: bool = True, expected: str | None = None
 ) -> tuple[mmap.mmap, bytes | None]:
     """:func:`read_index_file`, and the BLAKE3 digest of the bytes held (with ``hashed``), each piece hashed
-    on a thread while the next is read: the digest costs no time beyond the read."""
+    on a thread while the next is read: the digest costs no time beyond the read.  ``expected``: the digest
+    ``blockfs.json`` records (hex); with ``copies``, a copy an earlier mount kept of that index is mapped
+    instead (neither copied nor hashed: its identity is what was recorded once it had that digest), and a
+    new copy whose digest is that is kept for the next mount (:mod:`.kept_copies`)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO must not block
     except OSError as e:
@@ -207,8 +210,10 @@ def read_index_file_hashed(
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
         if copies is not None:
+            if expected is not None and (kept := copies.kept(expected)) is not None:
+                return kept, bytes.fromhex(expected)
             try:
-                held = copies.hold(fd, size, hashed)
+                held = copies.hold(fd, size, hashed, keep=expected if expected is not None else False)
             except IndexChanged as e:
                 raise IndexFormatError(f"{where}: changed while it was read ({e.got} of {size} bytes)") from None
             if held is not None:

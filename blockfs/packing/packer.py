@@ -34,7 +34,14 @@ from ..errors import PackError
 from ..sizes import format_size
 from ..storage.urls import check_scheme, is_remote
 from .containers import open_source, spool_dir_for
-from .destination import Destination, LocalDestination, dataset_metadata, index_counts, write_index
+from .destination import (
+    Destination,
+    LocalDestination,
+    dataset_metadata,
+    index_counts,
+    record_checks,
+    write_index,
+)
 from .entry_table import EntryTable, collect
 from .labels import assign_labels
 from .options import PackOptions, PackResult, ProgressCallback
@@ -116,6 +123,9 @@ def pack(
         raise _failed(e, target, needed, free)  # noqa: B904 - _failed chains e itself
     finally:
         target.close()
+    if isinstance(target, LocalDestination):
+        give_back()
+        record_checks(target.directory, metadata)  # the first mount here then skips them
     result = _report(source, target.display, metadata, unreadable, time.monotonic() - started)
     return dataclasses.replace(result, digest=name_of(metadata_bytes(metadata)))
 

@@ -46,21 +46,23 @@ def unique_files(arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     size = size.view(np.dtype(np.int64).newbyteorder(size.dtype.byteorder))
     if not files.size:
         return block, slot, size
-    if _shares_slots(arrays):  # hard links: keep each file's first
-        keys = slot_base(arrays["block_counts"])[block] + slot
+    base = slot_base(arrays["block_counts"])
+    keys = base[block] + slot  # each file's (block, slot) as one number below base[-1]
+    if _shares_slots(keys, int(base[-1])):  # hard links: keep each file's first
         _, first = np.unique(keys, return_index=True)
         first.sort()
         return block[first], slot[first], size[first]
     return block, slot, size  # no two entries share a slot (the common case): no sort, no second gather
 
 
-def _shares_slots(arrays: Any) -> bool:
-    """Whether two entries name one file (a hard link).  ``block_files`` lists every file entry in (block,
-    slot) order (core/index_checks.py's block layout check), so entries that share a slot are neighbours
-    there: one comparison of neighbours, not a count over every slot (0.2 s at ten million files)."""
-    listed = arrays["block_files"]
-    block, slot = arrays["block"][listed], arrays["slot"][listed]
-    return bool(np.any((block[1:] == block[:-1]) & (slot[1:] == slot[:-1])))
+def _shares_slots(keys: np.ndarray, n_slots: int) -> bool:
+    """Whether two of ``keys`` (files' (block, slot) numbers, each below ``n_slots``: every slot is in its
+    block's range, core/index_checks.py) are one: a hard link.  One byte a slot marked, then counted:
+    0.1-0.2 s at ten million files, where comparing neighbours in ``block_files`` took 0.7 s (two gathers
+    in an order unrelated to the entries')."""
+    seen = np.zeros(n_slots, dtype=np.uint8)
+    seen[keys] = 1
+    return int(np.count_nonzero(seen)) < keys.size
 
 
 class RetainingReader:

@@ -1,0 +1,303 @@
+"""Index copies kept for the next mount (blockfs/core/kept_copies.py): a re-open of the same index maps the
+copy an earlier one made, checked and kept, without copying or hashing the index again; a kept copy that is
+not exactly as it was kept is never used, and the index is copied and hashed again; the bound holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import blockfs
+from blockfs.core import digest as dg
+from blockfs.core import index_copy, kept_copies
+from blockfs.core.checked_indexes import CheckedIndexes
+from blockfs.core.dataset import PackedDataset
+from blockfs.core.index_copy import IndexCopies
+
+
+@pytest.fixture
+def packed(tmp_path, edge_tree):
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    return tmp_path / "p"
+
+
+@pytest.fixture
+def work(monkeypatch):
+    """Bytes of an index copied into a copy, and bytes hashed behind a copy, by every open."""
+    counts = {"copied": 0, "hashed": 0}
+    real_copy, real_filling = index_copy._copy, dg.FillingDigest
+
+    def copying(src, dst, size, on_copied=None):
+        counts["copied"] += size
+        return real_copy(src, dst, size, on_copied)
+
+    class Counting(real_filling):
+        def _update(self, start, end):
+            counts["hashed"] += end - start
+            super()._update(start, end)
+
+    monkeypatch.setattr(index_copy, "_copy", copying)
+    monkeypatch.setattr(dg, "FillingDigest", Counting)
+    return counts
+
+
+def opened(packed, copies) -> tuple[bytes, str | None]:
+    """The index's bytes as an open of ``packed`` holds them, and the file its map is of."""
+    with PackedDataset(packed, copies=copies) as ds:
+        assert ds.index.find(ds.index.path(ds.index.n_entries - 1)) == ds.index.n_entries - 1
+        return bytes(ds.index.raw), _mapped_file(ds.index.raw)
+
+
+def _mapped_file(buf) -> str | None:
+    import numpy as np
+
+    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            head = line.split()
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            if start <= address < end:
+                return " ".join(head[5:]) or None
+    return None
+
+
+def digest_of(packed) -> str:
+    """The index's digest as blockfs.json records it (read without opening the index)."""
+    return json.loads((packed / "blockfs.json").read_bytes())["index"]["blake3"]
+
+
+def test_a_reopen_of_the_same_index_neither_copies_nor_hashes_it(packed, tmp_path, work):
+    original = (packed / "index.bfi").read_bytes()
+    copies = IndexCopies(tmp_path / "copies")
+    first, where = opened(packed, copies)
+    assert first == original and work == {"copied": len(original), "hashed": len(original)}
+    digest = digest_of(packed)
+    kept = tmp_path / "copies" / digest
+    assert sorted(os.listdir(tmp_path / "copies")) == [digest, digest + ".id"]
+    assert kept.stat().st_mode & 0o777 == 0o400 and kept.stat().st_nlink == 1
+    assert dg.digest(kept.read_bytes()).hex() == digest
+
+    again, where = opened(packed, copies)
+    assert again == original and work == {"copied": len(original), "hashed": len(original)}  # nothing more
+    assert where == os.path.realpath(kept)
+
+
+def test_the_kept_copy_is_the_index_blockfs_json_names_whatever_index_bfi_holds_now(packed, tmp_path, work):
+    """The copy was hashed and found to be the index blockfs.json names: index.bfi is not read again.  A
+    dataset packed anew (another blockfs.json, another digest) is copied and kept anew."""
+    original = (packed / "index.bfi").read_bytes()
+    copies = IndexCopies(tmp_path / "copies")
+    opened(packed, copies)
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (packed / "index.bfi").write_bytes(bytes(damaged))
+    assert opened(packed, copies)[0] == original
+
+    tree = tmp_path / "other"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "f").write_bytes(b"another dataset")
+    blockfs.pack(tree, packed, block_size=2000, force=True)
+    before = work["copied"]
+    assert opened(packed, copies)[0] == (packed / "index.bfi").read_bytes()
+    assert work["copied"] > before
+    assert digest_of(packed) + ".id" in os.listdir(tmp_path / "copies")
+
+
+def _write(path, damaged: bytes) -> None:
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.write(damaged)
+    os.chmod(path, 0o400)
+
+
+CHANGES = ["written", "truncated", "chmod", "replaced", "symlink", "hard link", "no record", "other boot", "foreign"]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_kept_copy_not_as_it_was_kept_is_not_used(packed, tmp_path, work, monkeypatch, change):
+    """Each change leaves bytes that would be served wrong (or a file not the one checked): the index is
+    copied and hashed again, the bytes served are the index's, and the copy kept anew is good."""
+    original = (packed / "index.bfi").read_bytes()
+    copies = IndexCopies(tmp_path / "copies")
+    opened(packed, copies)
+    digest = digest_of(packed)
+    kept = tmp_path / "copies" / digest
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    if change == "written":  # in place, the same size, the mode put back
+        _write(kept, bytes(damaged))
+    elif change == "truncated":
+        os.chmod(kept, 0o600)
+        os.truncate(kept, len(original) // 2)
+        os.chmod(kept, 0o400)
+    elif change == "chmod":
+        os.chmod(kept, 0o600)
+    elif change == "replaced":  # another file, as the kept one was made: 0400, one link, epoch mtime
+        other = tmp_path / "copies" / "other"
+        other.write_bytes(bytes(damaged))
+        os.chmod(other, 0o400)
+        os.utime(other, ns=(0, 0))
+        os.replace(other, kept)
+    elif change == "symlink":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(original)
+        kept.unlink()
+        kept.symlink_to(elsewhere)
+    elif change == "hard link":
+        os.link(kept, tmp_path / "another-name")
+    elif change == "no record":
+        (tmp_path / "copies" / (digest + ".id")).unlink()
+    elif change == "other boot":
+        monkeypatch.setattr(kept_copies, "boot_id", lambda: b"another-boot")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(kept, 12345, 12345)
+    before = dict(work)
+    assert opened(packed, copies)[0] == original
+    assert work["copied"] == before["copied"] + len(original) and work["hashed"] == before["hashed"] + len(original)
+    monkeypatch.undo()
+    if change == "hard link":
+        assert (tmp_path / "another-name").exists()  # what the other name holds is left alone
+    assert not kept.is_symlink() and kept.read_bytes() == original and kept.stat().st_nlink == 1
+    if change == "symlink":
+        assert (tmp_path / "elsewhere").read_bytes() == original
+    assert opened(packed, copies)[0] == original and work["copied"] == before["copied"] + len(original)
+
+
+def test_at_most_the_bound_is_kept_least_recently_used_first(tmp_path, edge_tree, work):
+    datasets = []
+    for i in range(4):
+        with open(os.path.join(edge_tree, b"one-more"), "wb") as f:
+            f.write(b"another file, another index %d" % i)
+        blockfs.pack(edge_tree, tmp_path / f"p{i}", block_size=2000)
+        datasets.append(tmp_path / f"p{i}")
+    size = max((d / "index.bfi").stat().st_size for d in datasets)
+    copies = IndexCopies(tmp_path / "copies", kept=2)
+    digests = [digest_of(d) for d in datasets]
+    for d in datasets[:2]:
+        opened(d, copies)
+    opened(datasets[0], copies)  # used again: now the most recent
+    opened(datasets[2], copies)
+    kept = {n for n in os.listdir(tmp_path / "copies") if not n.endswith(".id")}
+    assert kept == {digests[0], digests[2]}
+    assert set(os.listdir(tmp_path / "copies")) == kept | {d + ".id" for d in kept}
+
+    by_bytes = IndexCopies(tmp_path / "copies", kept=10, kept_bytes=size + size // 2)  # room for one
+    opened(datasets[3], by_bytes)
+    assert {n for n in os.listdir(tmp_path / "copies") if not n.endswith(".id")} == {digests[3]}
+
+
+def test_keep_none_keeps_nothing_and_uses_nothing_kept(packed, tmp_path, work, monkeypatch):
+    original = (packed / "index.bfi").read_bytes()
+    opened(packed, IndexCopies(tmp_path / "copies"))  # one kept
+    monkeypatch.setenv(kept_copies.KEPT_ENV, "0")
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    none = IndexCopies.default()
+    assert none is not None and none.kept_count == 0
+    before = work["copied"]
+    data, where = opened(packed, none)
+    assert data == original and work["copied"] == before + len(original)
+    assert where is not None and where.endswith("(deleted)")  # an unnamed copy, made O_EXCL: never linked
+    opened(packed, IndexCopies(tmp_path / "fresh", kept=0))
+    assert os.listdir(tmp_path / "fresh") == []
+
+
+@pytest.mark.parametrize("value, count", [("", kept_copies.KEPT), ("0", 0), ("7", 7), ("many", kept_copies.KEPT)])
+def test_the_count_kept_comes_from_the_environment(monkeypatch, value, count):
+    monkeypatch.setenv(kept_copies.KEPT_ENV, value)
+    assert kept_copies.kept_count() == count
+
+
+def test_a_copy_directory_moved_to_another_machine_is_not_believed(packed, tmp_path, work):
+    """Its inode numbers and device differ: copied (by cp, which keeps no inode) and refused."""
+    original = (packed / "index.bfi").read_bytes()
+    opened(packed, IndexCopies(tmp_path / "copies"))
+    shutil.copytree(tmp_path / "copies", tmp_path / "moved", copy_function=shutil.copy2)
+    before = work["copied"]
+    assert opened(packed, IndexCopies(tmp_path / "moved"))[0] == original
+    assert work["copied"] == before + len(original)
+
+
+@pytest.mark.parametrize("keep", ["", "0"], ids=["seeded", "none-kept"])
+def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, work, monkeypatch, keep):
+    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json), and runs
+    and records a mount's checks of it: the first open of the dataset on this machine neither copies nor
+    hashes it, nor checks it.  Keeping none, the pack hashes
+    the file and keeps nothing; the digest is the same either way."""
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    monkeypatch.setenv(kept_copies.KEPT_ENV, keep)
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    original = (tmp_path / "p" / "index.bfi").read_bytes()
+    assert digest_of(tmp_path / "p") == dg.digest(original).hex()
+    # The pack also ran a mount's checks on it and recorded them: its first mount here skips them.
+    assert CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
+    listed = sorted(os.listdir(tmp_path / "copies")) if (tmp_path / "copies").exists() else []
+    assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
+    before = dict(work)
+    monkeypatch.delenv(kept_copies.KEPT_ENV)
+    assert opened(tmp_path / "p", IndexCopies(tmp_path / "copies"))[0] == original
+    copied = work["copied"] - before["copied"]
+    assert copied == (0 if not keep else len(original))
+
+
+def test_a_pack_records_nothing_where_no_record_is_kept(tmp_path, edge_tree, monkeypatch):
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", "")
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    assert not (tmp_path / "checked").exists()
+    assert len(os.listdir(tmp_path / "copies")) == 2  # the copy is kept all the same
+
+
+def _server_index_map(pid: int, copies) -> str:
+    """The file the server maps from ``copies`` (its index: the unnamed copy it made, or a kept one)."""
+    where = os.path.realpath(copies) + "/"
+    with open(f"/proc/{pid}/maps") as f:
+        found = {" ".join(line.split()[5:]) for line in f if where in line}
+    assert len(found) == 1, found
+    return found.pop()
+
+
+@pytest.mark.fuse
+def test_a_remount_serves_from_the_kept_copy_and_a_changed_one_is_copied_again(tmp_path, edge_tree, monkeypatch):
+    """Through a real mount (the route BLOCKFS_FUSE names): the first mount copies the index and keeps the
+    copy, the second maps that copy by its name, and after the kept copy is written the third copies again;
+    every mount reads every file right."""
+    from capability import has_fuse, require
+    from mountutil import mounted
+
+    require(has_fuse(), "needs FUSE")
+    copies = tmp_path / "copies"
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(copies))
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
+    monkeypatch.setenv(kept_copies.KEPT_ENV, "0")  # the pack seeds nothing: the first mount copies
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000, fsync=False)
+    monkeypatch.delenv(kept_copies.KEPT_ENV)
+    digest = digest_of(tmp_path / "p")
+    kept = copies / digest
+    sources = {
+        os.path.relpath(os.path.join(d, f), edge_tree): os.path.join(d, f)
+        for d, _, fs in os.walk(edge_tree)
+        for f in fs
+        if not os.path.islink(os.path.join(d, f))
+    }
+
+    def mount_and_read(n: int) -> str:
+        with mounted(tmp_path / "p", tmp_path / f"mnt{n}") as m:
+            where = _server_index_map(m.pid, copies)
+            for rel, src in sources.items():
+                with open(src, "rb") as a, open(os.path.join(os.fsencode(m.path), os.fsencode(rel)), "rb") as b:
+                    assert a.read() == b.read(), rel
+        return where
+
+    assert mount_and_read(1).endswith("(deleted)") and kept.exists()
+    assert mount_and_read(2) == os.path.realpath(kept)
+    damaged = bytearray(kept.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    _write(kept, bytes(damaged))
+    assert mount_and_read(3).endswith("(deleted)")
+    assert dg.digest(kept.read_bytes()).hex() == digest  # kept anew

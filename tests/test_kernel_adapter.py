@@ -621,3 +621,24 @@ def test_one_reader_thread_answers_lookups_and_memory_reads_while_a_read_waits_o
         assert got == [(src / slow).read_bytes()]
         assert not server.is_alive() and not os.path.ismount(mnt)
     assert callers and not any(c.startswith("blockfs-fuse-") for c in callers), callers
+
+
+def test_a_file_from_before_1970_is_looked_up_with_its_time(tmp_path):
+    """A LOOKUP packs its time one entry at a time: a time before 1970 (a tar's, a restored archive's) was a
+    struct.error there, answered EIO, while a listing of the same directory showed it."""
+    import struct
+
+    from blockfs.serve.fuse import wire
+
+    (tmp_path / "src").mkdir()
+    old = tmp_path / "src" / "old.txt"
+    old.write_bytes(b"from 1960\n")
+    os.utime(old, ns=(0, -315_619_199_250_000_000))
+    blockfs.pack(tmp_path / "src", tmp_path / "ds", fsync=False)
+    with in_process(tmp_path / "ds", tmp_path / "mnt") as (fs, calls):
+        assert calls.read(b"old.txt") == b"from 1960\n"
+        err, entry = calls.call(fs.lookup, wire.ROOT_ID, b"old.txt\0")
+        assert err == 0
+        at = wire.ENTRY_OUT_HEAD.size  # fuse_attr: mtime at 32 (s64 as the kernel reads it), mtimensec at 52
+        mtime, mtimensec = struct.unpack_from("=q", entry, at + 32)[0], struct.unpack_from("=I", entry, at + 52)[0]
+        assert mtime * 10**9 + mtimensec == -315_619_199_250_000_000

@@ -118,3 +118,17 @@ def test_a_batch_forget_is_read_as_one_array():
     body = wire.BATCH_FORGET_IN.pack(3, 0) + b"".join(wire.FORGET_ONE.pack(n, c) for n, c in [(5, 1), (9, 2), (5, 3)])
     rows = wire.forgets(memoryview(body))
     assert rows["nodeid"].tolist() == [5, 9, 5] and rows["nlookup"].tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("mtime_ns", [-1, -1_500_000_000, -(2**63), 2**63 - 1])
+def test_times_before_1970_are_packed_as_the_kernel_reads_them(mtime_ns):
+    """The kernel reads fuse_attr's u64 times as time64_t: a time before 1970 is its two's complement.
+    Packed one at a time (LOOKUP, GETATTR) exactly as a reply at a time (ATTR_ROW, listings); an extreme
+    time in a re-signed index was a struct.error, answered EIO, for a name that lists fine."""
+    fields = (3, 10, stat.S_IFREG | 0o444, 1, mtime_ns, 0, 0)
+    sec, nsec = divmod(mtime_ns, 1_000_000_000)
+    one = wire.ATTR.unpack(wire.attr(*fields))
+    assert one[3:9] == (sec, sec, sec, nsec, nsec, nsec)
+    row = np.frombuffer(wire.attr(*fields), dtype=wire.ATTR_ROW)[0]
+    assert int(row["mtime"]) == sec and int(row["mtimensec"]) == nsec
+    assert wire.entry(4, 1, *fields) == wire.entry_out(4, wire.attr(*fields), 1)

@@ -88,7 +88,7 @@ IN_HEADER = struct.Struct("=IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid
 OUT_HEADER = struct.Struct("=IiQ")  # len, error, unique
 INIT_IN = struct.Struct("=IIII")  # major, minor, max_readahead, flags (flags2 follows when INIT_EXT)
 INIT_OUT = struct.Struct("=IIIIHHIIHHI28x")  # ... max_pages, map_alignment, flags2, unused[7]
-ATTR = struct.Struct("=QQQQQQIIIIIIIIII")  # fuse_attr: 88 bytes
+ATTR = struct.Struct("=QQQqqqIIIIIIIIII")  # fuse_attr: 88 bytes; times signed, as ATTR_ROW says
 ENTRY_OUT_HEAD = struct.Struct("=QQQQII")  # nodeid, generation, entry_valid, attr_valid, their nsec
 ATTR_OUT_HEAD = struct.Struct("=QII")  # attr_valid, attr_valid_nsec, dummy
 READ_IN = struct.Struct("=QQII")  # fh, offset, size, read_flags (lock_owner, flags follow)

@@ -224,18 +224,18 @@ def test_a_copy_directory_moved_to_another_machine_is_not_believed(packed, tmp_p
 
 @pytest.mark.parametrize("keep", ["", "0"], ids=["seeded", "none-kept"])
 def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, work, monkeypatch, keep):
-    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json), and runs
-    and records a mount's checks of it: the first open of the dataset on this machine neither copies nor
-    hashes it, nor checks it.  Keeping none, the pack hashes
-    the file and keeps nothing; the digest is the same either way."""
+    """The pack hashes its index from a copy it keeps (it is writing the digest into blockfs.json): the first
+    open of the dataset on this machine neither copies nor hashes it.  Keeping none, the pack hashes the
+    file and keeps nothing; the digest is the same either way."""
     monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
     monkeypatch.setenv(kept_copies.KEPT_ENV, keep)
     monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
     original = (tmp_path / "p" / "index.bfi").read_bytes()
     assert digest_of(tmp_path / "p") == dg.digest(original).hex()
-    # The pack also ran a mount's checks on it and recorded them: its first mount here skips them.
-    assert CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
+    # Not the checks: a mount's checks of a 10 M-file index hold all of it in the pack's map (1.5 GB over
+    # the pack's 1.22 GB peak); the first mount here runs them (and records them for the next).
+    assert not CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
     listed = sorted(os.listdir(tmp_path / "copies")) if (tmp_path / "copies").exists() else []
     assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
     before = dict(work)
@@ -245,12 +245,33 @@ def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, wo
     assert copied == (0 if not keep else len(original))
 
 
-def test_a_pack_records_nothing_where_no_record_is_kept(tmp_path, edge_tree, monkeypatch):
-    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", "")
+def test_a_packs_seed_leaves_no_page_of_the_copy_in_its_map(tmp_path, edge_tree, monkeypatch):
+    """The pack only hashes the copy it keeps: each hashed piece's pages leave its map at once, so the
+    pack's resident memory never holds the whole index (1.5 GB at 10 M files: over its own peak)."""
     monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    monkeypatch.setattr(index_copy, "PIECE", 4096)  # many pieces, one page each
+    dropped: list[tuple[int, int]] = []
+    real = index_copy._unmapper
+
+    def watched(held):
+        drop = real(held)
+
+        def record(start: int, end: int) -> None:
+            dropped.append((start, end))
+            drop(start, end)
+
+        return record
+
+    monkeypatch.setattr(index_copy, "_unmapper", watched)
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
-    assert not (tmp_path / "checked").exists()
-    assert len(os.listdir(tmp_path / "copies")) == 2  # the copy is kept all the same
+    size = (tmp_path / "p" / "index.bfi").stat().st_size
+    assert len(os.listdir(tmp_path / "copies")) == 2  # kept
+    assert size > 4096 and len(dropped) >= size // 4096
+    covered = 0
+    for start, end in sorted(dropped):
+        assert start <= covered < end
+        covered = end
+    assert covered == size
 
 
 def _server_index_map(pid: int, copies) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,9 @@ class FillingDigest:
     filled (:meth:`filled`) while the next is being filled: a mount's index (1.5 GB at ten million files)
     costs the time of its copy, not that plus its hash.  The buffer must stay unchanged until :meth:`digest`."""
 
-    def __init__(self, buf: ReadableBuffer) -> None:
+    def __init__(self, buf: ReadableBuffer, hashed: Callable[[int, int], None] | None = None) -> None:
         self._buf = buf
+        self._after = hashed  # called with each piece's (start, end) once it is hashed
         self._hash = blake3()
         self._hashed = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="blockfs-index-hash")  # one thread: pieces in order
@@ -59,6 +61,8 @@ class FillingDigest:
     def _update(self, start: int, end: int) -> None:
         with memoryview(self._buf) as view, view[start:end] as piece:
             self._hash.update(piece)
+        if self._after is not None:
+            self._after(start, end)
 
     def digest(self) -> bytes:
         """The digest of everything :meth:`filled` said (waits for its hashing)."""

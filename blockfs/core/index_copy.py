@@ -120,7 +120,7 @@ class IndexCopies:
         caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces."""
         if self.kept_count <= 0:
             return None
-        held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True)
+        held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True, release=True)
         if held is None:
             return None
         buf, digest = held
@@ -128,7 +128,13 @@ class IndexCopies:
         return digest
 
     def hold(
-        self, fd: int, size: int, hashed: bool = False, keep: str | bool = False, quiet: bool = False
+        self,
+        fd: int,
+        size: int,
+        hashed: bool = False,
+        keep: str | bool = False,
+        quiet: bool = False,
+        release: bool = False,
     ) -> tuple[mmap.mmap, bytes | None] | None:
         """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd`` and, if
         ``hashed``, the copy's BLAKE3 digest (hashed piece by piece behind the copy); None where no copy
@@ -136,7 +142,8 @@ class IndexCopies:
         (the file shrank while it was copied).  ``keep`` (with ``hashed``): the digest (hex) that
         ``blockfs.json`` records: the copy is kept for the next mount if it is that; True: kept under its
         own digest (a pack's, which is making that record).  ``quiet``: why no copy was made is logged for
-        debugging only (a pack's seed: nothing is held in memory instead)."""
+        debugging only (a pack's seed: nothing is held in memory instead).  ``release``: each piece's pages
+        leave this process's map once hashed (a pack's seed, which closes the map unread)."""
         keep = keep if hashed and self.kept_count > 0 else False
         warn, say = (log.debug, log.debug) if quiet else (log.warning, log.info)
         try:
@@ -164,7 +171,7 @@ class IndexCopies:
                 os.fchmod(copy, 0o400)  # whatever the umask made of it
                 os.ftruncate(copy, size)  # mapped before it is filled, so each piece is hashed as soon as it is copied
                 held = mmap.mmap(copy, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
-                hashing = dg.FillingDigest(held) if hashed else None
+                hashing = dg.FillingDigest(held, _unmapper(held) if release else None) if hashed else None
                 _copy(fd, copy, size, hashing.filled if hashing is not None else None)
                 got = hashing.digest() if hashing is not None else None
                 hashing = None
@@ -187,6 +194,18 @@ class IndexCopies:
             if copy >= 0:
                 os.close(copy)
             os.close(dir_fd)
+
+
+def _unmapper(held: mmap.mmap) -> Callable[[int, int], None]:
+    """Drops a hashed piece's pages from this process's map (a pack's seed, which only hashes it): the
+    page cache keeps them, but a map's touched pages count in the process's resident memory, and a 10 M
+    index's 1.5 GB would be most of the pack's peak."""
+
+    def drop(start: int, end: int) -> None:
+        start -= start % mmap.PAGESIZE  # a piece may end mid-page: that page is dropped twice, harmlessly
+        held.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    return drop
 
 
 class IndexChanged(Exception):

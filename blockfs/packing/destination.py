@@ -14,7 +14,6 @@ uploaded block by block, with the same steps and the same argument for crash saf
 
 from __future__ import annotations
 
-import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -23,13 +22,12 @@ import numpy as np
 
 from ..core import digest as dg
 from ..core import format as fmt
-from ..core.checked_indexes import CheckedIndexes
 from ..core.digest import file_digest
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
-from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PackedIndex, PreparedIndex
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
 from ..core.index_copy import IndexCopies
 from ..core.metadata import METADATA_VERSION, metadata_bytes
-from ..errors import BlockfsError, PackError
+from ..errors import PackError
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
 from ..storage.urls import is_remote
 from .containers.recordio import LABELS_FILE
@@ -37,7 +35,6 @@ from .options import PackOptions
 from .parallel import Sums
 
 FILE_MODE = 0o666  # as open() makes files: the umask decides
-log = logging.getLogger(__name__)
 
 DIGEST_PIECE = 1 << 14  # file digests gathered at a time: the pages of the spilled ones a piece touches
 
@@ -301,31 +298,6 @@ def index_digest(dir_fd: int) -> bytes:
         if digest is not None:
             return digest
     return file_digest(read_at(dir_fd, INDEX_NAME))
-
-
-def record_checks(directory: str, metadata: dict) -> None:
-    """Check the index just written as a mount would, and record that it passed (:mod:`blockfs.core.
-    checked_indexes`), so the first mount of it on this machine skips its checks as a re-mount does; the
-    index is read from the copy kept by :func:`index_digest` (neither copied nor hashed again).  Nothing
-    where no record is kept (``BLOCKFS_CHECKED_DIR=``).  An index that fails them, or cannot be read, is said
-    in a warning (a mount will check it again); the pack stands."""
-    checked = CheckedIndexes.default()
-    digest = metadata["index"]["blake3"]
-    if checked is None or checked.has(digest):
-        return
-    try:
-        index = PackedIndex(
-            os.path.join(directory, INDEX_NAME),
-            n_blocks=metadata["n_blocks"],
-            crc32=metadata["index"]["crc32"],
-            digest=digest,
-            checked=checked,
-            copies=IndexCopies.default(),
-        )
-    except (BlockfsError, OSError) as e:  # the dataset is committed: it stands, whatever is said here
-        log.warning("the index just packed was not checked for mounts here: %s", e)
-        return
-    index.close()
 
 
 def dataset_metadata(

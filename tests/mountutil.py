@@ -105,3 +105,18 @@ def release(mountpoint: os.PathLike, proc: subprocess.Popen | None = None) -> No
 def _mount_table() -> str:
     with open("/proc/self/mounts") as f:
         return "".join(line for line in f if "fuse" in line) or "(no FUSE mounts)"
+
+
+def mapped_file(buf) -> str | None:
+    """The file this process maps ``buf`` from (``/proc/self/maps``: a path, "... (deleted)" for an unnamed
+    or removed one), None for anonymous memory: where an index is held."""
+    import numpy as np
+
+    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            head = line.split()
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            if start <= address < end:
+                return " ".join(head[5:]) or None
+    return None

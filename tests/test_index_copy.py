@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from mountutil import mapped_file
 
 import blockfs
 from blockfs.core import index_copy
@@ -109,7 +110,7 @@ def test_the_digest_hashed_piece_by_piece_as_the_index_is_read_is_the_files(pack
     copies = IndexCopies(tmp_path / "copies") if copied else None
     buf, hashed = index_format.read_index_file_hashed(str(packed / "index.bfi"), "index", copies)
     assert hashed == digest.digest(original) and bytes(buf) == original
-    assert (_mapping_of(buf) or "").endswith("(deleted)") == copied
+    assert (mapped_file(buf) or "").endswith("(deleted)") == copied
     buf.close()
 
     # And the digest checked is that one: a byte changed before the read is refused, as before.
@@ -118,14 +119,3 @@ def test_the_digest_hashed_piece_by_piece_as_the_index_is_read_is_the_files(pack
     (packed / "index.bfi").write_bytes(bytes(damaged))
     with pytest.raises(IndexFormatError, match="checksum mismatch"):
         PackedDataset(packed, copies=copies)
-
-
-def _mapping_of(buf) -> str | None:
-    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
-    with open("/proc/self/maps") as f:
-        for line in f:
-            head = line.split()
-            start, end = (int(x, 16) for x in head[0].split("-"))
-            if start <= address < end:
-                return " ".join(head[5:])
-    return None

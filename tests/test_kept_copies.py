@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+from mountutil import mapped_file
 
 import blockfs
 from blockfs.core import digest as dg
@@ -48,20 +49,7 @@ def opened(packed, copies) -> tuple[bytes, str | None]:
     """The index's bytes as an open of ``packed`` holds them, and the file its map is of."""
     with PackedDataset(packed, copies=copies) as ds:
         assert ds.index.find(ds.index.path(ds.index.n_entries - 1)) == ds.index.n_entries - 1
-        return bytes(ds.index.raw), _mapped_file(ds.index.raw)
-
-
-def _mapped_file(buf) -> str | None:
-    import numpy as np
-
-    address = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
-    with open("/proc/self/maps") as f:
-        for line in f:
-            head = line.split()
-            start, end = (int(x, 16) for x in head[0].split("-"))
-            if start <= address < end:
-                return " ".join(head[5:]) or None
-    return None
+        return bytes(ds.index.raw), mapped_file(ds.index.raw)
 
 
 def digest_of(packed) -> str:

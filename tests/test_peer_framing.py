@@ -127,6 +127,20 @@ def test_nothing_pipelined_after_a_refusal_is_served(endpoint):
     assert endpoint.counts.snapshot()["ranges_served"] == 0
 
 
+def test_a_path_served_before_is_still_refused_without_its_signature(endpoint):
+    """The endpoint keeps each served path's signature (one HMAC per block): a kept one must still be
+    compared with what the request carries, every time, and a path refused is never kept."""
+    bad = endpoint.request().replace(endpoint.auth.encode(), f"{AUTH_HEADER}: {'0' * 64}".encode())
+    refused(endpoint, bad, status=401)
+    assert exchange(endpoint, endpoint.request())[0] == [(206, endpoint.block[:100])]
+    for _ in range(2):  # kept now: a wrong one, then none at all, still refused
+        refused(endpoint, bad, status=401)
+    no_auth = endpoint.request().replace(endpoint.auth.encode() + b"\r\n", b"")
+    refused(endpoint, no_auth, status=401)
+    assert exchange(endpoint, endpoint.request())[0] == [(206, endpoint.block[:100])]
+    assert endpoint.counts.snapshot()["ranges_served"] == 2
+
+
 def test_a_head_over_the_limit_is_refused(endpoint):
     refused(endpoint, endpoint.request("X-Pad: " + "a" * HEAD_LIMIT))
 

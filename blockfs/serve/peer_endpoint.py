@@ -92,6 +92,8 @@ class PeerEndpoint:
         self._lock = threading.Lock()
         self._kept = KeptPieces(KEPT_BLOCKS, KEPT_BYTES)  # blocks read for peers outside memory, the last few
         self._headers: dict[int, bytes] = {}
+        self._sizes: dict[int, int] = {}  # a block's size, asked of the store once (an fstat or a request)
+        self._signed: dict[str, bytes] = {}  # a checked path's signature: one HMAC per block, not per request
         self._connections: set[socket.socket] = set()  # open ones, shut when the endpoint closes
         self.counts = counts
         host, port = split_address(address)
@@ -114,9 +116,10 @@ class PeerEndpoint:
     # --- a request, checked ---------------------------------------------------------------------------
     def check(self, path: str, auth: str | None) -> int:
         """The block ``path`` asks for, or _Refused."""
-        if auth is None or not hmac.compare_digest(
-            auth.encode("latin-1", "replace"), sign(self._secret, path).encode()
-        ):
+        expected = self._signed.get(path)
+        if expected is None:
+            expected = sign(self._secret, path).encode()
+        if auth is None or not hmac.compare_digest(auth.encode("latin-1", "replace"), expected):
             raise _Refused(401, "no valid " + AUTH_HEADER)
         m = _PATH.fullmatch(path)
         if m is None:
@@ -126,7 +129,15 @@ class PeerEndpoint:
         block = int(m.group(2))
         if block >= self._store.n_blocks:
             raise _Refused(404, f"no block {block}")
+        if len(self._signed) < 2 * self._store.n_blocks:  # only valid block paths, so bounded (a few spellings)
+            self._signed[path] = expected
         return block
+
+    def size(self, block: int) -> int:
+        size = self._sizes.get(block)
+        if size is None:
+            size = self._sizes[block] = int(self._store.files.size(block))
+        return size
 
     def held(self, block: int) -> bool:
         """Whether ``block`` is in memory now; else this node serves it only if it owns it (after a fetch)."""
@@ -179,7 +190,7 @@ class PeerEndpoint:
             if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
                 raise _Refused(400, "a GET with a body")
             block = self.check(target, headers.get(AUTH_HEADER.lower()))
-            size = int(self._store.files.size(block))
+            size = self.size(block)
             lo, hi = _range(headers.get("range"), size)
             held = self.held(block)
         except _Refused as e:
@@ -218,8 +229,7 @@ class PeerEndpoint:
         if hi > h:
             out.append(data[max(lo - h, 0) : hi - h])
         _send_all(sock, out)
-        self.count("ranges_served")
-        self.count("bytes_served", hi - lo)
+        self.counts.add_all(ranges_served=1, bytes_served=hi - lo)  # one lock for both
         return version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
 
     def close(self) -> None:

@@ -143,12 +143,16 @@ class PeerClient:
         self.timeout = timeout
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
+        self._signed: dict[str, str] = {}  # path -> its signature: one HMAC per block, not per request
 
     def get_into(self, path: str, view: memoryview, offset: int, total: int) -> None:
         """Fill ``view`` with bytes ``[offset, offset + len(view))`` of the block at ``path`` (``total``
         bytes long), or raise OSError: no answer in time, or an answer that is not exactly that range."""
         lo, hi = offset, offset + len(view)
-        lines = [f"GET {path} HTTP/1.1", f"Host: {self.address}", f"{AUTH_HEADER}: {sign(self._secret, path)}"]
+        auth = self._signed.get(path)
+        if auth is None:
+            auth = self._signed[path] = sign(self._secret, path)
+        lines = [f"GET {path} HTTP/1.1", f"Host: {self.address}", f"{AUTH_HEADER}: {auth}"]
         if (lo, hi) != (0, total):
             lines.append(f"Range: bytes={lo}-{hi - 1}")
         request = ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -195,8 +199,10 @@ class PeerClient:
         if headers.get(FETCHING_HEADER.lower()):
             conn.sock.settimeout(max(self.timeout, OWNER_FETCH_S))  # the owner fetches it once for all
         done = min(len(conn.pending), len(view))
-        view[:done] = conn.pending[:done]
-        del conn.pending[:done]
+        if done:
+            with memoryview(conn.pending) as got:  # the body's first bytes, copied once (a slice copies twice)
+                view[:done] = got[:done]
+            del conn.pending[:done]
         while done < len(view):
             n = conn.sock.recv_into(view[done:])
             if not n:

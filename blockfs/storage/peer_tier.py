@@ -105,6 +105,12 @@ class ServedCounts:
         with self._lock:
             self._counts[name] += n
 
+    def add_all(self, **counts: int) -> None:
+        """Several counts under one lock (a request's)."""
+        with self._lock:
+            for name, n in counts.items():
+                self._counts[name] += n
+
     def snapshot(self) -> dict:
         with self._lock:
             return {"listen": self.listen, **self._counts}

@@ -63,8 +63,8 @@ def test_a_reopen_of_the_same_index_neither_copies_nor_hashes_it(packed, tmp_pat
     first, where = opened(packed, copies)
     assert first == original and work == {"copied": len(original), "hashed": len(original)}
     digest = digest_of(packed)
-    kept = tmp_path / "copies" / digest
-    assert sorted(os.listdir(tmp_path / "copies")) == [digest, digest + ".id"]
+    kept = tmp_path / "copies" / "kept" / digest
+    assert sorted(os.listdir(tmp_path / "copies" / "kept")) == [digest, digest + ".id"]
     assert kept.stat().st_mode & 0o777 == 0o400 and kept.stat().st_nlink == 1
     assert dg.digest(kept.read_bytes()).hex() == digest
 
@@ -91,7 +91,7 @@ def test_the_kept_copy_is_the_index_blockfs_json_names_whatever_index_bfi_holds_
     before = work["copied"]
     assert opened(packed, copies)[0] == (packed / "index.bfi").read_bytes()
     assert work["copied"] > before
-    assert digest_of(packed) + ".id" in os.listdir(tmp_path / "copies")
+    assert digest_of(packed) + ".id" in os.listdir(tmp_path / "copies" / "kept")
 
 
 def _write(path, damaged: bytes) -> None:
@@ -112,7 +112,7 @@ def test_a_kept_copy_not_as_it_was_kept_is_not_used(packed, tmp_path, work, monk
     copies = IndexCopies(tmp_path / "copies")
     opened(packed, copies)
     digest = digest_of(packed)
-    kept = tmp_path / "copies" / digest
+    kept = tmp_path / "copies" / "kept" / digest
     damaged = bytearray(original)
     damaged[len(damaged) // 2] ^= 0xFF
     if change == "written":  # in place, the same size, the mode put back
@@ -124,7 +124,7 @@ def test_a_kept_copy_not_as_it_was_kept_is_not_used(packed, tmp_path, work, monk
     elif change == "chmod":
         os.chmod(kept, 0o600)
     elif change == "replaced":  # another file, as the kept one was made: 0400, one link, epoch mtime
-        other = tmp_path / "copies" / "other"
+        other = tmp_path / "copies" / "kept" / "other"
         other.write_bytes(bytes(damaged))
         os.chmod(other, 0o400)
         os.utime(other, ns=(0, 0))
@@ -137,7 +137,7 @@ def test_a_kept_copy_not_as_it_was_kept_is_not_used(packed, tmp_path, work, monk
     elif change == "hard link":
         os.link(kept, tmp_path / "another-name")
     elif change == "no record":
-        (tmp_path / "copies" / (digest + ".id")).unlink()
+        (tmp_path / "copies" / "kept" / (digest + ".id")).unlink()
     elif change == "other boot":
         monkeypatch.setattr(kept_copies, "boot_id", lambda: b"another-boot")
     else:
@@ -164,19 +164,25 @@ def test_at_most_the_bound_is_kept_least_recently_used_first(tmp_path, edge_tree
         blockfs.pack(edge_tree, tmp_path / f"p{i}", block_size=2000)
         datasets.append(tmp_path / f"p{i}")
     size = max((d / "index.bfi").stat().st_size for d in datasets)
+    # The copy directory may be one the user keeps other files in: a SHA-256-named one, say (64 hex digits,
+    # a kept copy's name without a record), which no sweep of blockfs's may touch.
+    (tmp_path / "copies").mkdir(mode=0o700)
+    theirs = tmp_path / "copies" / ("ab" * 32)
+    theirs.write_bytes(b"the user's")
     copies = IndexCopies(tmp_path / "copies", kept=2)
     digests = [digest_of(d) for d in datasets]
     for d in datasets[:2]:
         opened(d, copies)
     opened(datasets[0], copies)  # used again: now the most recent
     opened(datasets[2], copies)
-    kept = {n for n in os.listdir(tmp_path / "copies") if not n.endswith(".id")}
+    kept = {n for n in os.listdir(tmp_path / "copies" / "kept") if not n.endswith(".id")}
     assert kept == {digests[0], digests[2]}
-    assert set(os.listdir(tmp_path / "copies")) == kept | {d + ".id" for d in kept}
+    assert set(os.listdir(tmp_path / "copies" / "kept")) == kept | {d + ".id" for d in kept}
 
     by_bytes = IndexCopies(tmp_path / "copies", kept=10, kept_bytes=size + size // 2)  # room for one
     opened(datasets[3], by_bytes)
-    assert {n for n in os.listdir(tmp_path / "copies") if not n.endswith(".id")} == {digests[3]}
+    assert {n for n in os.listdir(tmp_path / "copies" / "kept") if not n.endswith(".id")} == {digests[3]}
+    assert theirs.read_bytes() == b"the user's"
 
 
 def test_keep_none_keeps_nothing_and_uses_nothing_kept(packed, tmp_path, work, monkeypatch):
@@ -224,7 +230,7 @@ def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, wo
     # Not the checks: a mount's checks of a 10 M-file index hold all of it in the pack's map (1.5 GB over
     # the pack's 1.22 GB peak); the first mount here runs them (and records them for the next).
     assert not CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
-    listed = sorted(os.listdir(tmp_path / "copies")) if (tmp_path / "copies").exists() else []
+    listed = sorted(os.listdir(tmp_path / "copies" / "kept")) if (tmp_path / "copies" / "kept").exists() else []
     assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
     before = dict(work)
     monkeypatch.delenv(kept_copies.KEPT_ENV)
@@ -253,7 +259,7 @@ def test_a_packs_seed_leaves_no_page_of_the_copy_in_its_map(tmp_path, edge_tree,
     monkeypatch.setattr(index_copy, "_unmapper", watched)
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
     size = (tmp_path / "p" / "index.bfi").stat().st_size
-    assert len(os.listdir(tmp_path / "copies")) == 2  # kept
+    assert len(os.listdir(tmp_path / "copies" / "kept")) == 2  # kept
     assert size > 4096 and len(dropped) >= size // 4096
     covered = 0
     for start, end in sorted(dropped):
@@ -287,7 +293,7 @@ def test_a_remount_serves_from_the_kept_copy_and_a_changed_one_is_copied_again(t
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000, fsync=False)
     monkeypatch.delenv(kept_copies.KEPT_ENV)
     digest = digest_of(tmp_path / "p")
-    kept = copies / digest
+    kept = copies / "kept" / digest
     sources = {
         os.path.relpath(os.path.join(d, f), edge_tree): os.path.join(d, f)
         for d, _, fs in os.walk(edge_tree)

@@ -211,3 +211,45 @@ def test_a_write_that_outlives_the_session_never_lands_in_a_file_opened_since(tm
             os.close(victim)
     assert (tmp_path / "victim").read_bytes() == b""
     assert stored == [False]  # refused: not stored
+
+
+def test_the_descriptor_is_retired_once_and_closed_when_no_spare_one_can_be_opened(tmp_path, monkeypatch):
+    """_retire_fd again (a second serve's end) registers no second close of the number, which by then could
+    be another file's; with no descriptor to spare for the inert one, the connection is still closed."""
+    import gc
+
+    real_close, closed = os.close, []
+
+    def counted_close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", counted_close)
+    session = Session({})
+    session.fd = os.open(tmp_path / "stand-in", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    session._retire_fd()
+    session._retire_fd()
+    number = session.fd
+    with pytest.raises(OSError):
+        os.write(number, b"x")  # refused: the inert descriptor
+    assert number not in closed
+    del session
+    gc.collect()
+    assert closed.count(number) == 1  # by the one finalizer
+    monkeypatch.undo()
+
+    real_open = os.open
+    session = Session({})
+    session.fd = real_open(tmp_path / "stand-in", os.O_RDWR | os.O_CLOEXEC)
+    number = session.fd
+
+    def no_spare(path, flags, *args, **kwargs):
+        if flags & os.O_PATH:
+            raise OSError(24, "Too many open files")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_spare)
+    session._retire_fd()
+    monkeypatch.undo()
+    with pytest.raises(OSError):
+        os.fstat(number)  # closed

@@ -53,7 +53,7 @@ import struct
 import sys
 from collections.abc import Callable
 
-from ..storage.owned import open_owned_dir, user_cache_directory
+from ..storage.owned import open_owned_dir, open_owned_subdir, user_cache_directory
 from . import digest as dg
 from . import kept_copies as kc
 
@@ -91,6 +91,18 @@ class IndexCopies:
         directory = default_directory()
         return cls(directory, kc.kept_count()) if directory else None
 
+    def _kept_dir(self, dir_fd: int, create: bool) -> int | None:
+        """blockfs's own subdirectory of the copy directory (:data:`.kept_copies.SUBDIR`), where copies are
+        kept; None where there is none yet or it is refused (a link, another user's: said once)."""
+        path = os.path.join(self.directory, kc.SUBDIR)
+        try:
+            return open_owned_subdir(dir_fd, kc.SUBDIR, path, "kept index copies directory", self.FIX, create=create)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("the index copy is not kept for the next mount: %s", e)
+            return None
+
     def kept(self, digest: str) -> mmap.mmap | None:
         """A read-only map of the copy an earlier mount kept of the index whose BLAKE3 digest is ``digest``
         (hex), if it is here as it was kept (:func:`.kept_copies.find`); None otherwise."""
@@ -101,9 +113,15 @@ class IndexCopies:
         except OSError:  # none yet, or refused: hold() says why when it copies
             return None
         try:
-            fd = kc.find(dir_fd, digest)
+            kept_fd = self._kept_dir(dir_fd, create=False)
         finally:
             os.close(dir_fd)
+        if kept_fd is None:
+            return None
+        try:
+            fd = kc.find(kept_fd, digest)
+        finally:
+            os.close(kept_fd)
         if fd is None:
             return None
         try:
@@ -176,10 +194,14 @@ class IndexCopies:
                 got = hashing.digest() if hashing is not None else None
                 hashing = None
                 if got is not None and keep and (keep is True or got.hex() == keep):
-                    try:
-                        kc.keep(dir_fd, copy, got.hex(), self.kept_count, self.kept_bytes)
-                    except OSError as e:  # the copy serves this mount all the same
-                        log.info("the index copy is not kept for the next mount: %s", e.strerror or e)
+                    kept_fd = self._kept_dir(dir_fd, create=True)
+                    if kept_fd is not None:
+                        try:
+                            kc.keep(kept_fd, copy, got.hex(), self.kept_count, self.kept_bytes)
+                        except OSError as e:  # the copy serves this mount all the same
+                            log.info("the index copy is not kept for the next mount: %s", e.strerror or e)
+                        finally:
+                            os.close(kept_fd)
                 return held, got
             except OSError as e:  # ENOSPC, EIO, EDQUOT...: no copy, the index is read into memory instead
                 warn("the index is held in memory: cannot copy it to %s: %s", self.directory, e.strerror or e)

@@ -4,7 +4,7 @@ hashing 1.5 GB again (ten million files).
 
 A copy is kept (:func:`keep`) once its BLAKE3 digest is the one ``blockfs.json`` records, in the copy
 directory of :mod:`.index_copy` (this user's alone: :func:`blockfs.storage.owned.open_owned_dir`): the
-unnamed file is linked there under its digest (``linkat`` of ``/proc/self/fd/N``), mode 0400, its
+unnamed file is linked under its digest in :data:`SUBDIR`, blockfs's own directory there (``linkat`` of ``/proc/self/fd/N``), mode 0400, its
 modification time set to the epoch, and beside it a record of the file's identity taken once it is
 complete and named::
 
@@ -47,6 +47,10 @@ KEPT_ENV = "BLOCKFS_KEPT_INDEX_COPIES"  # how many copies are kept for re-mounts
 KEPT = 4  # copies kept at most: the least recently used go first
 KEPT_BYTES = 8 << 30  # and at most this many bytes of them together (a 10 M-file index is ~1.5 GB)
 RECORD = ".id"  # the record of a copy's identity: its name and this
+# Where the copies are kept: a directory blockfs makes in the copy directory, so that what it removes there
+# (copies without a record, the least recently used) can only be its own, whatever else the directory the
+# user chose holds (``$BLOCKFS_INDEX_COPY_DIR``: a file named by a SHA-256 is 64 hex digits too).
+SUBDIR = "kept"
 _HEAD = b"blockfs kept index copy\n"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -77,6 +77,7 @@ class Session:
         # (nodeid, unique) -> True when it takes the ioctl (and answers it later, ENOTTY): see _loop
         self._on_ioctl = on_ioctl
         self.fd = -1
+        self._retired = False  # the descriptor let go of (_retire_fd), its number kept
         self.mountpoint = ""
         self.minor = 0
         self.flags = 0
@@ -211,9 +212,15 @@ class Session:
         Instead, one ``dup2`` puts in its place a descriptor that refuses every read and write (``O_PATH``:
         EBADF, which every writer here takes as "gone"); that one is closed once the session is collected,
         when no thread holds it to write through, or by the process's end."""
-        if self.fd < 0:
+        if self.fd < 0 or self._retired:
             return
-        inert = os.open(os.devnull, os.O_PATH | os.O_CLOEXEC)
+        self._retired = True  # once: a second finalizer would close the number twice, the second time another file's
+        try:
+            inert = os.open(os.devnull, os.O_PATH | os.O_CLOEXEC)
+        except OSError as e:  # out of descriptors at the end: the connection must still go; a plain close
+            log.warning("closing /dev/fuse without keeping its number (%s)", e)
+            os.close(self.fd)
+            return
         try:
             os.dup2(inert, self.fd, inheritable=False)  # atomic: the number never refers to nothing
         finally:

@@ -197,7 +197,7 @@ def test_a_mount_holds_few_bytes_an_entry_and_its_index_outside_anonymous_memory
     digest = json.loads((big / "blockfs.json").read_bytes())["index"]["blake3"]
     # The copy this mount made (unnamed), or the one kept by the pack or an earlier mount (blockfs/core/kept_copies.py).
     assert where.startswith(os.path.realpath(copies) + "/"), where
-    assert where.endswith("(deleted)") or where == os.path.join(os.path.realpath(copies), digest), where
+    assert where.endswith("(deleted)") or where == os.path.join(os.path.realpath(copies), "kept", digest), where
     assert anonymous_kb == 0
 
 

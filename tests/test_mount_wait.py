@@ -163,7 +163,10 @@ def test_a_mount_point_given_as_a_symbolic_link_is_mounted_at_its_target(tmp_pat
 
 # The command: ``blockfs mount`` as a user runs it, its serving process started as the stand-in below.
 _COMMAND = r"""
-import sys
+import signal, sys
+# Ctrl-C as in a terminal: a suite started as a background job inherits SIGINT ignored, which the command
+# rightly leaves ignored (nohup) and this test would then wait on for nothing.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from blockfs.cli import main
 from blockfs.serve import daemon
 start, server, server_args = daemon.start_background, sys.argv.pop(1), [sys.argv.pop(1), sys.argv.pop(1)]

@@ -44,7 +44,14 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path: make_da
 # isort: split
 import make_dataset as md
 from helpers import HELPERS, ROOT
-from helpers.benchutil import cpu_seconds, drop_caches, mount_checkout, parse_variant, run_storage_reader
+from helpers.benchutil import (
+    add_variant_options,
+    cpu_seconds,
+    drop_caches,
+    mount_checkout,
+    run_storage_reader,
+    variant_checkouts,
+)
 
 import blockfs
 from blockfs.client import read_stats
@@ -87,15 +94,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fuse", default="kernel", choices=("kernel", "mfusepy"))
     parser.add_argument("--before", help="a checkout of the blockfs to compare with (measured in the same repeats)")
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
-        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
-    )
-    parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
-    parser.add_argument("--json", help="write every sample here")
+    add_variant_options(parser)
     args = parser.parse_args()
     if not drop_caches(1):
         raise SystemExit("dropping the kernel's caches needs root: every pass must start with none")
@@ -112,9 +111,7 @@ def main() -> int:
     checkouts: dict[str, tuple[Path, dict[str, str]]] = {"blockfs": (ROOT, {})}
     if args.before:
         checkouts["blockfs before"] = (Path(args.before).resolve(), {})
-    for given in args.variant:
-        label, env = parse_variant(given)
-        checkouts[label] = (ROOT, env)
+    checkouts.update(variant_checkouts(args.variant, ROOT))
     servers: dict[str, tuple[Path, int | None]] = {}
     null_proc = None
     counts_file = work / "null-counts.json"

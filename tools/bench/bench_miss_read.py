@@ -34,7 +34,7 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import cpu_seconds, mount_checkout, parse_variant, run_storage_reader
+from helpers.benchutil import add_variant_options, cpu_seconds, mount_checkout, run_storage_reader, variant_checkouts
 
 import blockfs
 from blockfs.client import read_stats
@@ -59,15 +59,7 @@ def main() -> int:
         metavar="[LABEL=]DIR",
         help="a checkout of the blockfs to compare with (measured in the same repeats); repeatable",
     )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
-        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
-    )
-    parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
-    parser.add_argument("--json", help="write every sample here")
+    add_variant_options(parser)
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-miss-read-"))
     src, packed = work / "src", work / "packed"
@@ -83,9 +75,7 @@ def main() -> int:
     for given in args.before:
         label, sep, path = given.rpartition("=")
         checkouts[label if sep else "before" if len(args.before) == 1 else path] = (Path(path).resolve(), {})
-    for given in args.variant:
-        label, env = parse_variant(given)
-        checkouts[label] = (ROOT, env)
+    checkouts.update(variant_checkouts(args.variant, ROOT))
     servers: dict[str, tuple[Path, int]] = {}
     try:
         for version, (checkout, env) in checkouts.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -206,6 +207,25 @@ def mount_checkout(
     finally:
         os.environ.clear()
         os.environ.update(env_before)
+
+
+def add_variant_options(parser: argparse.ArgumentParser) -> None:
+    """``--variant`` (repeatable, :func:`variant_checkouts`), ``--work`` and ``--json``: what the benchmarks
+    that compare mounts of blockfs side by side in one run all take."""
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=VAR=VALUE[,VAR=VALUE]",
+        help="this blockfs mounted again with these environment variables, read in the same repeats; repeatable",
+    )
+    parser.add_argument("--work", help="scratch directory (default: a new one in the temp dir)")
+    parser.add_argument("--json", help="write every sample here")
+
+
+def variant_checkouts(given: list[str], checkout: Path) -> dict[str, tuple[Path, dict[str, str]]]:
+    """Each ``--variant`` as ``label: (checkout, the environment it adds)``, to mount beside the others."""
+    return {label: (checkout, env) for label, env in map(parse_variant, given)}
 
 
 def parse_variant(given: str) -> tuple[str, dict[str, str]]:

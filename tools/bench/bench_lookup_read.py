@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import signal
 import statistics
 import subprocess
@@ -50,6 +48,7 @@ from helpers.benchutil import (
     drop_caches,
     mount_checkout,
     run_storage_reader,
+    shuffled_order,
     variant_checkouts,
 )
 
@@ -103,10 +102,8 @@ def main() -> int:
     if not (packed / "blockfs.json").exists():
         md.make_dataset(src, "tiny", files=args.files, classes=100, seed=0, force=True)
         blockfs.pack(src, packed, block_size=16 << 20, force=True, fsync=False)
-    names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
-    random.Random(0).shuffle(names)
     order_file = work / "order.txt"
-    order_file.write_text("\n".join(names) + "\n")
+    names = shuffled_order(src, order_file)
 
     checkouts: dict[str, tuple[Path, dict[str, str]]] = {"blockfs": (ROOT, {})}
     if args.before:

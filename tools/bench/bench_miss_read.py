@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import statistics
 import tempfile
 from pathlib import Path
@@ -34,7 +32,14 @@ import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
 # isort: split
 import bench_remote as br
 from helpers import ROOT
-from helpers.benchutil import add_variant_options, cpu_seconds, mount_checkout, run_storage_reader, variant_checkouts
+from helpers.benchutil import (
+    add_variant_options,
+    cpu_seconds,
+    mount_checkout,
+    run_storage_reader,
+    shuffled_order,
+    variant_checkouts,
+)
 
 import blockfs
 from blockfs.client import read_stats
@@ -66,10 +71,8 @@ def main() -> int:
     if not (packed / "blockfs.json").exists():
         br.make_tree(src, args.files, 10 << 10, 100 << 10, 20, 0)
         blockfs.pack(src, packed, block_size=1 << 20, force=True, fsync=False)
-    names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
-    random.Random(0).shuffle(names)
     order_file = work / "order.txt"
-    order_file.write_text("\n".join(names) + "\n")
+    names = shuffled_order(src, order_file)
 
     checkouts: dict[str, tuple[Path, dict[str, str]]] = {"this": (ROOT, {})}
     for given in args.before:

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -207,6 +208,15 @@ def mount_checkout(
     finally:
         os.environ.clear()
         os.environ.update(env_before)
+
+
+def shuffled_order(src: Path, order_file: Path, seed: int = 0) -> list[str]:
+    """Every file under ``src`` (relative paths) in one shuffled order, written one a line to ``order_file``
+    (what ``storage_reader.py`` reads from a list); the names, in that order."""
+    names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
+    random.Random(seed).shuffle(names)
+    order_file.write_text("\n".join(names) + "\n")
+    return names
 
 
 def add_variant_options(parser: argparse.ArgumentParser) -> None:

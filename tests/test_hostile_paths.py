@@ -46,7 +46,7 @@ def hostile(tmp_path):
 
 
 def _no_tree_check(monkeypatch) -> None:
-    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where: None)
+    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where, release=None: None)
 
 
 def _dir_becomes_symlink(arrays) -> None:

@@ -227,16 +227,90 @@ def test_a_pack_seeds_the_copy_its_first_mount_here_maps(tmp_path, edge_tree, wo
     blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
     original = (tmp_path / "p" / "index.bfi").read_bytes()
     assert digest_of(tmp_path / "p") == dg.digest(original).hex()
-    # Not the checks: a mount's checks of a 10 M-file index hold all of it in the pack's map (1.5 GB over
-    # the pack's 1.22 GB peak); the first mount here runs them (and records them for the next).
-    assert not CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
+    # And it ran a mount's checks on that copy, and recorded them: the first mount here skips them too.
+    # Keeping no copy, it does not (it would read the whole index into its memory): the mount checks.
+    assert CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p")) == (not keep)
     listed = sorted(os.listdir(tmp_path / "copies" / "kept")) if (tmp_path / "copies" / "kept").exists() else []
     assert listed == ([digest_of(tmp_path / "p"), digest_of(tmp_path / "p") + ".id"] if not keep else [])
     before = dict(work)
     monkeypatch.delenv(kept_copies.KEPT_ENV)
-    assert opened(tmp_path / "p", IndexCopies(tmp_path / "copies"))[0] == original
+    copies, checked = IndexCopies(tmp_path / "copies"), CheckedIndexes(tmp_path / "checked")
+    with PackedDataset(tmp_path / "p", copies=copies, checked=checked) as ds:  # as a mount opens it
+        assert bytes(ds.index.raw) == original
+        assert ds.index.checks_skipped == (not keep)
     copied = work["copied"] - before["copied"]
     assert copied == (0 if not keep else len(original))
+
+
+def _resident_kib(address: int) -> int:
+    """This process's resident KiB of the mapping holding ``address`` (``/proc/self/smaps``)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head[0]) > 8 and not head[0].endswith(":"):
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                inside = start <= address < end
+            elif inside and head[0] == "Rss:":
+                return int(head[1])
+    raise AssertionError("no mapping holds the index")
+
+
+def test_a_packs_checks_leave_no_page_of_the_index_in_its_map(tmp_path, monkeypatch):
+    """The pack checks the copy it kept as a mount would (so the first mount here skips the checks), and
+    drops the pages each piece touched from its map after it: its resident memory never holds the whole
+    index (1.5 GB at 10 M files, over the pack's own peak).  One thread, so no piece runs meanwhile."""
+    from blockfs.core import index_checks, treecheck
+    from blockfs.packing import destination
+
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
+    monkeypatch.setattr(treecheck, "THREADS", 1)
+    monkeypatch.setattr(treecheck, "PIECE", 64)
+    monkeypatch.setattr(index_checks, "VALIDATE_PIECE", 64)
+    resident: list[int] = []
+    real = destination.check_contents
+
+    def watched(arrays, where, n_blocks, release):
+        address = arrays["paths"].ctypes.data  # inside the map of the kept copy
+
+        def measured() -> None:
+            release()
+            resident.append(_resident_kib(address))
+
+        real(arrays, where, n_blocks, measured)
+
+    monkeypatch.setattr(destination, "check_contents", watched)
+    for d in range(8):  # ~500 entries: pieces of 64
+        (tmp_path / "src" / f"d{d}").mkdir(parents=True)
+        for f in range(60):
+            (tmp_path / "src" / f"d{d}" / f"f{f:03}").write_bytes(b"x" * f)
+    blockfs.pack(tmp_path / "src", tmp_path / "p", block_size=4096)
+    entries = PackedDataset(tmp_path / "p").index.n_entries
+    assert CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
+    assert len(resident) >= 4 * (entries // 64)  # after every piece of the four checks in pieces
+    assert set(resident) == {0}
+
+
+def test_an_index_that_fails_the_packs_checks_is_not_recorded_and_the_pack_stands(
+    tmp_path, edge_tree, monkeypatch, caplog
+):
+    from blockfs.core import index_checks
+    from blockfs.errors import IndexFormatError
+
+    monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
+
+    def forged(a, where):
+        raise IndexFormatError(f"{where}: array 'block_files' is not in slot order (forged for the test)")
+
+    monkeypatch.setattr(index_checks, "check_block_layout", forged)
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000)
+    assert not CheckedIndexes(tmp_path / "checked").has(digest_of(tmp_path / "p"))
+    assert "fails a mount's checks" in caplog.text and "forged for the test" in caplog.text
+    monkeypatch.undo()
+    with PackedDataset(tmp_path / "p") as ds:  # the dataset is committed and opens (the real checks pass)
+        assert ds.index.n_entries > 1
 
 
 def test_a_packs_seed_leaves_no_page_of_the_copy_in_its_map(tmp_path, edge_tree, monkeypatch):

@@ -64,7 +64,7 @@ def test_a_flipped_inode_bit_is_refused_at_open(classes):
 
 def test_unpack_links_only_files_stored_together_even_unchecked(classes, monkeypatch):
     rewrite_index(classes / "ds", _flip_ino_bit)
-    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where: None)
+    monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda arrays, where, release=None: None)
     with open_dataset(classes / "ds") as ds:
         unpack(ds, classes / "out")
     inodes = set()

@@ -51,6 +51,7 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     write_arrays,
 )
 from .pathtable import CHUNK, PathTable
+from .treecheck import Release
 
 if TYPE_CHECKING:
     from .checked_indexes import CheckedIndexes
@@ -428,6 +429,17 @@ def _block_layout(block: np.ndarray, slot: np.ndarray, n_blocks: int) -> tuple[n
 
 
 # --- reading an index ---------------------------------------------------------------------------------
+def check_contents(
+    arrays: dict[str, np.ndarray], where: str, n_blocks: int | None, release: Release | None = None
+) -> None:
+    """Every check of an index's contents once its table of contents is read: what a record of
+    :mod:`.checked_indexes` stands for (a mount of a recorded index skips exactly these).  ``release``:
+    see :func:`.index_checks.validate_arrays` (a pack's, checking a map of the copy it kept)."""
+    validate_arrays(arrays, where, n_blocks, release)
+    if all(name in arrays for name in DIGEST_ARRAYS):
+        check_chunk_table(arrays, where)
+
+
 class PackedIndex:
     """An index held in memory this process owns.  Opening reads the file once, checks its CRC (when the
     metadata's is given), its table of contents and its contents; nothing per entry is built.
@@ -474,9 +486,7 @@ class PackedIndex:
         if recorded:
             check_lengths(self.arrays, where, n_blocks)  # the metadata's block count is not in the digest
         else:
-            validate_arrays(self.arrays, where, n_blocks)
-            if self.has_digests:
-                check_chunk_table(self.arrays, where)
+            check_contents(self.arrays, where, n_blocks)
             if digest is not None and checked is not None:
                 checked.add(digest)
         self.checks_skipped = recorded

@@ -14,15 +14,22 @@ import numpy as np
 
 from ..errors import IndexFormatError
 from .index_format import ENTRY_COLUMNS, KIND_DIR, KIND_FILE, KIND_SYMLINK, REPACK
-from .treecheck import check_tree, in_pieces
+from .treecheck import Release, check_tree, in_pieces
 
 VALIDATE_PIECE = 1 << 18  # entries checked at a time
+RELEASE_EVERY = 1 << 25  # bytes of the path table searched between two calls of a ``release``
 
 
-def validate_arrays(a: dict[str, np.ndarray], where: str, n_blocks: int | None = None) -> None:
-    """Run every check, in order; ``n_blocks`` is the metadata's block count, when known."""
+def validate_arrays(
+    a: dict[str, np.ndarray], where: str, n_blocks: int | None = None, release: Release | None = None
+) -> None:
+    """Run every check, in order; ``n_blocks`` is the metadata's block count, when known.  ``release``:
+    called after each piece and each whole-array check (:func:`.treecheck.in_pieces`: a pack drops the
+    pages the checks touched from its map there)."""
+    released = release or (lambda: None)
     check_lengths(a, where, n_blocks)
     check_offsets_grow(a, where)
+    released()
     n = a["kind"].size
 
     def piece(lo: int) -> None:
@@ -30,12 +37,13 @@ def validate_arrays(a: dict[str, np.ndarray], where: str, n_blocks: int | None =
         check_entries(a, where, lo, hi)
         check_paths(a, where, lo, hi)
 
-    in_pieces(piece, range(0, n, VALIDATE_PIECE))
-    check_forbidden_components(a, where)
+    in_pieces(piece, range(0, n, VALIDATE_PIECE), release)
+    check_forbidden_components(a, where, release)
     check_block_layout(a, where)
+    released()
     # Last: the tree's shape (each path = its parent's path + its name, the parent a directory, names
     # unique in a directory), once every array above is known to be in range.
-    check_tree(a, where)
+    check_tree(a, where, release)
 
 
 def _fail(where: str, what: str) -> IndexFormatError:
@@ -150,8 +158,8 @@ def check_paths(a: dict[str, np.ndarray], where: str, lo: int, hi: int) -> None:
         raise _fail(where, "path table is inconsistent (a path holds a NUL byte)")
 
 
-def check_forbidden_components(a: dict[str, np.ndarray], where: str) -> None:
-    bad = find_forbidden_component(a["paths"])
+def check_forbidden_components(a: dict[str, np.ndarray], where: str, release: Release | None = None) -> None:
+    bad = find_forbidden_component(a["paths"], release=release)
     if bad >= 0:
         raise _fail(
             where,
@@ -160,13 +168,14 @@ def check_forbidden_components(a: dict[str, np.ndarray], where: str) -> None:
         )
 
 
-def find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20) -> int:
+def find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20, release: Release | None = None) -> int:
     """Offset of the first empty, "." or ".." component in a NUL-separated path table, or -1.
 
     Every path p is stored as \\0p\\0 (the root, first, as \\0\\0).  A forbidden component is two
     separators in a row (one of them "/"), or a separator, one or two dots and a separator; both start
     where a separator is followed by a separator or a dot, which is rare, so only those few places are
-    looked at closely.  Works in pieces (overlapping by 3 bytes) so the temporary masks stay small.
+    looked at closely.  Works in pieces (overlapping by 3 bytes) so the temporary masks stay small; ``release``
+    is called every :data:`RELEASE_EVERY` bytes of the table.
     """
     n = blob.size
     for lo in range(0, n, piece):
@@ -183,6 +192,8 @@ def find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20) -> int:
         first = min((int(h[0]) for h in (empty, one, two) if h.size), default=-1)
         if first >= 0:
             return lo + first
+        if release is not None and (lo + piece) % RELEASE_EVERY < piece:
+            release()
     return -1
 
 

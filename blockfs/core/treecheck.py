@@ -37,13 +37,15 @@ _ONE = np.uint64(1)
 _SLASH = 47
 
 WordLoader = Callable[[np.ndarray], np.ndarray]
+Release = Callable[[], None]  # drops the pages the checks touched from the process's map (see in_pieces)
 
 
-def check_tree(arrays: Mapping[str, np.ndarray], where: str) -> None:
+def check_tree(arrays: Mapping[str, np.ndarray], where: str, release: Release | None = None) -> None:
     """Raise :class:`IndexFormatError` naming the first entry that breaks the tree (see the module doc).
 
     ``arrays`` are the index's columns (``kind``, ``parent``, ``child_start``, ``child_count``, ``ino``,
-    ``block``, ``slot``, ``path_offsets``, ``paths``); ``where`` starts every message (``index PATH``).
+    ``block``, ``slot``, ``path_offsets``, ``paths``); ``where`` starts every message (``index PATH``);
+    ``release``: called after each piece (see :func:`in_pieces`).
     """
     n = int(arrays["kind"].size)
     off = arrays["path_offsets"]
@@ -53,25 +55,36 @@ def check_tree(arrays: Mapping[str, np.ndarray], where: str) -> None:
     if int(off[1]) - int(off[0]) != 1:
         raise IndexFormatError(f"{where}: the root entry has a non-empty path")
     tree = _Tree(arrays, n, where)
-    in_pieces(lambda lo: tree.check_parents(lo, min(n, lo + PIECE)), range(1, n, PIECE))
+    in_pieces(lambda lo: tree.check_parents(lo, min(n, lo + PIECE)), range(1, n, PIECE), release)
     tree.check_child_ranges()
-    in_pieces(lambda lo: tree.check_sibling_order(lo, min(n - 1, lo + PIECE)), range(1, n - 1, PIECE))
-    in_pieces(lambda lo: tree.check_hard_links(lo, min(n, lo + PIECE)), range(0, n, PIECE))
+    if release is not None:
+        release()
+    in_pieces(lambda lo: tree.check_sibling_order(lo, min(n - 1, lo + PIECE)), range(1, n - 1, PIECE), release)
+    in_pieces(lambda lo: tree.check_hard_links(lo, min(n, lo + PIECE)), range(0, n, PIECE), release)
 
 
-def in_pieces(check: Callable[[int], None], starts: Iterable[int]) -> None:
+def in_pieces(check: Callable[[int], None], starts: Iterable[int], release: Release | None = None) -> None:
     """``check(lo)`` for every piece's start, up to :data:`THREADS` pieces at once; the error raised is the
     first piece's in order, as a loop would raise it (the pieces after it run too: a forged index is rare).
     Opening a million-entry index spends most of its time in these checks; on two cores the threads cut the
-    tree's share from ~0.8 s to ~0.55 s.  Memory: ``THREADS`` pieces' temporaries at once, still bounded."""
+    tree's share from ~0.8 s to ~0.55 s.  Memory: ``THREADS`` pieces' temporaries at once, still bounded.
+    ``release``, if given, is called after each piece: a pack drops the pages of the index it checks from
+    its map there (their bytes stay in the page cache), so its resident memory holds a few pieces' pages,
+    not the whole index's."""
     starts = list(starts)
+
+    def run(lo: int) -> None:
+        check(lo)
+        if release is not None:
+            release()
+
     threads = min(THREADS, len(starts), os.cpu_count() or 1)
     if threads <= 1:
         for lo in starts:
-            check(lo)
+            run(lo)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="blockfs-check") as pool:
-        for _ in pool.map(check, starts):  # results in order: the first failing piece's error is raised
+        for _ in pool.map(run, starts):  # results in order: the first failing piece's error is raised
             pass
 
 

@@ -14,6 +14,8 @@ uploaded block by block, with the same steps and the same argument for crash saf
 
 from __future__ import annotations
 
+import logging
+import mmap
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -22,12 +24,14 @@ import numpy as np
 
 from ..core import digest as dg
 from ..core import format as fmt
+from ..core.checked_indexes import CheckedIndexes
 from ..core.digest import file_digest
 from ..core.format import BLOCKS_DIR, INDEX_NAME, METADATA_NAME, PACKING_MARKER, block_name
-from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex
+from ..core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK, IndexColumns, PreparedIndex, check_contents
 from ..core.index_copy import IndexCopies
+from ..core.index_format import array_views, check_header, read_toc
 from ..core.metadata import METADATA_VERSION, metadata_bytes
-from ..errors import PackError
+from ..errors import BlockfsError, PackError
 from ..storage.owned import DIR_FLAGS, USER_DIR_FLAGS, created_at, remove_at, write_file_at
 from ..storage.urls import is_remote
 from .containers.recordio import LABELS_FILE
@@ -35,6 +39,7 @@ from .options import PackOptions
 from .parallel import Sums
 
 FILE_MODE = 0o666  # as open() makes files: the umask decides
+log = logging.getLogger(__name__)
 
 DIGEST_PIECE = 1 << 14  # file digests gathered at a time: the pages of the spilled ones a piece touches
 
@@ -298,6 +303,48 @@ def index_digest(dir_fd: int) -> bytes:
         if digest is not None:
             return digest
     return file_digest(read_at(dir_fd, INDEX_NAME))
+
+
+def record_checks(directory: str, metadata: dict) -> bool:
+    """Run a mount's checks of the index just packed on the copy of it kept here (:func:`index_digest`)
+    and record that it passed (:mod:`blockfs.core.checked_indexes`): the first mount of it on this machine
+    then neither copies, hashes nor checks it, as a re-mount.  The checks read the copy through a map whose
+    touched pages are dropped after each piece (the page cache keeps them), so the pack's resident memory
+    holds a few pieces of the index, never all of it (1.5 GB at ten million files).  Nothing where no copy
+    is kept or no record is (``BLOCKFS_KEPT_INDEX_COPIES=0``, ``BLOCKFS_CHECKED_DIR=``): the first mount
+    checks.  An index that fails is said in a warning (a mount checks it again and refuses it); the pack
+    stands.  True where a record was made."""
+    checked, copies = CheckedIndexes.default(), IndexCopies.default()
+    digest = metadata["index"]["blake3"]
+    if checked is None or copies is None or checked.has(digest):
+        return False
+    held = copies.kept(digest)  # the copy as kept: its identity vouches for the digest, as at a mount
+    if held is None:
+        return False
+    try:
+        failure = _failed_checks(held, f"index {os.path.join(directory, INDEX_NAME)}", metadata["n_blocks"])
+    finally:
+        try:
+            held.close()
+        except BufferError:  # a view of it still held somewhere: the map goes with the last one
+            pass
+    if failure is not None:
+        log.warning("the index just packed fails a mount's checks (a mount will refuse it): %s", failure)
+        return False
+    checked.add(digest)
+    return True
+
+
+def _failed_checks(held: mmap.mmap, where: str, n_blocks: int) -> str | None:
+    """Why the index mapped in ``held`` fails a mount's checks (its pages dropped from the map after each
+    piece), or None where it passes.  A message, not the error: its traceback would hold views of the map."""
+    try:
+        toc_len, version = check_header(held, where)
+        arrays = array_views(held, read_toc(held, toc_len, where, version))
+        check_contents(arrays, where, n_blocks, lambda: held.madvise(mmap.MADV_DONTNEED))
+    except BlockfsError as e:
+        return str(e)
+    return None
 
 
 def dataset_metadata(

@@ -39,6 +39,7 @@ from .destination import (
     LocalDestination,
     dataset_metadata,
     index_counts,
+    record_checks,
     write_index,
 )
 from .entry_table import EntryTable, collect
@@ -122,6 +123,9 @@ def pack(
         raise _failed(e, target, needed, free)  # noqa: B904 - _failed chains e itself
     finally:
         target.close()
+    if isinstance(target, LocalDestination):
+        give_back()
+        record_checks(target.directory, metadata)  # the first mount here then skips them
     result = _report(source, target.display, metadata, unreadable, time.monotonic() - started)
     return dataclasses.replace(result, digest=name_of(metadata_bytes(metadata)))
 

@@ -234,6 +234,20 @@ def test_inconsistent_arrays_are_an_index_format_error_naming_the_array(packed, 
         assert message in _one_line_error(capsys, command, packed)
 
 
+@pytest.mark.parametrize("case", sorted(c for c in CONTENT_MUTATIONS if c.startswith("block_")))
+def test_the_block_layout_is_checked_across_pieces(packed, monkeypatch, case):
+    """The block layout's checks run in pieces: with a piece of one member, every pair that must be in
+    order, and every member's block, lies across two pieces; each forgery is still found, and named."""
+    from blockfs.core import index_checks
+
+    monkeypatch.setattr(index_checks, "VALIDATE_PIECE", 1)
+    name, transform, message = CONTENT_MUTATIONS[case]
+    PackedIndex(packed / "index.bfi").close()  # the packed index passes in pieces of one
+    patch_array(packed / "index.bfi", name, transform)
+    with pytest.raises(IndexFormatError, match=re.escape(message)):
+        PackedIndex(packed / "index.bfi")
+
+
 # --- 17 #7: sizes the blocks do not hold: no read loop spins ------------------------------------------
 def _run_cli(*argv) -> subprocess.CompletedProcess:
     return subprocess.run(

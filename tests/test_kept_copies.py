@@ -301,7 +301,7 @@ def test_an_index_that_fails_the_packs_checks_is_not_recorded_and_the_pack_stand
     monkeypatch.setenv(index_copy.DIRECTORY_ENV, str(tmp_path / "copies"))
     monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "checked"))
 
-    def forged(a, where):
+    def forged(a, where, release=None):
         raise IndexFormatError(f"{where}: array 'block_files' is not in slot order (forged for the test)")
 
     monkeypatch.setattr(index_checks, "check_block_layout", forged)

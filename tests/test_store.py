@@ -159,7 +159,7 @@ def test_read_entry_checks_the_size_of_an_entry_the_layout_does_not_list(dest, t
     # The index's own layout check refuses it at open; were it opened, the read's size check would.
     with pytest.raises(IndexFormatError, match="block_files"):
         PackedDataset(dest)
-    monkeypatch.setattr("blockfs.core.index_checks.check_block_layout", lambda a, where: None)
+    monkeypatch.setattr("blockfs.core.index_checks.check_block_layout", lambda a, where, release=None: None)
     monkeypatch.setattr("blockfs.core.index_checks.check_tree", lambda a, where, release=None: None)
     with PackedDataset(dest) as ds:
         with pytest.raises(CorruptBlockError, match="the index says"):

@@ -39,8 +39,7 @@ def validate_arrays(
 
     in_pieces(piece, range(0, n, VALIDATE_PIECE), release)
     check_forbidden_components(a, where, release)
-    check_block_layout(a, where)
-    released()
+    check_block_layout(a, where, release)
     # Last: the tree's shape (each path = its parent's path + its name, the parent a directory, names
     # unique in a directory), once every array above is known to be in range.
     check_tree(a, where, release)
@@ -197,20 +196,27 @@ def find_forbidden_component(blob: np.ndarray, piece: int = 1 << 20, release: Re
     return -1
 
 
-def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
+def check_block_layout(a: dict[str, np.ndarray], where: str, release: Release | None = None) -> None:
     """``block_files[block_offsets[b]:block_offsets[b + 1]]`` are exactly block b's files, in slot order.
 
-    Run after :func:`check_entries`, so every file's block and slot are in range.
+    Run after :func:`check_entries`, so every file's block and slot are in range.  In pieces, a few at once
+    (the gathers of each member's block and slot are most of it: ~1.3 s at ten million files on one thread).
     """
     n = a["kind"].size
     members = a["block_files"]
-    if members.size and int(members.max()) >= n:
-        raise _fail(where, "an entry out of range in array 'block_files'")
-    is_file = a["kind"] == KIND_FILE
+    total = int(members.size)
     listed = np.zeros(n, dtype=bool)
-    listed[members] = True
+
+    def mark(lo: int) -> None:
+        piece = members[lo : lo + VALIDATE_PIECE]
+        if int(piece.max()) >= n:
+            raise _fail(where, "an entry out of range in array 'block_files'")
+        listed[piece] = True  # pieces may mark one entry at once (a forged repeat): both write True
+
+    in_pieces(mark, range(0, total, VALIDATE_PIECE), release)
+    is_file = a["kind"] == KIND_FILE
     # As many members as files, all of them files and none twice: each file exactly once.
-    if members.size != int(np.count_nonzero(is_file)) or int(np.count_nonzero(listed & is_file)) != members.size:
+    if total != int(np.count_nonzero(is_file)) or int(np.count_nonzero(listed & is_file)) != total:
         raise _fail(where, "array 'block_files' does not list every file exactly once")
     # A slot costs its block at least a u32 offset, a u32 size and an i32 label in the header, so a block
     # holds at most a twelfth of its size in slots (a slot may hold no file: one skipped as unreadable).  The
@@ -223,12 +229,24 @@ def check_block_layout(a: dict[str, np.ndarray], where: str) -> None:
             f"column 'block_counts' gives block {b} {int(a['block_counts'][b])} slots, more than "
             f"its {int(a['block_sizes'][b])} bytes can hold",
         )
-    # Blocks that never decrease, with the counts 'block_offsets' gives each, are exactly its blocks.
-    blocks = a["block"][members]
-    per_block = np.bincount(blocks, minlength=a["block_counts"].size)
-    if np.any(blocks[1:] < blocks[:-1]) or np.any(per_block != np.diff(a["block_offsets"])):
-        raise _fail(where, "array 'block_files' puts a file in another block than column 'block' (see 'block_offsets')")
-    slots = a["slot"][members]
-    same = blocks[1:] == blocks[:-1]
-    if np.any(slots[1:][same] < slots[:-1][same]):
-        raise _fail(where, "array 'block_files' is not in slot order")
+    offsets = a["block_offsets"]  # checked to grow from 0 to the members' count
+
+    def in_order(lo: int) -> None:
+        piece = members[lo : lo + VALIDATE_PIECE + 1]  # and the next piece's first: the pair across
+        blocks = a["block"][piece]
+        # Position p lies in block b's range exactly when b is the last block whose range starts at or
+        # before p: the members' blocks must be those, which also makes each block's count its range's.
+        end = lo + piece.size
+        first, last = (int(b) for b in np.searchsorted(offsets, [lo, end - 1], side="right") - 1)
+        starts = np.clip(offsets[first : last + 2].astype(np.int64), lo, end)
+        expected = np.repeat(np.arange(first, last + 1), np.diff(starts))
+        if np.any(blocks != expected):
+            raise _fail(
+                where, "array 'block_files' puts a file in another block than column 'block' (see 'block_offsets')"
+            )
+        slots = a["slot"][piece]
+        same = blocks[1:] == blocks[:-1]
+        if np.any(slots[1:][same] < slots[:-1][same]):
+            raise _fail(where, "array 'block_files' is not in slot order")
+
+    in_pieces(in_order, range(0, total, VALIDATE_PIECE), release)

@@ -7,9 +7,10 @@ copy kept for the next mount, ``blockfs/core/kept_copies.py``).
 ``DS`` is a packed dataset (``bench_scale.py --files 1000000 --pack-only --no-plain --no-tools --work W``
 makes one at ``W/ds``).  Each round mounts it, in turn: with ``--before`` (``git archive REV blockfs | tar
 -x -C CHECKOUT``, run on ``PYTHONPATH``), with no record, with an empty record and no kept copy (a first
-mount), with an empty record and the kept copy (a first mount after ``blockfs pack`` on this machine,
-which keeps the copy it hashes), with the record that holds this index and its kept copy (a re-mount),
-and with that record but
+mount), with an empty record and the kept copy (the copy kept, its checks not recorded: a first mount
+after a pack whose record was elsewhere), with the record that holds this index and its kept copy (a
+re-mount, and a first mount after ``blockfs pack`` on this machine, which keeps the copy it hashes and
+records its checks), and with that record but
 keeping no copy (``BLOCKFS_KEPT_INDEX_COPIES=0``: a re-mount that copies and hashes the index), each to
 its return and unmounted again; with ``--before``, that checkout with no record and with its own record
 (its re-mount).  Wall time, and CPU: the command's and its serving process's own up to the return

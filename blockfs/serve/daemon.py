@@ -340,8 +340,6 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
         except (OSError, ValueError, KeyError, BlockfsError):
             pass  # dead, or another FUSE filesystem: no pid to wait for
 
-    import threading
-
     thread = threading.Thread(target=ask, daemon=True)  # a hung server must not hang umount
     thread.start()
     thread.join(timeout)
@@ -365,7 +363,7 @@ def _run(command: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
-BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route (subtype "blockfs")
+BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route, unless -o subtype= renames it
 MAX_LINKS = 40  # symbolic links followed to a mount point, as the kernel's own limit
 
 
@@ -373,8 +371,10 @@ def mount_point(path: str | os.PathLike) -> str:
     """The mount point ``path`` names: itself (canonical) when mounted or not a symbolic link, else the
     blockfs mount its link leads to, as ``blockfs mount`` resolves a linked mount point (the mount table
     names the target, never the link).  A link to anything but a blockfs mount is refused: ``umount``
-    must never unmount another filesystem because a link pointed there.  A mounted path itself is never
-    touched (a server that does not answer would hang the call); only links are read."""
+    must never unmount another filesystem because a link pointed there.  A blockfs mount is one of type
+    :data:`BLOCKFS_FSTYPE`, or a FUSE mount of another type (``-o subtype=``) whose server answers blockfs's
+    statistics (:func:`serving_pid`: in a thread, given up after its timeout, so a server that does not
+    answer cannot hang the call); no other mounted path is touched, and only links are read."""
     given = os.fspath(path)
     point = first = canonical(path)
     for _ in range(MAX_LINKS):
@@ -386,13 +386,22 @@ def mount_point(path: str | os.PathLike) -> str:
     if point == first:
         return point
     entry = mount_entry(point)
-    if entry is not None and entry["fstype"] != BLOCKFS_FSTYPE:
-        raise MountError(
-            f"{given!r} is a symbolic link to {point!r}, a {entry['fstype']} mount, not a blockfs one: "
-            "blockfs umount unmounts only blockfs mounts"
-        )
     if entry is None:
         raise MountError(f"{given!r} is a symbolic link to {point!r}, which is not mounted")
+    fstype = entry["fstype"]
+    if fstype == BLOCKFS_FSTYPE:
+        return point
+    if fstype != "fuse" and not fstype.startswith("fuse."):
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {fstype} mount, not a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts"
+        )
+    if serving_pid(point) is None:  # another FUSE filesystem, or a blockfs one whose server is gone
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {fstype} mount that does not answer as a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts through a link; if it is one whose server was killed, "
+            f"give the mount point itself: blockfs umount {point}"
+        )
     return point
 
 

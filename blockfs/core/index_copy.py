@@ -135,7 +135,8 @@ class IndexCopies:
     def seed(self, fd: int) -> bytes | None:
         """The BLAKE3 digest of the index file ``fd`` (a pack's, which is to record it), hashed from a copy
         kept for this machine's next mount of it; None, and nothing said, where no copy is kept here (the
-        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces."""
+        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces, and its
+        sync, waited for: a mount that follows finds it kept."""
         if self.kept_count <= 0:
             return None
         held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True, release=True)
@@ -143,6 +144,7 @@ class IndexCopies:
             return None
         buf, digest = held
         buf.close()
+        kc.wait_kept()
         return digest
 
     def hold(

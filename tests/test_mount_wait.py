@@ -163,7 +163,10 @@ def test_a_mount_point_given_as_a_symbolic_link_is_mounted_at_its_target(tmp_pat
 
 # The command: ``blockfs mount`` as a user runs it, its serving process started as the stand-in below.
 _COMMAND = r"""
-import signal, sys
+import faulthandler, signal, sys
+# SIGUSR1: every thread's stack to stderr, then the death SIGUSR1 brings (chain): what a test that timed out
+# waiting for this command shows (_ended).
+faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
 # Ctrl-C as in a terminal: a suite started as a background job inherits SIGINT ignored, which the command
 # rightly leaves ignored (nohup) and this test would then wait on for nothing.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -181,7 +184,8 @@ sys.exit(main(sys.argv[1:]))
 # file where it says so ("pid"), argv[2] how it goes on: "hold" (until unmounted) or "die" (SIGKILL, its
 # mount left answering ENOTCONN).
 _STAND_IN = r"""
-import os, signal, sys, time
+import faulthandler, os, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # as the command's: stacks into its log
 from blockfs.cli import main
 from blockfs.serve import daemon
 said, then = sys.argv.pop(1), sys.argv.pop(1)
@@ -218,6 +222,30 @@ def packed(tmp_path_factory):
     return root / "packed"
 
 
+def _ended(command, server: int | None, log, timeout: float = 60) -> tuple[str, str]:
+    """``command``'s output once it exits; if it has not within a minute, a failure that shows where it and
+    its server were stuck: both dump every thread's stack (SIGUSR1, registered by _COMMAND and _STAND_IN)."""
+    import subprocess
+
+    try:
+        return command.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    command.send_signal(signal.SIGUSR1)  # first: the server's end could let it go on
+    out, err = command.communicate(timeout=30)
+    if server is not None and not _gone(server):
+        os.kill(server, signal.SIGUSR1)
+        try:
+            wait_until(lambda: _gone(server), "the server to dump its stacks and end", timeout=30)
+        except AssertionError:
+            pass  # stuck in the kernel (no handler runs): its log says so by the stacks it lacks
+    served = log.read_text(errors="replace")[-6000:] if log.exists() else "(no log)"
+    pytest.fail(
+        f"'blockfs mount' did not exit within {timeout:g} s of the signal; its output and stacks:\n{out}\n{err}\n"
+        f"its server's log (stacks at its end):\n{served}"
+    )
+
+
 def _mount_command(tmp_path, packed, then: str) -> tuple:
     import subprocess
 
@@ -246,7 +274,7 @@ def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_pat
         wait_until(lambda: said.exists() and process.is_mounted(mnt), "the server to mount", timeout=60)
         server = int(said.read_text())
         command.send_signal(signum)
-        out, err = command.communicate(timeout=60)
+        out, err = _ended(command, server, tmp_path / "log")
         assert command.returncode == 128 + signum, (out, err)
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         assert err.strip() == (

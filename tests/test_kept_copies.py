@@ -78,6 +78,24 @@ def test_a_reopen_of_the_same_index_neither_copies_nor_hashes_it(packed, tmp_pat
     assert where == os.path.realpath(kept)
 
 
+def test_an_open_opens_the_copy_directory_once_with_or_without_a_kept_copy(packed, tmp_path, work, monkeypatch):
+    """A mount with no kept copy opened (and checked) the copy directory twice: to look for a kept copy, then
+    to copy the index."""
+    real, opens = index_copy.open_owned_dir, []
+
+    def counted(path, *args, **kwargs):
+        opens.append(os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(index_copy, "open_owned_dir", counted)
+    copies = IndexCopies(tmp_path / "copies")
+    for kept in (False, True):  # a first open copies (and keeps); the next maps the kept copy
+        opens.clear()
+        opened(packed, copies)
+        assert opens == [str(tmp_path / "copies")], kept
+    assert work["copied"] == (packed / "index.bfi").stat().st_size  # once: the second open mapped the kept copy
+
+
 def test_the_kept_copy_is_the_index_blockfs_json_names_whatever_index_bfi_holds_now(packed, tmp_path, work):
     """The copy was hashed and found to be the index blockfs.json names: index.bfi is not read again.  A
     dataset packed anew (another blockfs.json, another digest) is copied and kept anew."""

@@ -18,6 +18,8 @@ import statistics
 import tempfile
 import time
 
+import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
+
 from blockfs.core.index_copy import IndexCopies, _copy
 
 

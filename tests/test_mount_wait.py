@@ -311,7 +311,7 @@ def _mount_command(tmp_path, packed, then: str, inject: str = "none") -> tuple:
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
 def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_path, packed, signum):
     """SIGTERM killed 'blockfs mount' at once while it waited for its server's word, leaving the server (a
     new session: the signal never reached it) mounted or half-started.  Now the command stops it, and exits

@@ -176,6 +176,57 @@ def test_umount_of_a_symbolic_link_unmounts_the_blockfs_mount_it_leads_to(tmp_pa
     assert link.is_symlink() and mnt.is_dir()
 
 
+@pytest.mark.fuse
+def test_umount_of_a_symbolic_link_unmounts_a_blockfs_mount_of_another_subtype(tmp_path, capsys):
+    """``-o subtype=bfs`` makes the mount's type fuse.bfs: ``umount LINK`` refused it as "not a blockfs one"."""
+    from mountutil import mounted
+
+    from blockfs import cli
+
+    require(has_fuse(), "/dev/fuse")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"hello\n")
+    blockfs.pack(tmp_path / "src", tmp_path / "packed", fsync=False)
+    mnt, link = tmp_path / "mnt", tmp_path / "link"
+    link.symlink_to("mnt")
+    with mounted(tmp_path / "packed", mnt, "-o", "subtype=bfs") as m:
+        assert process.mount_entry(mnt)["fstype"] == "fuse.bfs"
+        assert cli.main(["umount", str(link)]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip() == f"unmounted {os.path.realpath(mnt)} (linked as {link})"
+        assert not process.is_mounted(mnt)
+        wait_until(lambda: m.proc.poll() is not None, "the serving process to exit")
+
+
+# A FUSE filesystem that is not blockfs, of the same type as the mount above (fuse.bfs): an empty root.
+_FOREIGN_FUSE = r"""
+import sys, mfusepy
+mfusepy.FUSE(mfusepy.Operations(), sys.argv[1], foreground=True, fsname="other", subtype="bfs")
+"""
+
+
+@pytest.mark.fuse
+def test_umount_never_follows_a_symbolic_link_to_a_fuse_mount_that_is_not_blockfs(tmp_path, capsys):
+    from blockfs import cli
+
+    require(has_fuse(), "/dev/fuse")
+    mnt, link = tmp_path / "mnt", tmp_path / "link"
+    mnt.mkdir()
+    link.symlink_to(mnt)
+    foreign = subprocess.Popen([sys.executable, "-c", _FOREIGN_FUSE, str(mnt)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: process.is_mounted(mnt) or foreign.poll() is not None, "the other filesystem to mount")
+        assert process.mount_entry(mnt) == {"fstype": "fuse.bfs", "source": "other"}, foreign.stderr
+        assert cli.main(["umount", str(link)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(
+            f"blockfs umount: error: '{link}' is a symbolic link to '{mnt}', a fuse.bfs mount that does not answer "
+            "as a blockfs one: blockfs umount unmounts only blockfs mounts through a link"
+        ), err
+        assert process.is_mounted(mnt) and foreign.poll() is None
+    finally:
+        release(mnt, foreign)
+
+
 def test_umount_never_follows_a_symbolic_link_to_a_mount_blockfs_did_not_make(tmp_path, capsys):
     from blockfs import cli
 

@@ -11,7 +11,7 @@ import pytest
 from mountutil import mapped_file
 
 import blockfs
-from blockfs.core import index_copy
+from blockfs.core import index_copy, kept_copies
 from blockfs.core.dataset import PackedDataset
 from blockfs.core.index import PackedIndex
 from blockfs.core.index_copy import IndexCopies
@@ -55,6 +55,7 @@ def test_the_copy_is_an_unnamed_file_of_the_directory_and_no_writer_of_the_datas
     digest = ds.metadata["index"]["blake3"]
     assert sorted(os.listdir(copies)) == (["kept"] if kept else [])
     if kept:
+        kept_copies.wait_kept()  # named once synced, on a thread of its own
         assert sorted(os.listdir(copies / "kept")) == [digest, digest + ".id"]
     entry = index.n_entries - 1
     name = index.path(entry)

@@ -4,12 +4,15 @@ not exactly as it was kept is never used, and the index is copied and hashed aga
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import threading
 
 import pytest
 from mountutil import mapped_file
+from polling import wait_until
 
 import blockfs
 from blockfs.core import digest as dg
@@ -49,7 +52,9 @@ def opened(packed, copies) -> tuple[bytes, str | None]:
     """The index's bytes as an open of ``packed`` holds them, and the file its map is of."""
     with PackedDataset(packed, copies=copies) as ds:
         assert ds.index.find(ds.index.path(ds.index.n_entries - 1)) == ds.index.n_entries - 1
-        return bytes(ds.index.raw), mapped_file(ds.index.raw)
+        held = bytes(ds.index.raw), mapped_file(ds.index.raw)
+    kept_copies.wait_kept()  # a copy to keep is named once synced, on a thread of its own
+    return held
 
 
 def digest_of(packed) -> str:
@@ -71,6 +76,24 @@ def test_a_reopen_of_the_same_index_neither_copies_nor_hashes_it(packed, tmp_pat
     again, where = opened(packed, copies)
     assert again == original and work == {"copied": len(original), "hashed": len(original)}  # nothing more
     assert where == os.path.realpath(kept)
+
+
+def test_an_open_opens_the_copy_directory_once_with_or_without_a_kept_copy(packed, tmp_path, work, monkeypatch):
+    """A mount with no kept copy opened (and checked) the copy directory twice: to look for a kept copy, then
+    to copy the index."""
+    real, opens = index_copy.open_owned_dir, []
+
+    def counted(path, *args, **kwargs):
+        opens.append(os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(index_copy, "open_owned_dir", counted)
+    copies = IndexCopies(tmp_path / "copies")
+    for kept in (False, True):  # a first open copies (and keeps); the next maps the kept copy
+        opens.clear()
+        opened(packed, copies)
+        assert opens == [str(tmp_path / "copies")], kept
+    assert work["copied"] == (packed / "index.bfi").stat().st_size  # once: the second open mapped the kept copy
 
 
 def test_the_kept_copy_is_the_index_blockfs_json_names_whatever_index_bfi_holds_now(packed, tmp_path, work):
@@ -340,6 +363,140 @@ def test_a_packs_seed_leaves_no_page_of_the_copy_in_its_map(tmp_path, edge_tree,
         assert start <= covered < end
         covered = end
     assert covered == size
+
+
+def test_a_copy_is_named_and_recorded_only_once_synced_and_serves_meanwhile(packed, tmp_path, monkeypatch):
+    """The copy is synced (fdatasync) before its name and record are made, on a thread: the open does not wait
+    for it, and its map serves meanwhile.  Before, the record was written at once over pages not yet on disk."""
+    started, go = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        started.set()
+        assert go.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(kept_copies, "_sync", held, raising=False)
+    original = (packed / "index.bfi").read_bytes()
+    kept = tmp_path / "copies" / "kept"
+    try:
+        with PackedDataset(packed, copies=IndexCopies(tmp_path / "copies")) as ds:
+            assert os.listdir(kept) == []  # neither name nor record before the sync
+            assert bytes(ds.index.raw) == original and ds.index.find(ds.index.path(1)) == 1
+            wait_until(started.is_set, "the copy's sync to start")
+            assert os.listdir(kept) == []
+            go.set()
+            kept_copies.wait_kept()
+            assert sorted(os.listdir(kept)) == [digest_of(packed), digest_of(packed) + ".id"]
+            assert bytes(ds.index.raw) == original
+    finally:
+        go.set()
+        kept_copies.wait_kept()
+    assert opened(packed, IndexCopies(tmp_path / "copies"))[1] == os.path.realpath(kept / digest_of(packed))
+
+
+def test_a_copy_whose_sync_fails_is_not_kept(packed, tmp_path, monkeypatch, caplog):
+    """A write-back error (EIO; ENOSPC on a thin disk) leaves pages that read back as other bytes once the
+    kernel drops them: such a copy is never named for a later mount; this one serves from its map."""
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(kept_copies, "_sync", failing, raising=False)
+    original = (packed / "index.bfi").read_bytes()
+    assert opened(packed, IndexCopies(tmp_path / "copies"))[0] == original
+    assert os.listdir(tmp_path / "copies" / "kept") == []
+    assert "not kept for the next mount: Input/output error" in caplog.text
+
+
+def _unnamed_copy(dir_fd: int, data: bytes) -> int:
+    """An unnamed file of ``dir_fd`` holding ``data``, made as IndexCopies.hold makes a copy to keep."""
+    fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o400, dir_fd=dir_fd)
+    os.write(fd, data)
+    os.fchmod(fd, 0o400)
+    return fd
+
+
+@pytest.fixture
+def kept_dir(tmp_path):
+    (tmp_path / "kept").mkdir(mode=0o700)
+    fd = os.open(tmp_path / "kept", os.O_RDONLY | os.O_DIRECTORY)
+    yield fd
+    os.close(fd)
+
+
+def test_a_second_keep_of_the_same_index_leaves_the_valid_copy_kept(kept_dir):
+    data = b"the same index, copied by two mounts of it"
+    digest = dg.digest(data).hex()
+    first, second = _unnamed_copy(kept_dir, data), _unnamed_copy(kept_dir, data)
+    try:
+        kept_copies.keep(kept_dir, first, digest)
+        kept_copies.wait_kept()
+        kept_copies.keep(kept_dir, second, digest)
+        kept_copies.wait_kept()
+        found = kept_copies.find(kept_dir, digest)
+        assert found is not None
+        assert os.fstat(found).st_ino == os.fstat(first).st_ino  # the first stays: a live mount may map it
+        os.close(found)
+    finally:
+        os.close(first)
+        os.close(second)
+
+
+def test_concurrent_keeps_of_the_same_index_leave_one_valid_copy(kept_dir, monkeypatch):
+    """The first keeper stopped between naming its copy and recording it, the second keeps the same digest:
+    it unlinked the first's fresh copy as stale and named its own, and the first's record, written last,
+    then matched no copy (the next mount copied again).  Now the directory's lock orders them."""
+    data = b"the same index, copied by two mounts at once"
+    digest = dg.digest(data).hex()
+    recording, go = threading.Event(), threading.Event()
+    real_write, real_locked = kept_copies.write_file_at, getattr(kept_copies, "_locked", None)
+    locking: list[str] = []
+
+    def slow_first_record(*args, **kwargs):
+        if not recording.is_set():
+            recording.set()
+            assert go.wait(60)
+        return real_write(*args, **kwargs)
+
+    def watched_lock(dir_fd):
+        locking.append(threading.current_thread().name)
+        return real_locked(dir_fd)
+
+    monkeypatch.setattr(kept_copies, "write_file_at", slow_first_record)
+    monkeypatch.setattr(kept_copies, "_locked", watched_lock, raising=False)
+    first, second = _unnamed_copy(kept_dir, data), _unnamed_copy(kept_dir, data)
+    keepers: list[threading.Thread] = []
+
+    def keeper(copy: int) -> threading.Thread:
+        def keep() -> None:
+            kept_by = kept_copies.keep(kept_dir, copy, digest)
+            getattr(kept_by, "join", lambda: None)()  # a thread of its own names it (the old code: done)
+
+        thread = threading.Thread(target=keep)
+        thread.start()
+        return thread
+
+    try:
+        keepers.append(keeper(first))
+        wait_until(recording.is_set, "the first keeper to name its copy")
+        keepers.append(keeper(second))
+        # The second has kept its copy, or waits for the lock the first holds.
+        wait_until(lambda: len(locking) >= 2 or not keepers[-1].is_alive(), "the second keeper")
+        if len(locking) < 2:
+            keepers[-1].join(60)
+    finally:
+        go.set()
+        for keeper in keepers:
+            keeper.join(60)
+        kept_copies.wait_kept()
+    try:
+        found = kept_copies.find(kept_dir, digest)
+        assert found is not None, os.listdir(kept_dir)
+        os.close(found)
+    finally:
+        os.close(first)
+        os.close(second)
 
 
 def _server_index_map(pid: int, copies) -> str:

@@ -112,6 +112,39 @@ def test_a_server_that_dies_fails_the_wait_at_once_with_its_error(tmp_path, mode
             _stop(int((tmp_path / "child.pid").read_text()))
 
 
+def test_a_signal_inside_popen_stops_the_server_it_started(tmp_path, monkeypatch):
+    """start_background's ``stop_on``: a signal raised inside Popen (after the fork) lost the process it
+    started, left running (a server given no handoff to lose); now it is recorded and acted on once Popen
+    returns, and the process is stopped."""
+    import subprocess
+
+    assert threading.current_thread() is threading.main_thread()  # where signal handlers run
+    real, started = subprocess.Popen, []
+
+    def popen(args, *rest, **kwargs):
+        proc = real(args, *rest, **kwargs)
+        started.append(proc.pid)
+        os.kill(os.getpid(), signal.SIGINT)  # lands before Popen returns
+        return proc
+
+    reports: list[bytes] = []
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it
+    try:
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            _start(tmp_path, "slow", reports, timeout=None, stop_on=(signal.SIGINT,))
+        monkeypatch.undo()
+        assert getattr(stopped.value, "signum", None) == signal.SIGINT
+        wait_until(lambda: _gone(started[0]), "the process it started to be stopped")
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGINT, before)
+        (tmp_path / "go").touch()
+        for pid in started:
+            if not _gone(pid):
+                _stop(pid)
+
+
 def test_a_given_timeout_still_bounds_the_wait(tmp_path):
     reports: list[bytes] = []
     with pytest.raises(MountError, match=r"was not serving after 0\.2 s \(--timeout\)"):
@@ -163,17 +196,40 @@ def test_a_mount_point_given_as_a_symbolic_link_is_mounted_at_its_target(tmp_pat
 
 # The command: ``blockfs mount`` as a user runs it, its serving process started as the stand-in below.
 _COMMAND = r"""
-import signal, sys
+import faulthandler, signal, sys
+# SIGUSR1: every thread's stack to stderr, then the death SIGUSR1 brings (chain): what a test that timed out
+# waiting for this command shows (_ended).
+faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
 # Ctrl-C as in a terminal: a suite started as a background job inherits SIGINT ignored, which the command
 # rightly leaves ignored (nohup) and this test would then wait on for nothing.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+import os, subprocess
 from blockfs.cli import main
 from blockfs.serve import daemon
+inject = sys.argv.pop(1)
 start, server, server_args = daemon.start_background, sys.argv.pop(1), [sys.argv.pop(1), sys.argv.pop(1)]
 def start_stand_in(command, *args, **kwargs):
     assert command[1:3] == ["-m", "blockfs"], command
     return start([command[0], "-c", server, *server_args, *command[3:]], *args, **kwargs)
 daemon.start_background = start_stand_in
+# A SIGTERM of this command's own, landing at a chosen point: "popen", inside the call that starts the
+# server (its pid said in SAID.popen); "cleanup", inside the unmount of what a failed server left.
+if inject == "popen":
+    real_popen = subprocess.Popen
+    def popen(args, *rest, **kwargs):
+        proc = real_popen(args, *rest, **kwargs)
+        if "--report-fd" in args:
+            with open(server_args[0] + ".popen", "w") as f:
+                f.write(str(proc.pid))
+            os.kill(os.getpid(), signal.SIGTERM)
+        return proc
+    subprocess.Popen = popen
+elif inject == "cleanup":
+    real_unmount = daemon.unmount
+    def unmount(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_unmount(*args, **kwargs)
+    daemon.unmount = unmount
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -181,7 +237,8 @@ sys.exit(main(sys.argv[1:]))
 # file where it says so ("pid"), argv[2] how it goes on: "hold" (until unmounted) or "die" (SIGKILL, its
 # mount left answering ENOTCONN).
 _STAND_IN = r"""
-import os, signal, sys, time
+import faulthandler, os, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)  # as the command's: stacks into its log
 from blockfs.cli import main
 from blockfs.serve import daemon
 said, then = sys.argv.pop(1), sys.argv.pop(1)
@@ -218,19 +275,43 @@ def packed(tmp_path_factory):
     return root / "packed"
 
 
-def _mount_command(tmp_path, packed, then: str) -> tuple:
+def _ended(command, server: int | None, log, timeout: float = 60) -> tuple[str, str]:
+    """``command``'s output once it exits; if it has not within a minute, a failure that shows where it and
+    its server were stuck: both dump every thread's stack (SIGUSR1, registered by _COMMAND and _STAND_IN)."""
+    import subprocess
+
+    try:
+        return command.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    command.send_signal(signal.SIGUSR1)  # first: the server's end could let it go on
+    out, err = command.communicate(timeout=30)
+    if server is not None and not _gone(server):
+        os.kill(server, signal.SIGUSR1)
+        try:
+            wait_until(lambda: _gone(server), "the server to dump its stacks and end", timeout=30)
+        except AssertionError:
+            pass  # stuck in the kernel (no handler runs): its log says so by the stacks it lacks
+    served = log.read_text(errors="replace")[-6000:] if log.exists() else "(no log)"
+    pytest.fail(
+        f"'blockfs mount' did not exit within {timeout:g} s of the signal; its output and stacks:\n{out}\n{err}\n"
+        f"its server's log (stacks at its end):\n{served}"
+    )
+
+
+def _mount_command(tmp_path, packed, then: str, inject: str = "none") -> tuple:
     import subprocess
 
     (tmp_path / "mnt").mkdir()
     said = tmp_path / "server.pid"
-    argv = [sys.executable, "-c", _COMMAND, _STAND_IN, said, then, "mount", packed, tmp_path / "mnt"]
+    argv = [sys.executable, "-c", _COMMAND, inject, _STAND_IN, said, then, "mount", packed, tmp_path / "mnt"]
     argv += ["--log", tmp_path / "log"]
     command = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return command, said
 
 
 @pytest.mark.fuse
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
 def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_path, packed, signum):
     """SIGTERM killed 'blockfs mount' at once while it waited for its server's word, leaving the server (a
     new session: the signal never reached it) mounted or half-started.  Now the command stops it, and exits
@@ -246,7 +327,7 @@ def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_pat
         wait_until(lambda: said.exists() and process.is_mounted(mnt), "the server to mount", timeout=60)
         server = int(said.read_text())
         command.send_signal(signum)
-        out, err = command.communicate(timeout=60)
+        out, err = _ended(command, server, tmp_path / "log")
         assert command.returncode == 128 + signum, (out, err)
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         assert err.strip() == (
@@ -273,6 +354,57 @@ def test_a_server_that_dies_after_mounting_leaves_no_mount_behind(tmp_path, pack
     command, _said = _mount_command(tmp_path, packed, "die")
     try:
         out, err = command.communicate(timeout=60)
+        assert command.returncode == 2 and "before serving" in err, (out, err)
+        assert not process.is_mounted(mnt)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait(10)
+        release(mnt)
+
+
+@pytest.mark.fuse
+def test_a_signal_while_mount_starts_its_server_stops_that_server(tmp_path, packed):
+    """A signal that lands inside the call that starts the server (Popen) is acted on once that call returns:
+    the server is stopped.  (Before, the exception raised there lost the process; the command's server then
+    died only because the pipe that was to hand it the storage options closed: test below.)"""
+    from capability import has_fuse, require
+    from mountutil import release
+
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    command, said = _mount_command(tmp_path, packed, "hold", inject="popen")
+    started = tmp_path / "server.pid.popen"
+    try:
+        out, err = _ended(command, None, tmp_path / "log")
+        assert command.returncode == 128 + signal.SIGTERM, (out, err)
+        assert err.strip() == (
+            f"blockfs mount: stopped by SIGTERM; the serving process it started was stopped, nothing is mounted at {mnt}"
+        )
+        server = int(started.read_text())
+        wait_until(lambda: _gone(server), "the serving process to end")
+        assert not said.exists() and not process.is_mounted(mnt)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait(10)
+        if started.exists() and not _gone(int(started.read_text())):
+            os.kill(int(started.read_text()), signal.SIGKILL)
+        release(mnt)
+
+
+@pytest.mark.fuse
+def test_a_signal_while_mount_clears_a_failed_server_lets_it_finish(tmp_path, packed):
+    """The server dies after mounting; a signal raised inside the unmount of what it left cut that short,
+    leaving the dead mount (ENOTCONN).  Now the clearing finishes, and the server's failure is the error."""
+    from capability import has_fuse, require
+    from mountutil import release
+
+    require(has_fuse(), "/dev/fuse")
+    mnt = tmp_path / "mnt"
+    command, _said = _mount_command(tmp_path, packed, "die", inject="cleanup")
+    try:
+        out, err = _ended(command, None, tmp_path / "log")
         assert command.returncode == 2 and "before serving" in err, (out, err)
         assert not process.is_mounted(mnt)
     finally:

@@ -316,7 +316,7 @@ def _run(args: argparse.Namespace, wording: Callable[[str], str] | None) -> int:
         print(f"blockfs {args.command}: error: {wording(str(e)) if wording else e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # a pack's says what it removed or left; a mount's, what it stopped
-        signum = getattr(e, "signum", signal.SIGINT)  # mount_commands.Stopped: SIGTERM, SIGHUP too
+        signum = getattr(e, "signum", signal.SIGINT)  # daemon.Stopped: SIGTERM, SIGHUP too
         said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(f"blockfs {args.command}: {said}" + (f"; {e}" if e.args else ""), file=sys.stderr)
         return 128 + signum

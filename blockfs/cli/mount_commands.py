@@ -4,16 +4,13 @@ decided here, once, from the options or the machine, so ``plan`` and ``mount`` p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from ..serve.mount_options import MountOptions
@@ -285,13 +282,18 @@ def cmd_mount(args: argparse.Namespace) -> int:
         timeout = args.timeout
         on_report = lambda raw: _print_plan(args, size, why, json.loads(raw))  # noqa: E731
         try:
-            with _signals_stop_the_wait():
-                pid = mnt.start_background(
-                    command, args.mountpoint, log_path, timeout=timeout, handoff=_handoff(args), on_report=on_report
-                )
+            pid = mnt.start_background(
+                command,
+                args.mountpoint,
+                log_path,
+                timeout=timeout,
+                handoff=_handoff(args),
+                on_report=on_report,
+                stop_on=STOP_SIGNALS,
+            )
         except KeyboardInterrupt as e:  # start_background stopped its server and unmounted what it left
             left = mnt.is_mounted(args.mountpoint)
-            raise Stopped(
+            raise mnt.Stopped(
                 getattr(e, "signum", signal.SIGINT),
                 f"the serving process it started was stopped; {args.mountpoint} is still mounted: run "
                 f"'{_program()} umount {args.mountpoint}'"
@@ -311,38 +313,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
-class Stopped(KeyboardInterrupt):
-    """A command stopped by ``signum`` (SIGINT, SIGTERM, SIGHUP); its text says what it left (the CLI
-    prints it in one line and exits 128 + ``signum``, as a process killed by that signal would)."""
-
-    def __init__(self, signum: int, text: str = "") -> None:
-        super().__init__(*([text] if text else []))
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_stop_the_wait() -> Iterator[None]:
-    """While ``mount`` waits for its server: SIGTERM and SIGHUP (whose default is to die at once, leaving a
-    half-started server and maybe its mount) stop the wait as Ctrl-C does, so the server is stopped on the
-    way out.  The first signal only: a second one must not cut that clean-up short.  A signal the process
-    ignores (nohup) stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def stop(signum: int, frame: Any) -> None:
-        if not fired:
-            fired.append(signum)
-            raise Stopped(signum)
-
-    signums = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
-    old = {s: signal.signal(s, stop) for s in signums}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+# While mount waits for its server, these stop the wait as Ctrl-C does, the server stopped on the way out:
+# SIGTERM's and SIGHUP's default (to die at once) would leave a half-started server, maybe mounted.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _mount_options(args: argparse.Namespace, size: int) -> MountOptions:

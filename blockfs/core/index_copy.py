@@ -77,7 +77,7 @@ def default_directory() -> str | None:
 
 class IndexCopies:
     """Where a mount's index is copied: :meth:`hold` makes the copy and maps it (and keeps it for the next
-    mount, :mod:`.kept_copies`); :meth:`kept` maps a copy kept by an earlier one."""
+    mount, :mod:`.kept_copies`), or maps a copy kept by an earlier one."""
 
     FIX = f"set {DIRECTORY_ENV} to a private directory on a disk (or to nothing, to hold the index in memory)"
 
@@ -103,19 +103,13 @@ class IndexCopies:
             log.warning("the index copy is not kept for the next mount: %s", e)
             return None
 
-    def kept(self, digest: str) -> mmap.mmap | None:
-        """A read-only map of the copy an earlier mount kept of the index whose BLAKE3 digest is ``digest``
-        (hex), if it is here as it was kept (:func:`.kept_copies.find`); None otherwise."""
+    def _kept_map(self, dir_fd: int, digest: str) -> mmap.mmap | None:
+        """A read-only map of the copy an earlier mount kept in ``dir_fd`` (the copy directory) of the index
+        whose BLAKE3 digest is ``digest`` (hex), if it is there as it was kept (:func:`.kept_copies.find`);
+        None otherwise."""
         if self.kept_count <= 0:
             return None
-        try:
-            dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX, create=False)
-        except OSError:  # none yet, or refused: hold() says why when it copies
-            return None
-        try:
-            kept_fd = self._kept_dir(dir_fd, create=False)
-        finally:
-            os.close(dir_fd)
+        kept_fd = self._kept_dir(dir_fd, create=False)
         if kept_fd is None:
             return None
         try:
@@ -135,7 +129,8 @@ class IndexCopies:
     def seed(self, fd: int) -> bytes | None:
         """The BLAKE3 digest of the index file ``fd`` (a pack's, which is to record it), hashed from a copy
         kept for this machine's next mount of it; None, and nothing said, where no copy is kept here (the
-        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces."""
+        caller hashes the file itself).  Costs the copy, in the kernel, over the read it replaces, and its
+        sync, waited for: a mount that follows finds it kept."""
         if self.kept_count <= 0:
             return None
         held = self.hold(fd, os.fstat(fd).st_size, hashed=True, keep=True, quiet=True, release=True)
@@ -143,6 +138,7 @@ class IndexCopies:
             return None
         buf, digest = held
         buf.close()
+        kc.wait_kept()
         return digest
 
     def hold(
@@ -153,6 +149,7 @@ class IndexCopies:
         keep: str | bool = False,
         quiet: bool = False,
         release: bool = False,
+        reuse: str | None = None,
     ) -> tuple[mmap.mmap, bytes | None] | None:
         """A read-only map of a private copy of the first ``size`` bytes of the open file ``fd`` and, if
         ``hashed``, the copy's BLAKE3 digest (hashed piece by piece behind the copy); None where no copy
@@ -161,7 +158,10 @@ class IndexCopies:
         ``blockfs.json`` records: the copy is kept for the next mount if it is that; True: kept under its
         own digest (a pack's, which is making that record).  ``quiet``: why no copy was made is logged for
         debugging only (a pack's seed: nothing is held in memory instead).  ``release``: each piece's pages
-        leave this process's map once hashed (a pack's seed, which closes the map unread)."""
+        leave this process's map once hashed (a pack's seed, which closes the map unread).  ``reuse``: a
+        BLAKE3 digest (hex, the one ``blockfs.json`` records): a copy an earlier mount kept of that index is
+        mapped instead, neither copied nor hashed (its identity is what was recorded once it had that
+        digest), and the digest returned with it; the copy directory is opened once either way."""
         keep = keep if hashed and self.kept_count > 0 else False
         warn, say = (log.debug, log.debug) if quiet else (log.warning, log.info)
         try:
@@ -171,6 +171,8 @@ class IndexCopies:
             return None
         copy = -1
         try:
+            if reuse is not None and (kept := self._kept_map(dir_fd, reuse)) is not None:
+                return kept, bytes.fromhex(reuse)
             if _on_memory_fs(dir_fd):
                 say("the index is held in memory: %s is in memory itself (tmpfs)", self.directory)
                 return None

@@ -210,10 +210,9 @@ def read_index_file_hashed(
         if size < HEAD_SIZE:
             raise IndexFormatError(f"{where}: truncated ({size} bytes); {REPACK}")
         if copies is not None:
-            if expected is not None and (kept := copies.kept(expected)) is not None:
-                return kept, bytes.fromhex(expected)
             try:
-                held = copies.hold(fd, size, hashed, keep=expected if expected is not None else False)
+                keep = expected if expected is not None else False
+                held = copies.hold(fd, size, hashed, keep=keep, reuse=expected)
             except IndexChanged as e:
                 raise IndexFormatError(f"{where}: changed while it was read ({e.got} of {size} bytes)") from None
             if held is not None:

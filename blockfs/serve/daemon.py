@@ -8,14 +8,16 @@ statistics a mount publishes (:mod:`blockfs.client`).  No FUSE binding is import
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
@@ -29,6 +31,7 @@ __all__ = [
     "mount_point",
     "serving_pid",
     "start_background",
+    "Stopped",
     "unmount",
     "wait_until_mounted",
 ]
@@ -89,12 +92,16 @@ def wait_until_mounted(
     timeout: float = 30.0,
     log_path: str | None = None,
     log_offset: int = 0,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Poll until ``mountpoint`` serves; raise MountError with the server's last words if it exits or stalls.
 
-    ``log_offset``: where this server's part of ``log_path`` starts (the file may hold earlier runs)."""
+    ``log_offset``: where this server's part of ``log_path`` starts (the file may hold earlier runs).
+    ``check()``: called at each poll, to raise what should end the wait (:meth:`_Signals.check`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if check is not None:
+            check()
         if os.path.ismount(mountpoint) and is_mounted(mountpoint):
             return
         if proc is not None and proc.poll() is not None:
@@ -134,6 +141,7 @@ def start_background(
     handoff_option: str = "--handoff-fd",
     on_report: Callable[[bytes], None] | None = None,
     report_option: str = "--report-fd",
+    stop_on: Collection[int] = (),
 ) -> int:
     """Run ``command`` (a foreground serving process) detached, logging to ``log_path``; return its pid once
     ``mountpoint`` serves.  On failure the process is stopped and the error carries its log's tail.
@@ -145,56 +153,146 @@ def start_background(
     word that it serves (:meth:`Reports.ready`) or its death, however long a large dataset takes to
     assemble (``timeout`` None: no limit); without it, the mount point is polled for ``timeout`` seconds.
     However the wait ends without serving (an error, a timeout, an exception such as KeyboardInterrupt
-    raised in it), the process is stopped and a mount it left at ``mountpoint`` is unmounted."""
-    command = list(command)
-    read_end = report_read = report_write = None
-    passed: list[int] = []
-    if handoff is not None:
-        read_end, write_end = os.pipe()
-        end = command.index("--") if "--" in command else len(command)  # options go before the positionals
-        command[end:end] = [handoff_option, str(read_end)]
-        passed.append(read_end)
-    if on_report is not None:
-        report_read, report_write = os.pipe()
-        end = command.index("--") if "--" in command else len(command)
-        command[end:end] = [report_option, str(report_write)]
-        passed.append(report_write)
-    mounted_before = is_mounted(mountpoint)
-    log_fd = open_log(log_path)
-    try:
-        offset = os.lseek(log_fd, 0, os.SEEK_END)
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,
-            pass_fds=tuple(passed),
+    raised in it), the process is stopped and a mount it left at ``mountpoint`` is unmounted.
+
+    ``stop_on``: signals (SIGINT, SIGTERM, SIGHUP; those the process ignores stay ignored) that stop the
+    start, called from the main thread: :class:`Stopped` is raised once the process is stopped.  They are
+    recorded where they land and acted on where the start looks (:class:`_Signals`), never raised inside
+    ``Popen`` (which would lose the process it started) or inside the stopping of a failed start (which
+    would leave it running or mounted): a signal there lets that stopping finish, and its error stands."""
+    with _Signals(stop_on) as signals:
+        signals.check()
+        mounted_before = is_mounted(mountpoint)  # before the process may mount it
+        proc, offset, report_read, write_end = _spawn(
+            command, log_path, handoff, handoff_option, on_report, report_option
         )
-    except BaseException:
-        for fd in (read_end, report_read, report_write):
-            if fd is not None:
-                os.close(fd)
-        if read_end is not None:
-            os.close(write_end)
-        raise
-    finally:
-        os.close(log_fd)
+        try:
+            signals.check()  # one that came while the process was started
+            if write_end is not None:
+                # Written from a thread: a handoff bigger than the pipe's buffer must not block before the
+                # child reads.
+                threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
+                write_end = None
+            if report_read is not None and on_report is not None:
+                fd, report_read = report_read, None
+                _follow_reports(fd, proc, timeout, on_report, mountpoint, log_path, offset, signals)
+            else:
+                timeout = 30.0 if timeout is None else timeout
+                wait_until_mounted(mountpoint, proc, timeout, log_path, offset, signals.check)
+        except BaseException:  # a failure, or the wait stopped (a signal): no half-started server is left
+            for end in (report_read, write_end):
+                if end is not None:
+                    os.close(end)
+            _stop_half_started(proc, mountpoint, mounted_before)
+            raise
+        return proc.pid
+
+
+def _spawn(
+    command: Sequence[str],
+    log_path: str,
+    handoff: bytes | None,
+    handoff_option: str,
+    on_report: Callable[[bytes], None] | None,
+    report_option: str,
+) -> tuple[subprocess.Popen, int, int | None, int | None]:
+    """:func:`start_background`'s process started, the pipes it is given made (their child ends closed
+    here once it has them): (the process, where its part of the log starts, the report pipe's read end,
+    the handoff pipe's write end)."""
+    command = list(command)
+    opened: list[int] = []
+    passed: list[int] = []
+    read_end = write_end = report_read = report_write = None
     try:
-        if read_end is not None:
-            os.close(read_end)
-            # Written from a thread: a handoff bigger than the pipe's buffer must not block before the child
-            # reads.
-            threading.Thread(target=_write_all, args=(write_end, handoff), daemon=True).start()
-        if report_read is not None and report_write is not None and on_report is not None:
-            os.close(report_write)
-            _follow_reports(report_read, proc, timeout, on_report, mountpoint, log_path, offset)
-        else:
-            wait_until_mounted(mountpoint, proc, 30.0 if timeout is None else timeout, log_path, offset)
-    except BaseException:  # a failure, or the wait interrupted (a signal): no half-started server is left
-        _stop_half_started(proc, mountpoint, mounted_before)
+        if handoff is not None:
+            read_end, write_end = os.pipe()
+            opened += [read_end, write_end]
+            end = command.index("--") if "--" in command else len(command)  # options go before the positionals
+            command[end:end] = [handoff_option, str(read_end)]
+            passed.append(read_end)
+        if on_report is not None:
+            report_read, report_write = os.pipe()
+            opened += [report_read, report_write]
+            end = command.index("--") if "--" in command else len(command)
+            command[end:end] = [report_option, str(report_write)]
+            passed.append(report_write)
+        log_fd = open_log(log_path)
+        try:
+            offset = os.lseek(log_fd, 0, os.SEEK_END)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+                pass_fds=tuple(passed),
+            )
+        finally:
+            os.close(log_fd)
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
         raise
-    return proc.pid
+    for fd in passed:  # the child's ends: it has them now
+        os.close(fd)
+    return proc, offset, report_read, write_end
+
+
+class Stopped(KeyboardInterrupt):
+    """A start stopped by ``signum`` (SIGINT, SIGTERM, SIGHUP): :func:`start_background` stopped the process
+    it started.  The CLI says ``text`` in one line and exits 128 + ``signum``, as a process killed by that
+    signal would."""
+
+    def __init__(self, signum: int, text: str = "") -> None:
+        super().__init__(*([text] if text else []))
+        self.signum = signum
+
+
+class _Signals:
+    """While a start runs in the main thread: each of ``signums`` the process does not ignore (nohup) is
+    recorded by its handler, not raised where it lands, and wakes the wait's ``select`` (the wakeup
+    descriptor: whichever thread the kernel gave the signal to).  :meth:`check` raises :class:`Stopped` for
+    the first one, where the start chooses.  A later signal changes nothing: the stopping must finish."""
+
+    def __init__(self, signums: Collection[int]) -> None:
+        self.signums = signums
+        self.signum: int | None = None
+        self.wakeup: int | None = None  # readable once a signal came
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _Signals:
+        if not self.signums or threading.current_thread() is not threading.main_thread():
+            return self
+        with contextlib.ExitStack() as stack:
+            read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            stack.callback(os.close, read_end)
+            stack.callback(os.close, write_end)
+            for signum in self.signums:
+                if signal.getsignal(signum) != signal.SIG_IGN:
+                    before = signal.signal(signum, self._record)  # None: one set outside Python
+                    stack.callback(signal.signal, signum, signal.SIG_DFL if before is None else before)
+            stack.callback(signal.set_wakeup_fd, signal.set_wakeup_fd(write_end, warn_on_full_buffer=False))
+            self.wakeup = read_end
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()  # the handlers and the wakeup descriptor as they were, then the pipe closed
+
+    def _record(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def check(self) -> None:
+        """Raise :class:`Stopped` if one of the signals came; empty the wakeup descriptor (a signal another
+        handler of this process took writes to it too, and must not keep the wait awake)."""
+        if self.wakeup is not None:
+            try:
+                os.read(self.wakeup, 512)
+            except BlockingIOError:
+                pass
+        if self.signum is not None:
+            raise Stopped(self.signum)
 
 
 STOP_WAIT_S = 5.0  # how long a half-started server has to stop (and unmount) after SIGTERM, before SIGKILL
@@ -232,23 +330,31 @@ def _follow_reports(
     mountpoint: str | os.PathLike,
     log_path: str,
     log_offset: int,
+    signals: _Signals | None = None,
 ) -> None:
     """Read the serving process's report pipe ``fd`` (closed afterwards): each line before :data:`READY` is a
     report for ``on_report``; return at that line.  Raise MountError, with the server's own error, when the
-    process exits or closes the pipe first, and after ``timeout`` seconds (None: never)."""
+    process exits or closes the pipe first, and after ``timeout`` seconds (None: never); :class:`Stopped`
+    once one of ``signals`` came."""
     deadline = None if timeout is None else time.monotonic() + timeout
     buffered = b""
+    watched = [fd] + ([signals.wakeup] if signals is not None and signals.wakeup is not None else [])
     try:
         while True:
+            if signals is not None:
+                signals.check()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise MountError(
                     f"{os.fspath(mountpoint)!r} was not serving after {timeout:g} s (--timeout)"
                     f"{_tail(log_path, log_offset)}"
                 )
-            # Woken by a line, by the pipe's end (the process exited), and every second to look at the
-            # process itself: a child it started could hold the pipe open after its death.
-            if select.select([fd], [], [], 1.0 if left is None else min(left, 1.0))[0]:
+            # Woken by a line, by the pipe's end (the process exited), by a signal, and every second to look
+            # at the process itself: a child it started could hold the pipe open after its death.
+            ready = select.select(watched, [], [], 1.0 if left is None else min(left, 1.0))[0]
+            if signals is not None:
+                signals.check()
+            if fd in ready:
                 chunk = os.read(fd, 1 << 16)
                 buffered += chunk
                 *lines, buffered = buffered.split(b"\n")
@@ -340,8 +446,6 @@ def serving_pid(mountpoint: str | os.PathLike, timeout: float = 2.0) -> int | No
         except (OSError, ValueError, KeyError, BlockfsError):
             pass  # dead, or another FUSE filesystem: no pid to wait for
 
-    import threading
-
     thread = threading.Thread(target=ask, daemon=True)  # a hung server must not hang umount
     thread.start()
     thread.join(timeout)
@@ -365,7 +469,7 @@ def _run(command: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, (done.stderr or done.stdout).strip()
 
 
-BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route (subtype "blockfs")
+BLOCKFS_FSTYPE = "fuse.blockfs"  # a blockfs mount in the mount table, on every route, unless -o subtype= renames it
 MAX_LINKS = 40  # symbolic links followed to a mount point, as the kernel's own limit
 
 
@@ -373,8 +477,10 @@ def mount_point(path: str | os.PathLike) -> str:
     """The mount point ``path`` names: itself (canonical) when mounted or not a symbolic link, else the
     blockfs mount its link leads to, as ``blockfs mount`` resolves a linked mount point (the mount table
     names the target, never the link).  A link to anything but a blockfs mount is refused: ``umount``
-    must never unmount another filesystem because a link pointed there.  A mounted path itself is never
-    touched (a server that does not answer would hang the call); only links are read."""
+    must never unmount another filesystem because a link pointed there.  A blockfs mount is one of type
+    :data:`BLOCKFS_FSTYPE`, or a FUSE mount of another type (``-o subtype=``) whose server answers blockfs's
+    statistics (:func:`serving_pid`: in a thread, given up after its timeout, so a server that does not
+    answer cannot hang the call); no other mounted path is touched, and only links are read."""
     given = os.fspath(path)
     point = first = canonical(path)
     for _ in range(MAX_LINKS):
@@ -386,13 +492,22 @@ def mount_point(path: str | os.PathLike) -> str:
     if point == first:
         return point
     entry = mount_entry(point)
-    if entry is not None and entry["fstype"] != BLOCKFS_FSTYPE:
-        raise MountError(
-            f"{given!r} is a symbolic link to {point!r}, a {entry['fstype']} mount, not a blockfs one: "
-            "blockfs umount unmounts only blockfs mounts"
-        )
     if entry is None:
         raise MountError(f"{given!r} is a symbolic link to {point!r}, which is not mounted")
+    fstype = entry["fstype"]
+    if fstype == BLOCKFS_FSTYPE:
+        return point
+    if fstype != "fuse" and not fstype.startswith("fuse."):
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {fstype} mount, not a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts"
+        )
+    if serving_pid(point) is None:  # another FUSE filesystem, or a blockfs one whose server is gone
+        raise MountError(
+            f"{given!r} is a symbolic link to {point!r}, a {fstype} mount that does not answer as a blockfs one: "
+            "blockfs umount unmounts only blockfs mounts through a link; if it is one whose server was killed, "
+            f"give the mount point itself: blockfs umount {point}"
+        )
     return point
 
 

@@ -126,6 +126,18 @@ class IndexCopies:
         finally:
             os.close(fd)
 
+    def kept(self, digest: str) -> mmap.mmap | None:
+        """A read-only map of the copy kept here of the index whose BLAKE3 digest is ``digest`` (hex), if it
+        is here as it was kept; None otherwise, and nothing copied (a pack's, checking the copy it kept)."""
+        try:
+            dir_fd = open_owned_dir(self.directory, "index copy directory", self.FIX, create=False)
+        except OSError:  # none, or refused: the pack's seed said why when it copied
+            return None
+        try:
+            return self._kept_map(dir_fd, digest)
+        finally:
+            os.close(dir_fd)
+
     def seed(self, fd: int) -> bytes | None:
         """The BLAKE3 digest of the index file ``fd`` (a pack's, which is to record it), hashed from a copy
         kept for this machine's next mount of it; None, and nothing said, where no copy is kept here (the

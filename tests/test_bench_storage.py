@@ -115,6 +115,7 @@ def test_the_reader_splits_the_list_among_threads_and_counts_every_file_and_erro
     out = json.loads(done.stdout)
     assert out["files"] == 50 and out["bytes"] == sum(range(50)) and out["errors"] == 1
     assert "missing" in out["first_error"] and out["complete"] is False
+    assert sum(out["timeline"]) == 50  # every file read, in the tick it was read in
 
 
 def _resident_pages(path) -> int:
@@ -235,5 +236,7 @@ def test_bench_storage_runs_only_the_systems_asked_reading_from_the_list_without
     ]
     assert all(r["complete"] and "errors" not in r for r in rows), rows
     assert not [r for r in rows if "list_seconds" in r], rows
+    first = next(r for r in rows if r["system"] == "blockfs mount" and r["epoch"] == "1")
+    assert 0 <= first["files_by_storage_done"] <= first["files"]  # when the storage was done, from the timeline
     with open("/proc/self/mounts") as f:
         assert str(tmp_path) not in f.read()

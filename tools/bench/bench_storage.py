@@ -51,6 +51,7 @@ from pathlib import Path
 from helpers import HELPERS, TOOLS
 from helpers.benchutil import started_server, stop_process
 from helpers.storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
+from helpers.storage_reader import TICK_S
 
 from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
@@ -316,6 +317,8 @@ def record(
         row["list_seconds"] = round(out["list_seconds"], 3)
     if out.get("storage_done_s") is not None:
         row["storage_done_s"] = round(out["storage_done_s"], 3)
+        if out.get("timeline") is not None:  # a reader's: how many files it had read by then
+            row["files_by_storage_done"] = files_by(out["timeline"], out["storage_done_s"])
     if out.get("errors"):
         row["errors"] = out["errors"]
         row["first_error"] = out.get("first_error")
@@ -350,6 +353,12 @@ def sampled(counters, every: float = 0.02) -> Iterator[list]:
     finally:
         done.set()
         thread.join()
+
+
+def files_by(timeline: list[int], seconds: float) -> int:
+    """Files a reader had read ``seconds`` into its pass, from its timeline (files per ``TICK_S``; the tick
+    holding ``seconds`` counted whole)."""
+    return sum(timeline[: int(seconds / TICK_S) + 1])
 
 
 def storage_done(samples: list, final_bytes: int) -> float | None:
@@ -732,6 +741,8 @@ def table(results: list, datasets: dict) -> str:
         # How much of the pass the storage was still delivering: the rest is serving (a FUSE tail).
         # (The sampling starts and ends a little apart from the reader's own clock: at most 100%.)
         done = f"{min(1.0, r['storage_done_s'] / r['seconds']):.0%}" if r.get("storage_done_s") is not None else ""
+        if r.get("files_by_storage_done") is not None:  # what the reader had read by then
+            done += f" ({r['files_by_storage_done']:,} files)"
         lines.append(
             f"| {r['storage']} | {r['dataset']} | {r['system']}{cut} | {r['readers']} | {r['epoch']} | "
             f"{r['files_per_s']:,.0f} | {r['mb_per_s']:.1f} | {frac} | {(r['storage_bytes'] or 0) / MiB:,.1f} | "

@@ -319,6 +319,7 @@ def record(
         row["storage_done_s"] = round(out["storage_done_s"], 3)
         if out.get("timeline") is not None:  # a reader's: how many files it had read by then
             row["files_by_storage_done"] = files_by(out["timeline"], out["storage_done_s"])
+            row["timeline"] = out["timeline"]  # files read per TICK_S of the pass
     if out.get("errors"):
         row["errors"] = out["errors"]
         row["first_error"] = out.get("first_error")

@@ -115,6 +115,7 @@ def test_the_reader_splits_the_list_among_threads_and_counts_every_file_and_erro
     out = json.loads(done.stdout)
     assert out["files"] == 50 and out["bytes"] == sum(range(50)) and out["errors"] == 1
     assert "missing" in out["first_error"] and out["complete"] is False
+    assert sum(out["timeline"]) == 50  # every file read, in the tick it was read in
 
 
 def _resident_pages(path) -> int:
@@ -193,6 +194,8 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     ]:
         assert want in systems, (want, sorted(systems))
     assert all(r["complete"] and "errors" not in r for r in rows), rows
+    # Every reader listed the tree first, as ImageFolder does (the loaders list nothing of their own).
+    assert all("list_seconds" in r for r in rows if "loader" not in r["system"] and "DataLoader" not in r["system"])
     by = {(r["system"], r["readers"], r["epoch"]): r for r in rows}
     # Epoch 1 read the evicted pack from the disk (counted by the cgroup); epoch 2 was served from memory.
     # Epoch 2's bound, not zero: the cgroup counts every read of the benchmark's processes, and on a busy
@@ -206,3 +209,35 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     assert not any(p.name.startswith(f"bfs-{proc.pid}-") for p in storage_emulation.BLKIO.iterdir())
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], check=False, capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+@pytest.mark.fuse
+def test_bench_storage_runs_only_the_systems_asked_reading_from_the_list_without_a_listing(tmp_path):
+    """``--systems raw,blockfs --readers 4 --no-list``: the raw directory and the mount's two epochs, 4 readers
+    each, and no reader lists the tree first (paths straight from the list, as a CSV-driven dataset)."""
+    require(has_fuse(), "/dev/fuse")
+    require(_blkio(), "root and a cgroup v1 blkio controller")
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable,
+        str(BENCH / "bench_storage.py"),
+        *("--storages", "local", "--datasets", "tiny", "--tiny-files", "300", "--no-peers", "--seconds", "5"),
+        *("--systems", "raw,blockfs", "--readers", "4", "--no-list"),
+        *("--work", str(tmp_path / "work"), "--json", str(out)),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert sorted((r["system"], r["readers"], r["epoch"]) for r in rows) == [
+        ("blockfs mount", 4, "1"),
+        ("blockfs mount", 4, "2"),
+        ("raw", 4, "1"),
+        ("raw", 4, "2"),  # local only: the plain directory warm
+    ]
+    assert all(r["complete"] and "errors" not in r for r in rows), rows
+    assert not [r for r in rows if "list_seconds" in r], rows
+    first = next(r for r in rows if r["system"] == "blockfs mount" and r["epoch"] == "1")
+    if "storage_done_s" in first:  # not when the storage had sent it all before the first sample (a fast disk)
+        assert 0 <= first["files_by_storage_done"] <= first["files"] == sum(first["timeline"])
+    with open("/proc/self/mounts") as f:
+        assert str(tmp_path) not in f.read()

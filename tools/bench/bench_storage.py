@@ -3,6 +3,7 @@
     python tools/bench/bench_storage.py --json results/bench_storage.json [--png results/bench_storage.png]
         [--storages local,cloud-volume,hard-disk,object-2ms,object-10ms] [--datasets inet,tiny]
         [--files 6000] [--tiny-files 30000] [--seconds 20] [--work DIR]
+        [--systems raw,dataloader,null,peers,blockfs,remount,mfusepy,loader] [--readers 1,4] [--no-list]
 
 Root only: the storages are emulated (:mod:`helpers.storage_emulation`) and each is set up and torn down here.
 
@@ -18,7 +19,10 @@ ceiling of any Python FUSE server here); s3fs-fuse and rclone mounting the raw o
 ``DataLoader``; MosaicML Streaming (MDS shards) and WebDataset (tar shards over HTTP) from the store; the
 blockfs mount (epoch 1, epoch 2, a remount) and the blockfs loader.  Readers: one thread and four threads
 splitting the same shuffled list (:mod:`helpers.storage_reader`); loaders use four workers.  Slow systems are cut
-after ``--seconds`` and rated over what they read.
+after ``--seconds`` and rated over what they read.  Every reader lists the tree first (``os.walk``, as
+``ImageFolder`` does); ``--no-list`` opens the paths straight from the list instead, as a CSV-driven dataset does.
+``--systems`` and ``--readers`` run part of it (on the disks: ``--systems raw,null,blockfs --readers 4`` is the
+raw directory, the no-work server on both routes and the blockfs mount's two epochs).
 
 Per system and epoch: files/s, MB/s, the bytes and requests that reached the storage (the cgroup's
 counters; the proxy's for the store) and the serving daemon's CPU seconds per file.  Prints a table, and
@@ -47,6 +51,7 @@ from pathlib import Path
 from helpers import HELPERS, TOOLS
 from helpers.benchutil import started_server, stop_process
 from helpers.storage_emulation import NetworkLink, ThrottledDisk, Unavailable, evict
+from helpers.storage_reader import TICK_S
 
 from blockfs.serve.daemon import is_mounted, unmount, wait_until_mounted
 
@@ -63,6 +68,10 @@ DATASETS = {"inet": "imagenet", "tiny": "tiny"}  # name: tools/make_dataset.py m
 # otherwise be two blocks, too coarse for tiers of half the dataset.  MDS and WebDataset shards match.
 BLOCK_BYTES = {"inet": 64 * MiB, "tiny": 16 * MiB}
 BUCKET = "bench"
+# What --systems can pick on the disks: the raw directory, a DataLoader over it, the no-work server (both
+# routes), ratarmount and squashfuse_ll, the blockfs mount's epochs 1 and 2, its remount, its mfusepy route,
+# the blockfs loader.
+SYSTEMS = ("raw", "dataloader", "null", "peers", "blockfs", "remount", "mfusepy", "loader")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -254,16 +263,13 @@ def _finish(proc: subprocess.Popen, what: str):
     return json.loads(out.strip().splitlines()[-1])
 
 
+LIST_FIRST = True  # every system is listed first, as an ImageFolder script does (main's --no-list: none is)
+
+
 def reader_command(root: Path, ds: dict, threads: int, seconds: float | None) -> list[str]:
-    cmd = [
-        sys.executable,
-        str(HELPERS / "storage_reader.py"),
-        str(root),
-        str(ds["order"]),
-        "--threads",
-        str(threads),
-        "--list",
-    ]  # every system is listed first, as an ImageFolder script does
+    cmd = [sys.executable, str(HELPERS / "storage_reader.py"), str(root), str(ds["order"]), "--threads", str(threads)]
+    if LIST_FIRST:
+        cmd.append("--list")
     return [*cmd, "--seconds", str(seconds)] if seconds else cmd
 
 
@@ -307,8 +313,13 @@ def record(
         "storage_requests": out.get("storage_requests"),
         "daemon_cpu_s_per_file": None if daemon_cpu is None or not out["files"] else daemon_cpu / out["files"],
     }
+    if "list_seconds" in out:  # a reader that listed the tree first (not with --no-list, nor a loader)
+        row["list_seconds"] = round(out["list_seconds"], 3)
     if out.get("storage_done_s") is not None:
         row["storage_done_s"] = round(out["storage_done_s"], 3)
+        if out.get("timeline") is not None:  # a reader's: how many files it had read by then
+            row["files_by_storage_done"] = files_by(out["timeline"], out["storage_done_s"])
+            row["timeline"] = out["timeline"]  # files read per TICK_S of the pass
     if out.get("errors"):
         row["errors"] = out["errors"]
         row["first_error"] = out.get("first_error")
@@ -343,6 +354,12 @@ def sampled(counters, every: float = 0.02) -> Iterator[list]:
     finally:
         done.set()
         thread.join()
+
+
+def files_by(timeline: list[int], seconds: float) -> int:
+    """Files a reader had read ``seconds`` into its pass, from its timeline (files per ``TICK_S``; the tick
+    holding ``seconds`` counted whole)."""
+    return sum(timeline[: int(seconds / TICK_S) + 1])
 
 
 def storage_done(samples: list, final_bytes: int) -> float | None:
@@ -417,45 +434,56 @@ def bench_disk(storage: str, ds: dict, work: Path, results: list, args: argparse
     # must not share, or remove, each other's group.
     with ThrottledDisk(f"bfs-{os.getpid()}-{storage}", str(ds["tree"]), read_iops=iops, read_bps=bps) as disk:
         counters, enter = disk.counters, disk.enter
+        wanted, readers = args.systems, args.readers
 
         def on(system: str, command: list[str], evicted: Path, **kw) -> None:
-            for threads in kw.pop("readers", (1, 4)):
+            for threads in kw.pop("readers", readers):
+                if threads not in readers:
+                    continue
                 evict([evicted])
                 mount_passes(results, storage, ds, system, command, mnt, counters, enter, readers=threads, **kw)
 
-        for threads in (1, 4):
+        for threads in readers if "raw" in wanted else ():
             evict([ds["tree"]])
             out = counted(counters, lambda threads=threads: read_pass(ds["tree"], ds, threads, args.seconds, enter))
             record(results, storage, ds, "raw", threads, "1", out)
-        if storage == "local":  # warm: what the page cache gives a plain directory (the mount's epoch 2 goal)
+        if storage == "local" and "raw" in wanted and 4 in readers:
+            # warm: what the page cache gives a plain directory (the mount's epoch 2 goal)
             out = counted(counters, lambda: read_pass(ds["tree"], ds, 4, args.seconds, enter))
             record(results, storage, ds, "raw", 4, "2", out)
-        evict([ds["tree"]])
-        out = counted(
-            counters,
-            lambda: loader_pass(["files", str(ds["tree"]), str(ds["order"]), "--workers", "4"], enter, args.seconds)[0],
-        )
-        record(results, storage, ds, "raw DataLoader", 4, "1", out)
+        if "dataloader" in wanted:
+            evict([ds["tree"]])
+            out = counted(
+                counters,
+                lambda: loader_pass(
+                    ["files", str(ds["tree"]), str(ds["order"]), "--workers", "4"], enter, args.seconds
+                )[0],
+            )
+            record(results, storage, ds, "raw DataLoader", 4, "1", out)
         # A no-work FUSE server reads nothing from the disk: its rate is the FUSE ceiling in this run.
         null = [sys.executable, str(HELPERS / "null_fs.py"), str(ds["tree"]), str(mnt)]
-        on("null FUSE (ceiling)", [*null, "--fuse", "mfusepy"], ds["tree"])
-        on("null FUSE, kernel route", [*null, "--fuse", "kernel"], ds["tree"])
-
-        if args.peers["ratarmount"]:
+        if "null" in wanted:
+            on("null FUSE (ceiling)", [*null, "--fuse", "mfusepy"], ds["tree"])
+            on("null FUSE, kernel route", [*null, "--fuse", "kernel"], ds["tree"])
+        if args.peers["ratarmount"] and "peers" in wanted:
             tar = fmt / "data.tar"
             with fuse_mount(["ratarmount", "-f", str(tar), str(mnt)], mnt, enter, timeout=600):
                 pass  # the first mount writes ratarmount's index next to the tar: not timed
             on("ratarmount", ["ratarmount", "-f", str(tar), str(mnt)], tar, seconds=args.seconds)
-        if args.peers["squashfuse_ll"]:
+        if args.peers["squashfuse_ll"] and "peers" in wanted:
             image = fmt / "data.sqfs"
             on("squashfuse_ll", ["squashfuse_ll", "-f", str(image), str(mnt)], image, seconds=args.seconds)
 
         packed = fmt / "data.blockfs"
         mount_cmd = [sys.executable, "-m", "blockfs", "mount", str(packed), str(mnt), "--foreground"]
-        on("blockfs mount", mount_cmd, packed, epochs=("1", "2"))
-        on("blockfs mount", mount_cmd, packed, epochs=("remount",))
-        on("blockfs mount, mfusepy", [*mount_cmd, "--fuse", "mfusepy"], packed, readers=(4,), epochs=("1", "2"))
-        on("blockfs loader", mount_cmd, packed, readers=(4,), loader=True)
+        if "blockfs" in wanted:
+            on("blockfs mount", mount_cmd, packed, epochs=("1", "2"))
+        if "remount" in wanted:
+            on("blockfs mount", mount_cmd, packed, epochs=("remount",))
+        if "mfusepy" in wanted:
+            on("blockfs mount, mfusepy", [*mount_cmd, "--fuse", "mfusepy"], packed, readers=(4,), epochs=("1", "2"))
+        if "loader" in wanted:
+            on("blockfs loader", mount_cmd, packed, readers=(4,), loader=True)
 
 
 # --- object stores -----------------------------------------------------------------------------------------
@@ -714,6 +742,8 @@ def table(results: list, datasets: dict) -> str:
         # How much of the pass the storage was still delivering: the rest is serving (a FUSE tail).
         # (The sampling starts and ends a little apart from the reader's own clock: at most 100%.)
         done = f"{min(1.0, r['storage_done_s'] / r['seconds']):.0%}" if r.get("storage_done_s") is not None else ""
+        if r.get("files_by_storage_done") is not None:  # what the reader had read by then
+            done += f" ({r['files_by_storage_done']:,} files)"
         lines.append(
             f"| {r['storage']} | {r['dataset']} | {r['system']}{cut} | {r['readers']} | {r['epoch']} | "
             f"{r['files_per_s']:,.0f} | {r['mb_per_s']:.1f} | {frac} | {(r['storage_bytes'] or 0) / MiB:,.1f} | "
@@ -830,7 +860,7 @@ def goals(results: list, datasets: dict) -> list[tuple[str, float, float, bool]]
         10,
     )
     ratio(
-        "tiny on cloud-volume: blockfs / raw",
+        f"tiny on cloud-volume: blockfs / raw ({'listed first' if LIST_FIRST else 'from a list, no listing'})",
         _rate(results, "cloud-volume", "tiny", "blockfs mount"),
         _rate(results, "cloud-volume", "tiny", "raw"),
         3,
@@ -939,6 +969,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-peers", action="store_true", help="skip ratarmount, squashfuse, s3fs, rclone, Mosaic, WebDataset"
     )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="on the disks, run only these (comma-separated): " + ", ".join(SYSTEMS),
+    )
+    parser.add_argument("--readers", default="1,4", help="reader threads per pass, comma-separated (1, 4)")
+    parser.add_argument(
+        "--no-list",
+        action="store_true",
+        help="readers open the paths straight from the list, no listing first (a CSV-driven dataset)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/blockfs-bench-storage"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
@@ -949,6 +990,22 @@ def main(argv: list[str] | None = None) -> int:
     # Tools pip installed beside this interpreter (ratarmount, hadro) are found without activating its venv.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     storages = args.storages.split(",")
+    args.systems = set(args.systems.split(","))
+    if args.systems - set(SYSTEMS):
+        print(
+            f"bench_storage: unknown system {sorted(args.systems - set(SYSTEMS))[0]!r}: choose from {', '.join(SYSTEMS)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        args.readers = tuple(int(n) for n in args.readers.split(","))
+    except ValueError:
+        args.readers = ()
+    if not args.readers or any(n not in (1, 4) for n in args.readers):
+        print("bench_storage: --readers takes 1, 4 or 1,4", file=sys.stderr)
+        return 2
+    global LIST_FIRST
+    LIST_FIRST = not args.no_list
     unknown = [s for s in storages if s not in DISKS and s not in OBJECT_STORES]
     if unknown:
         print(

@@ -7,7 +7,8 @@ caller).  ``--list`` first lists every directory under ``ROOT`` (``os.walk``, as
 first batch; timed apart, ``list_seconds``).  ``--threads T`` splits it as ``DataLoader`` workers split a sampler's order: thread ``i`` reads
 items ``i, i + T, i + 2T, ...``.  Each file is read whole with ``open().read()``.  ``--seconds`` stops a slow
 system early; the rate is then over the files read.  Prints one JSON line: files, bytes, seconds, errors,
-cpu_ms.
+cpu_ms, and ``timeline``: the files read in each :data:`TICK_S` of the pass (when they were read, so that the
+benchmark can say how many were read while the storage was still delivering).
 
 A separate process, so that the benchmark can start it inside a throttled cgroup.
 """
@@ -20,6 +21,8 @@ import os
 import sys
 import threading
 import time
+
+TICK_S = 0.05  # the timeline's resolution
 
 
 def wait_for_mount(path: str, timeout: float = 600) -> None:
@@ -58,9 +61,11 @@ def main() -> int:
     started = time.monotonic()
     deadline = started + args.seconds if args.seconds else None
     first_error: list[str] = []
+    timeline: list[int] = []
 
     def read(part: list[str]) -> None:
         files = nbytes = errors = 0
+        ticks: list[int] = []
         for name in part:
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -68,6 +73,10 @@ def main() -> int:
                 with open(os.path.join(args.root, name), "rb") as f:
                     nbytes += len(f.read())
                 files += 1
+                tick = int((time.monotonic() - started) / TICK_S)
+                if tick >= len(ticks):
+                    ticks.extend([0] * (tick + 1 - len(ticks)))
+                ticks[tick] += 1
             except OSError as e:
                 errors += 1
                 if not first_error:
@@ -76,6 +85,10 @@ def main() -> int:
             totals["files"] += files
             totals["bytes"] += nbytes
             totals["errors"] += errors
+            if len(ticks) > len(timeline):
+                timeline.extend([0] * (len(ticks) - len(timeline)))
+            for i, n in enumerate(ticks):
+                timeline[i] += n
 
     threads = [threading.Thread(target=read, args=(names[i :: args.threads],)) for i in range(args.threads)]
     for t in threads:
@@ -85,6 +98,7 @@ def main() -> int:
     totals["seconds"] = time.monotonic() - started
     totals["cpu_ms"] = int(time.process_time() * 1000)  # this reader's CPU, all its threads
     totals["complete"] = totals["files"] == len(names)
+    totals["timeline"] = timeline
     if first_error:
         totals["first_error"] = first_error[0]
     print(json.dumps(totals))

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import kept_copies
 from ..core.checked_indexes import CheckedIndexes
 from ..core.dataset import PackedDataset
 from ..core.heap import give_back, one_arena
@@ -248,14 +249,24 @@ def serve(
     ``on_ready()``: once the mount serves (when systemd is told READY=1)."""
     # Absolute paths: libfuse 3 changes the working directory to / once mounted.
     dest, mountpoint = absolute(dest), os.path.abspath(os.fspath(mountpoint))
-    with assembled(dest, mountpoint, options, on_progress, on_plan=on_plan) as fs:
-        watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint, on_ready), daemon=True)
-        watcher.start()
-        try:
-            fs.run(mountpoint, mount_source(dest))
-        finally:
-            fs.stopped.set()
-            watcher.join()
+
+    def ready() -> None:
+        kept_copies.allow_syncs()
+        if on_ready is not None:
+            on_ready()
+
+    kept_copies.defer_syncs()  # the index copy kept for the next mount is written back once this one serves
+    try:
+        with assembled(dest, mountpoint, options, on_progress, on_plan=on_plan) as fs:
+            watcher = threading.Thread(target=_when_serving, args=(fs, mountpoint, ready), daemon=True)
+            watcher.start()
+            try:
+                fs.run(mountpoint, mount_source(dest))
+            finally:
+                fs.stopped.set()
+                watcher.join()
+    finally:
+        kept_copies.allow_syncs()
     notify("STOPPING=1")
     log.info("unmounted %s", mountpoint)
 

@@ -3,7 +3,8 @@
 With peers, memory keeps the blocks this node owns; a file of a block another node owns is read alone, one
 ranged request to its owner each.  But the loader's block-shuffled order deals blocks to ranks whole, a few
 at a time: once a node has read two files of such a block, it will read most of the rest soon.  So the second
-miss of a block (among the last :data:`RECENT_MISSES`) fetches its data section once, verified by the store
+miss of a block (among the last :data:`RECENT_MISSES`; its first, once the blocks before it were read out:
+:data:`READ_OUT_STREAK`) fetches its data section once, verified by the store
 like every whole block (the chunk digests; a failed check drops the peer's bytes and reads the store's), and
 keeps it here; the files that follow are memory reads, answered where the cache's are (no request each).
 
@@ -18,7 +19,6 @@ a load that fails leaves nothing behind, and its readers read their files alone 
 
 from __future__ import annotations
 
-import mmap
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +36,7 @@ __all__ = ["BlockWindow", "RECENT_MISSES", "WINDOW_BLOCKS"]
 
 WINDOW_BLOCKS = 8  # blocks the window is sized for (the loader has 6 in flight per reader by default)
 RECENT_MISSES = 8  # a block's second miss among this many fetches it whole (a random order rarely repeats so soon)
+READ_OUT_STREAK = 2  # after this many blocks in a row read out, a block's first miss fetches it whole
 IDLE_READS = 64  # a block none of whose files was read in this many file reads may be dropped before it is read out
 
 
@@ -59,6 +60,7 @@ class BlockWindow:
         self._loading: dict[int, Future] = {}
         self._bytes = 0  # held and being loaded
         self._recent: deque[int] = deque(maxlen=RECENT_MISSES)  # blocks whose files were read alone lately
+        self._streak = 0  # blocks dropped read out in a row (one dropped before: 0)
         self.closed = False
 
     def get(self, block: int) -> CachedBlock | None:
@@ -87,6 +89,8 @@ class BlockWindow:
                     victim, oldest = block, last
             if victim is None:
                 return False
+            read, _last, files = self._use[victim]
+            self._streak = min(self._streak + 1, READ_OUT_STREAK) if read >= files else 0
             self._bytes -= self._blocks.pop(victim).nbytes
             del self._use[victim]
         return True
@@ -107,7 +111,7 @@ class BlockWindow:
             future = self._loading.get(block)
             mine = future is None
             if mine:
-                if self.closed or block not in self._recent:
+                if self.closed or (self._streak < READ_OUT_STREAK and block not in self._recent):
                     self._recent.append(block)
                     return None
                 if not self._make_room(size):  # every block held is still being read: this file alone
@@ -129,7 +133,9 @@ class BlockWindow:
 
     def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> CachedBlock | None:
         try:
-            buf = mmap.mmap(-1, head.data_size)  # anonymous: unmapped when the last reader lets go
+            # The heap's memory, reused block after block: a fresh map would cost a page fault a page (about
+            # 1 ms a MiB, 20x malloc's); given back when the last reader lets go, held in the room meanwhile.
+            buf = bytearray(head.data_size)
             self._store.read_data_into(block, head, buf)  # verified: a peer's bad bytes are dropped, the store's read
             cached = CachedBlock(buf, None, head, False)
         except BaseException as e:
@@ -148,7 +154,8 @@ class BlockWindow:
             else:
                 self._blocks[block] = cached
                 # the files read alone before (as far as the last misses tell), and the one this load is for
-                self._use[block] = [self._recent.count(block) + 1, self._reads, int(np.count_nonzero(head.sizes))]
+                files = int(np.count_nonzero(head.sizes))
+                self._use[block] = [self._recent.count(block) + 1, self._reads, files]
         self._counters.add_many(window_loads=1, block_bytes_read=head.data_size)
         future.set_result(cached)
         return cached

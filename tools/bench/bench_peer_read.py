@@ -2,7 +2,7 @@
 and the owner (PeerEndpoint serving the block from memory).
 
     python tools/bench/bench_peer_read.py [--files 600] [--reads 3000] [--threads 4] [--rounds 5]
-                                          [--before LABEL=DIR ...] [--json out.json]
+                                          [--section-rounds 3] [--before LABEL=DIR ...] [--json out.json]
 
 A dataset of ``--files`` files of 10-100 KiB (bench_nodes' sizes) packed in 1 MiB blocks into a temporary
 directory.  Two processes per checkout: an owner (``--role serve``) that holds every block in a
@@ -11,7 +11,10 @@ asker (``--role read``) that opens the same directory with a :class:`~blockfs.st
 in its chain whose owner of every block is the other process, then reads ``--reads`` random files
 (``read_entry``: header, file, BLAKE3 check) with ``--threads`` threads.  Then the same asker reads the same
 files from its local block files (no peer tier: ``local``), so ``peer - local`` is what the peer costs the
-asker.  CPU is each process's user + system time (``os.times``) over the reads.
+asker.  Then a second asker reads every block's whole data section ``--section-rounds`` times through the
+peer (``read_data_into`` into a ``bytearray``, verified by its chunk digests: what the cache's window of
+another node's blocks costs), then from local files; those figures are per file the sections hold.  CPU
+is each process's user + system time (``os.times``) over the reads.
 
 ``--before LABEL=DIR`` runs a second checkout's ``blockfs`` (``git archive main blockfs | tar -x -C DIR``)
 in the same rounds, each checkout in turn (order rotated each round), both processes on its code; medians

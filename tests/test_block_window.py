@@ -104,6 +104,31 @@ def test_a_block_left_half_read_is_dropped_once_idle(packed):
         cache.close()
 
 
+def test_blocks_dropped_mostly_unread_make_a_block_wait_for_its_third_miss(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 0)  # block 0: this node's own
+    own, (a, b, c, d, e) = entries[0], entries[1:6]
+
+    def loads_after(files: list[int]) -> int:
+        read(ds, packed, files)
+        return counters(cache)["window_loads"]
+
+    def age() -> None:  # IDLE_READS reads of this node's own block: every block in the window goes idle
+        read(ds, packed, (own * (IDLE_READS // len(own) + 2))[: IDLE_READS + 1])
+
+    try:
+        assert loads_after(a[:2] + b[:2]) == 2
+        age()
+        assert loads_after(c[:2]) == 3  # a dropped, two of its files read: wasted
+        age()
+        assert loads_after(d[:2]) == 4  # b too: a random order, it seems
+        age()
+        assert loads_after(e[:2]) == 4  # a second miss no longer fetches a block whole
+        assert loads_after(e[2:3]) == 5  # a third does
+    finally:
+        ds.close()
+        cache.close()
+
+
 def test_no_block_is_windowed_unless_it_is_another_nodes(packed):
     ds, cache, entries = windowed(packed, 2, eligible=lambda block: False)
     try:

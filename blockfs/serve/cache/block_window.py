@@ -3,8 +3,9 @@
 With peers, memory keeps the blocks this node owns; a file of a block another node owns is read alone, one
 ranged request to its owner each.  But the loader's block-shuffled order deals blocks to ranks whole, a few
 at a time: once a node has read two files of such a block, it will read most of the rest soon.  So the second
-miss of a block (among the last :data:`RECENT_MISSES`; its first, once the blocks before it were read out:
-:data:`READ_OUT_STREAK`) fetches its data section once, verified by the store
+miss of a block (among the last :data:`RECENT_MISSES`; its first, once the blocks before it were read out,
+:data:`READ_OUT_STREAK`; its third, once they were dropped mostly unread, :data:`WASTED_STREAK`: a random
+order, where a block fetched whole serves one file or two) fetches its data section once, verified by the store
 like every whole block (the chunk digests; a failed check drops the peer's bytes and reads the store's), and
 keeps it here; the files that follow are memory reads, answered where the cache's are (no request each).
 
@@ -37,6 +38,7 @@ __all__ = ["BlockWindow", "RECENT_MISSES", "WINDOW_BLOCKS"]
 WINDOW_BLOCKS = 8  # blocks the window is sized for (the loader has 6 in flight per reader by default)
 RECENT_MISSES = 8  # a block's second miss among this many fetches it whole (a random order rarely repeats so soon)
 READ_OUT_STREAK = 2  # after this many blocks in a row read out, a block's first miss fetches it whole
+WASTED_STREAK = 2  # after this many in a row dropped with less than half their files read, its third miss
 IDLE_READS = 64  # a block none of whose files was read in this many file reads may be dropped before it is read out
 
 
@@ -60,7 +62,8 @@ class BlockWindow:
         self._loading: dict[int, Future] = {}
         self._bytes = 0  # held and being loaded
         self._recent: deque[int] = deque(maxlen=RECENT_MISSES)  # blocks whose files were read alone lately
-        self._streak = 0  # blocks dropped read out in a row (one dropped before: 0)
+        self._streak = 0  # blocks dropped read out in a row
+        self._wasted = 0  # blocks dropped with less than half their files read, in a row
         self.closed = False
 
     def get(self, block: int) -> CachedBlock | None:
@@ -91,18 +94,27 @@ class BlockWindow:
                 return False
             read, _last, files = self._use[victim]
             self._streak = min(self._streak + 1, READ_OUT_STREAK) if read >= files else 0
+            self._wasted = min(self._wasted + 1, WASTED_STREAK) if 2 * read < files else 0
             self._bytes -= self._blocks.pop(victim).nbytes
             del self._use[victim]
         return True
+
+    def _misses_to_load(self) -> int:
+        """A block's misses among the last few that fetch it whole: its first while blocks are read out (a
+        block-shuffled order), its third while they are dropped mostly unread (a random order), else its
+        second."""
+        if self._streak >= READ_OUT_STREAK:
+            return 1
+        return 3 if self._wasted >= WASTED_STREAK else 2
 
     def read(self, block: int, head: fmt.BlockHeader) -> CachedBlock | None:
         """``block`` from the window: held, being loaded (waited for), or loaded now when this is its second
         miss lately and it fits; None when the file is to be read alone."""
         size = head.data_size
+        self._reads += 1  # the clock counts every file read alone (without the lock: it only ages blocks)
         if size == 0 or size > self.capacity or not self._eligible(block):
             return None
         with self._lock:
-            self._reads += 1
             cached = self._blocks.get(block)
             if cached is not None:
                 use = self._use[block]
@@ -111,7 +123,7 @@ class BlockWindow:
             future = self._loading.get(block)
             mine = future is None
             if mine:
-                if self.closed or (self._streak < READ_OUT_STREAK and block not in self._recent):
+                if self.closed or self._recent.count(block) + 1 < self._misses_to_load():
                     self._recent.append(block)
                     return None
                 if not self._make_room(size):  # every block held is still being read: this file alone

@@ -27,6 +27,7 @@ from s3server import _free_port
 from treeutil import make_class_tree
 
 import blockfs
+from blockfs.cli.mount_commands import _stats_text
 from blockfs.client import read_stats
 from blockfs.core import format as fmt
 from blockfs.errors import MountError
@@ -434,6 +435,7 @@ def test_a_block_another_node_owns_is_fetched_whole_once_for_the_reads_that_foll
         assert window["capacity_bytes"] == 2 * largest
         assert window["held_bytes"] <= window["capacity_bytes"] and window["blocks"] <= 2
         assert stats["cache"]["budget_bytes"] + window["capacity_bytes"] <= budget
+        assert "\nwindow " in _stats_text(stats, None, 1.0)  # blockfs stats shows it
         # Read again (past the kernel's pages): still right, and from the window or a peer, never the store.
         store = stats["storage"]["remote"]["bytes"]
         for files in theirs:

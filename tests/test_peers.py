@@ -27,6 +27,7 @@ from s3server import _free_port
 from treeutil import make_class_tree
 
 import blockfs
+from blockfs.cli.mount_commands import _stats_text
 from blockfs.client import read_stats
 from blockfs.core import format as fmt
 from blockfs.errors import MountError
@@ -142,7 +143,8 @@ def test_three_nodes_fetch_each_block_from_the_store_once_then_never(url, tree, 
 class FakePeer:
     """A peer at ``address`` that answers every block request in one bad way (``mode``): flipped bytes, a
     short body, another dataset's block, nothing (it hangs), another range than the one asked for (headers
-    that name the range asked), or the whole block to a request for a range."""
+    that name the range asked), or the whole block to a request for a range; or flipped bytes only for a
+    range longer than any file (a data section: ``flipped_sections``)."""
 
     def __init__(self, mode: str, blocks: Path, other: Path) -> None:
         self.mode, self.requests, self.ranges, self.stop = mode, 0, 0, threading.Event()
@@ -165,8 +167,11 @@ class FakePeer:
                     first, last = asked.removeprefix("bytes=").split("-")
                     lo, hi = int(first), int(last) + 1
                 start = fmt.decode_header(data, "block").data_start  # every file's bytes flipped, the header not
+                flipped = lambda: (data[:start] + bytes(x ^ 1 for x in data[start:]))[lo:hi]  # noqa: E731
                 body = {
-                    "flipped": lambda: (data[:start] + bytes(x ^ 1 for x in data[start:]))[lo:hi],
+                    "flipped": flipped,
+                    # right for a file's range, flipped for a data section's (longer than any file of the tree)
+                    "flipped_sections": lambda: flipped() if hi - lo > 6144 else data[lo:hi],
                     "short": lambda: data[lo:hi][: (hi - lo) // 2],
                     "other": lambda: (
                         Path(fmt.block_path(other, block)).read_bytes()[: len(data)].ljust(len(data), b"\0")[lo:hi]
@@ -386,3 +391,76 @@ def test_plan_says_what_the_nodes_hold_together_and_what_the_store_serves(tree):
     assert done.returncode == 0, done.stderr
     line = next(t for t in done.stdout.splitlines() if t.startswith("peers:"))
     assert "3 nodes hold" in line and "(100%)" in line and "0 B per epoch after" in line, line
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory):
+    """240 files of 300-900 bytes in blocks of 16 KiB (about 27 files a block), packed locally too."""
+    root = tmp_path_factory.mktemp("small")
+    make_class_tree(root / "src", 240, seed=7, sizes=(300, 900))
+    blockfs.pack(root / "src", root / "packed", block_size="16KiB", fsync=False)
+    return root
+
+
+def window_budget(tree: Path, peers: list[str], rank: int, blocks: int) -> tuple[int, int]:
+    """A budget that holds node ``rank``'s own blocks and ``blocks`` of the largest besides (the window), and
+    that largest block's size."""
+    with blockfs.open_dataset(tree / "packed") as ds:
+        sizes = [int(n) for n in ds.index.arrays["block_sizes"]]
+        owners = rendezvous_owners(ds.n_blocks, peers)
+    return sum(n for b, n in enumerate(sizes) if owners[b] == rank) + blocks * max(sizes), max(sizes)
+
+
+def test_a_block_another_node_owns_is_fetched_whole_once_for_the_reads_that_follow(s3, small_files, tmp_path):
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
+    peers = ports(2)
+    want = expected(small_files)
+    theirs = owned_blocks(small_files, peers, 1)
+    assert len(theirs) >= 3 and min(map(len, theirs)) >= 10, "choose a tree with more, fuller blocks"
+    budget, largest = window_budget(small_files, peers, 0, 2)  # a window of two blocks
+    with (
+        mounted(url, tmp_path / "b", "--cache-size", str(10 * budget), "--no-retain", *peer_args(peers, 1)),
+        mounted(url, tmp_path / "a", "--cache-size", str(budget), "--no-retain", *peer_args(peers, 0)) as a,
+    ):
+        for files in theirs:  # node 1's blocks one after another, each one's files in turn (a block-shuffled order)
+            assert read_all(a.path, files) == {n: want[n] for n in files}
+        stats = read_stats(a.path)
+        got = stats["storage"]["peers"]["by_peer"][peers[1]]
+        # Per block: its head, its first file alone, then its data section whole: never a request a file.
+        assert got["fetches"] <= 3 * len(theirs), (got, len(theirs))
+        window = stats["cache"]["window"]
+        assert stats["counters"]["window_loads"] >= len(theirs)
+        # Bounded: two blocks at most, and the window and the cache's own budget together within --cache-size.
+        assert window["capacity_bytes"] == 2 * largest
+        assert window["held_bytes"] <= window["capacity_bytes"] and window["blocks"] <= 2
+        assert stats["cache"]["budget_bytes"] + window["capacity_bytes"] <= budget
+        assert "\nwindow " in _stats_text(stats, None, 1.0)  # blockfs stats shows it
+        # Read again (past the kernel's pages): still right, and from the window or a peer, never the store.
+        store = stats["storage"]["remote"]["bytes"]
+        for files in theirs:
+            assert read_all(a.path, files, uncached=True) == {n: want[n] for n in files}
+        assert read_stats(a.path)["storage"]["remote"]["bytes"] == store
+
+
+def test_a_peers_data_section_that_fails_its_check_is_dropped_and_read_from_the_store(s3, small_files, other, tmp_path):
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
+    fake = FakePeer("flipped_sections", small_files / "packed", other)
+    try:
+        peers = [ports(1)[0], fake.address]
+        theirs = owned_blocks(small_files, peers, 1)
+        assert theirs, "the fake peer owns no block: choose other ports"
+        want = expected(small_files)
+        budget, _largest = window_budget(small_files, peers, 0, 2)
+        args = ("--cache-size", str(budget), "--no-retain", "--peer-timeout", "0.5", "--peer-backoff", "60")
+        with mounted(url, tmp_path / "mnt", *peer_args(peers, 0, *args)) as m:
+            for files in theirs:
+                assert read_all(m.path, files) == {n: want[n] for n in files}
+            s = read_stats(m.path)
+            got = s["storage"]["peers"]["by_peer"][fake.address]
+            assert got["rejected"] >= 1 and got["avoided"]  # the data section failed its check: dropped
+            assert s["counters"]["window_loads"] >= 1  # and the window read the store's block instead
+            assert "avoiding it" in m.log_text()
+    finally:
+        fake.close()

@@ -403,7 +403,14 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         f"{d.get('digest', '-')}" + ("" if d.get("digests", True) else " (checked against accidents only: no digests)"),
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{plural(c['cached_blocks'], 'block')}; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
-        f"{c['evictions']:,} evicted; mlock: {c['mlock']}",
+        f"{c['evictions']:,} evicted; mlock: {c['mlock']}"
+        + (
+            f"\nwindow     {human(c['window']['held_bytes'])} of {human(c['window']['capacity_bytes'])} (other "
+            f"nodes' blocks read whole, out of the budget), {plural(c['window']['blocks'], 'block')}; "
+            f"{k.get('window_loads', 0):,} fetched"
+            if "window" in c
+            else ""
+        ),
         f"reads      {k['files_served']:,} files served, {human(k['bytes_served'])} in {k['reads']:,} reads through FUSE"
         + _shared_note(k.get("blocks_shared", 0))
         + (

@@ -8,7 +8,9 @@
 * **Ownership** every node computes alike with no coordinator: rendezvous hashing over the peer list, or,
   with ``--nodes`` (``partition="node"``), the partition's split, so a node owns the part it caches.
 * **Memory keeps the owned blocks first**: the cache's prefill and read-ahead load only owned blocks, and
-  a block another node owns is admitted only into room the owned blocks not yet loaded will not need.
+  a block another node owns is admitted only into room the owned blocks not yet loaded will not need.  The
+  room the owned blocks leave (up to :data:`WINDOW_BLOCKS` blocks) is the cache's window instead: the last
+  few blocks of other nodes read whole, one request each, for the reads that follow (``serve/cache/block_window.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..errors import MountError
 from ..storage.chain import TierChain
 from ..storage.peer_tier import PeerOptions, PeerTier
 from .cache.block_cache import BlockCache
+from .cache.block_window import WINDOW_BLOCKS
 from .cache.mount_plan import node_part
 from .mount_options import MountOptions
 from .peer_endpoint import PeerEndpoint
@@ -102,6 +105,15 @@ class OwnedFirst:
         for b in [b for b in self._pending if cache.holds(b)]:
             self._pending_bytes -= self._pending.pop(b)
         return cache.budget_bytes - cache.used_bytes - self._pending_bytes >= size
+
+
+def window_bytes(budget: int, owned: list[int], sizes: list[int], policy: str) -> int:
+    """The room the cache's window of other nodes' blocks gets out of ``budget``: :data:`WINDOW_BLOCKS` of the
+    largest block, at most what the owned blocks leave; 0 (no window) when that is not one block, or when the
+    policy caches nothing."""
+    largest = max(sizes, default=0)
+    room = min(WINDOW_BLOCKS * largest, budget - sum(sizes[b] for b in owned))
+    return room if policy != "none" and largest and room >= largest else 0
 
 
 def owned_blocks(ds: PackedDataset, peers: PeerOptions, options: MountOptions) -> tuple[PeerTier, list[int]]:

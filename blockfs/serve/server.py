@@ -44,7 +44,7 @@ from .daemon import is_mounted
 from .fuse import Adapter, make_adapter
 from .mount_options import FUSE_ROUTES, MountOptions
 from .notify import notify
-from .peers import OwnedFirst, owned_blocks, peer_options, start_endpoint
+from .peers import OwnedFirst, owned_blocks, peer_options, start_endpoint, window_bytes
 from .view import MountView, Route
 
 log = logging.getLogger(__name__)
@@ -174,12 +174,16 @@ def assembled(
         def build(given: Route) -> MountView:
             """The memory tier, the control sockets and the view, given what the adapter's route brings."""
             tier = owned = admits = None
+            budget = plan.block_cache_bytes if retain else options.cache_bytes
+            window = 0
             if peers is not None:  # memory keeps the blocks this node owns first
                 tier, owned = owned_blocks(ds, peers, options)
-                admits = OwnedFirst(owned, [int(n) for n in ds.index.arrays["block_sizes"]])
+                block_sizes = [int(n) for n in ds.index.arrays["block_sizes"]]
+                admits = OwnedFirst(owned, block_sizes)
+                window = window_bytes(budget, owned, block_sizes, options.policy)
             cache = BlockCache(
                 ds.store,
-                plan.block_cache_bytes if retain else options.cache_bytes,
+                budget,
                 options.policy,
                 readahead=options.readahead,
                 lock_memory=options.lock_memory,
@@ -187,6 +191,8 @@ def assembled(
                 share=options.share,
                 on_load=given.on_load,
                 admits=admits,
+                window_bytes=window,
+                window_for=tier.holds if tier is not None else None,
             )
             stack.callback(cache.close)
             if options.nodes > 1:

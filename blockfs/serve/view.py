@@ -338,6 +338,7 @@ class MountView:
         block, slot = self.block_slot(e)
         cached = self.cache.cached(block)
         if cached is not None:
+            self.cache.note_pushed(block)
             return cached.view(slot)
         return None if self.retainer is None else self.retainer.read_held(block, slot, count=False)
 

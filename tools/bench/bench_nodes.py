@@ -257,6 +257,9 @@ def node_counters(mnt: Path, pid: int) -> dict[str, int]:
         "file_hits": c["file_hits"],
         "below_memory": c["block_bytes_read"] + c["file_bytes_read"],
         "disk_bytes": disk.get("disk_bytes", 0),
+        "window_loads": c.get("window_loads", 0),  # other nodes' blocks read whole (the cache's window)
+        "file_reads": c.get("file_reads", 0),  # files read alone (each one request to a peer, or the store)
+        "window_bytes": (s.get("cache") or {}).get("window", {}).get("capacity_bytes", 0),
         "mount_cpu_ms": cpu_ms(pid),  # its mount server's CPU: serving its own reads and its peers'
     }
 

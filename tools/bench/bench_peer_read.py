@@ -2,7 +2,7 @@
 and the owner (PeerEndpoint serving the block from memory).
 
     python tools/bench/bench_peer_read.py [--files 600] [--reads 3000] [--threads 4] [--rounds 5]
-                                          [--before LABEL=DIR ...] [--json out.json]
+                                          [--section-rounds 3] [--before LABEL=DIR ...] [--json out.json]
 
 A dataset of ``--files`` files of 10-100 KiB (bench_nodes' sizes) packed in 1 MiB blocks into a temporary
 directory.  Two processes per checkout: an owner (``--role serve``) that holds every block in a
@@ -11,7 +11,10 @@ asker (``--role read``) that opens the same directory with a :class:`~blockfs.st
 in its chain whose owner of every block is the other process, then reads ``--reads`` random files
 (``read_entry``: header, file, BLAKE3 check) with ``--threads`` threads.  Then the same asker reads the same
 files from its local block files (no peer tier: ``local``), so ``peer - local`` is what the peer costs the
-asker.  CPU is each process's user + system time (``os.times``) over the reads.
+asker.  Then a second asker reads every block's whole data section ``--section-rounds`` times through the
+peer (``read_data_into`` into a ``bytearray``, verified by its chunk digests: what the cache's window of
+another node's blocks costs), then from local files; those figures are per file the sections hold.  CPU
+is each process's user + system time (``os.times``) over the reads.
 
 ``--before LABEL=DIR`` runs a second checkout's ``blockfs`` (``git archive main blockfs | tar -x -C DIR``)
 in the same rounds, each checkout in turn (order rotated each round), both processes on its code; medians
@@ -139,6 +142,35 @@ def read(packed: str, address: str, reads: int, threads: int, seed: int) -> None
         print(json.dumps(out), flush=True)
 
 
+def read_sections(packed: str, address: str, rounds: int) -> None:
+    """The asker, reading whole data sections (the cache's window of another node's blocks): every block's
+    through the peer, verified (``read_data_into``), ``rounds`` times; then from local files; prints JSON."""
+
+    import blockfs
+    from blockfs.storage.chain import compose
+    from blockfs.storage.peer_tier import PeerOptions, PeerTier
+
+    with blockfs.open_dataset(packed) as ds:
+        local = ds.store._files
+        sizes = [int(local.size(b)) for b in range(ds.store.n_blocks)]
+        tier = PeerTier(PeerOptions(("127.0.0.1:1", address), 0, SECRET, timeout=60.0), ds.digest, sizes)
+        tier.set_owners([1] * len(sizes))
+        peered = compose(local, peers=tier)
+        heads = [ds.store.header(b) for b in range(ds.store.n_blocks)]
+        files = sum(len(h.sizes) for h in heads)
+        out = {}
+        for name, where in (("sections", peered), ("sections_local", local)):
+            ds.store._files = where
+            c0, w0 = cpu(), time.perf_counter()
+            for _ in range(rounds):
+                for b, head in enumerate(heads):
+                    ds.store.read_data_into(b, head, bytearray(head.data_size))  # as the window does
+            out[name] = {"cpu": cpu() - c0, "wall": time.perf_counter() - w0, "n": rounds * files}
+        ds.store._files = local
+        tier.close()
+        print(json.dumps(out), flush=True)
+
+
 def one(label: str, root: Path, packed: Path, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -165,6 +197,16 @@ def one(label: str, root: Path, packed: Path, args: argparse.Namespace) -> dict:
         )
         got = json.loads(done.stdout.strip().splitlines()[-1])
         served = owner_cpu() - before  # warm-up's reads included: scaled by the files it served
+        before = owner_cpu()
+        done = subprocess.run(
+            [*me, "--role", "sections", str(packed), address, str(args.section_rounds)],
+            env=env,
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        got |= json.loads(done.stdout.strip().splitlines()[-1])
+        served_sections = owner_cpu() - before
     finally:
         owner.stdin.close()  # type: ignore[union-attr]
         owner.wait(timeout=30)
@@ -177,6 +219,10 @@ def one(label: str, root: Path, packed: Path, args: argparse.Namespace) -> dict:
         "owner_us": served / n_peer * us,
         "wall_peer_us": got["peer"]["wall"] / got["peer"]["n"] * us,
         "gets_per_file": got["fetches"] / n_peer,
+        # a whole data section a request, per file it holds (the window's cost, spread over the block's files)
+        "asker_section_us": got["sections"]["cpu"] / got["sections"]["n"] * us,
+        "asker_section_local_us": got["sections_local"]["cpu"] / got["sections_local"]["n"] * us,
+        "owner_section_us": served_sections / got["sections"]["n"] * us,
     }
 
 
@@ -190,10 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", action="append", default=[], metavar="LABEL=DIR")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", type=Path, help="cProfile each side's threads into this directory (slower)")
-    ap.add_argument("--role", choices=["serve", "read"])
+    ap.add_argument("--section-rounds", type=int, default=3, help="passes over every block's data section")
+    ap.add_argument("--role", choices=["serve", "read", "sections"])
     args, rest = ap.parse_known_args(argv)
     if args.role == "serve":
         serve(rest[0])
+        return 0
+    if args.role == "sections":
+        read_sections(rest[0], rest[1], int(rest[2]))
         return 0
     if args.role == "read":
         read(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
@@ -202,7 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
         os.environ["BENCH_PEER_PROFILE"] = str(args.profile.resolve())
     checkouts = [("this", HERE)] + [(b.split("=", 1)[0], Path(b.split("=", 1)[1]).resolve()) for b in args.before]
-    keys = ("asker_peer_us", "asker_local_us", "owner_us", "wall_peer_us", "gets_per_file")
+    keys = (
+        "asker_peer_us",
+        "asker_local_us",
+        "owner_us",
+        "wall_peer_us",
+        "gets_per_file",
+        "asker_section_us",
+        "asker_section_local_us",
+        "owner_section_us",
+    )
     results: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
     with tempfile.TemporaryDirectory(prefix="bench-peer-read-") as tmp:
         packed = make_dataset(Path(tmp), args.files, args.seed)
@@ -214,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1} {label}: " + ", ".join(f"{k} {got[k]:.1f}" for k in keys), file=sys.stderr)
     print(
         "| checkout | asker µs CPU/file, peer | asker, local | asker, peer − local | owner µs CPU/file | "
-        "wall µs/file | GETs/file |"
+        "wall µs/file | GETs/file | whole sections, µs CPU/file: asker peer, asker local, owner |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for label, rows in results.items():
         med = {k: statistics.median(row[k] for row in rows) for k in keys}
@@ -224,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         summary[label] = med
         print(
             f"| {label} | {med['asker_peer_us']:.0f} | {med['asker_local_us']:.0f} | {med['asker_extra_us']:.0f} | "
-            f"{med['owner_us']:.0f} | {med['wall_peer_us']:.0f} | {med['gets_per_file']:.2f} |"
+            f"{med['owner_us']:.0f} | {med['wall_peer_us']:.0f} | {med['gets_per_file']:.2f} | "
+            f"{med['asker_section_us']:.0f}, {med['asker_section_local_us']:.0f}, {med['owner_section_us']:.0f} |"
         )
     if args.json:
         args.json.write_text(

@@ -44,6 +44,7 @@ from ...errors import BlockReadError, CorruptBlockError
 from .background_loads import LOADER_THREADS, READAHEAD_BLOCKS, BackgroundLoads
 from .block_loads import BlockLoads
 from .block_memory import BlockMemory
+from .block_window import BlockWindow
 from .cache_stats import CacheCounters
 from .cached_block import CachedBlock
 from .damaged_blocks import DAMAGE_RECHECK_S, DamagedBlocks
@@ -78,8 +79,12 @@ class BlockCache:
         share: bool = True,
         on_load: Callable[[int], None] | None = None,
         admits: Callable[[BlockCache, int, int], bool] | None = None,
+        window_bytes: int = 0,
+        window_for: Callable[[int], bool] | None = None,
     ) -> None:
-        self._policy = make_policy(policy, budget_bytes)
+        # The window (blocks another node owns, read whole for the reads that follow) is part of the budget.
+        window_bytes = min(max(0, window_bytes), budget_bytes) if window_for is not None else 0
+        self._policy = make_policy(policy, budget_bytes - window_bytes)
         self._touch = self._policy.name == "lru"  # only recency-ordered policies care about hits
         # Only a policy that never evicts shares: a loader's map would keep an evicted block's pages alive.
         self.shares = share and not self._policy.evicts and self._policy.name != "none"
@@ -119,6 +124,11 @@ class BlockCache:
             self._counters,
         )
         self._files = UncachedFiles(store, self._counters)
+        self._window = (
+            BlockWindow(store, window_bytes, window_for, self._counters)
+            if window_for is not None and window_bytes > 0
+            else None
+        )
         self._sequence = SequentialReads()
         # A proxy, not a reference: a cycle would keep an unclosed cache's memory until the cycle collector ran.
         self._background = BackgroundLoads(
@@ -128,7 +138,7 @@ class BlockCache:
     # --- the reader interface ---------------------------------------------------------------------
     def read_file(self, block: int, slot: int, crc: int, offset: int = 0, size: int = -1) -> bytes:
         """Bytes ``[offset, offset + size)`` of one file (all of it by default), verified."""
-        cached = self._blocks.get(block)
+        cached = self.cached(block)
         if cached is not None:
             data = cached.read(slot, offset, size)
             self._served(block, offset, len(data), hit=True)
@@ -140,23 +150,35 @@ class BlockCache:
             raise
 
     def holds(self, block: int) -> bool:
-        """Whether ``block`` is cached now (a read of it will not wait on storage)."""
-        return block in self._blocks
+        """Whether ``block`` is in memory now (a read of it will not wait on storage)."""
+        return block in self._blocks or (self._window is not None and self._window.get(block) is not None)
 
     def cached(self, block: int) -> CachedBlock | None:
-        """The cached block, or None; what it holds stays valid for as long as the caller keeps it."""
-        return self._blocks.get(block)
+        """The block in memory (cached, or in the window), or None; what it holds stays valid for as long as
+        the caller keeps it."""
+        cached = self._blocks.get(block)
+        if cached is None and self._window is not None:
+            return self._window.get(block)
+        return cached
 
     def count_hit(self, block: int, offset: int, nbytes: int) -> None:
         """Count a read its caller served from :meth:`cached` itself, as :meth:`read_file` counts its hits
         (and read ahead when reads move through blocks in order): :meth:`_served` of a hit, one call less."""
         self._counters.read(offset, nbytes, True)
+        if self._window is not None:
+            self._window.note_read(block, offset)
         if self._touch:
             with self._lock:
                 if block in self._policy:
                     self._policy.touch(block)
         if self._sequence.step(block):
             self._background.read_ahead(block)
+
+    def note_pushed(self, block: int) -> None:
+        """A file of ``block`` handed to the kernel's page cache whole (its reads will not come here): for the
+        window, that file is read."""
+        if self._window is not None:
+            self._window.note_read(block, 0)
 
     def note_hit(self, offset: int, nbytes: int) -> None:
         """Count a read served from memory outside the blocks (a retained file) in the same statistics."""
@@ -165,6 +187,8 @@ class BlockCache:
     def _served(self, block: int, offset: int, nbytes: int, hit: bool) -> None:
         """Count one read; keep LRU's order; read ahead when reads move through blocks in order."""
         self._counters.read(offset, nbytes, hit)
+        if hit and self._window is not None:
+            self._window.note_read(block, offset)
         if hit and self._touch:
             with self._lock:
                 if block in self._policy:
@@ -192,6 +216,10 @@ class BlockCache:
                 loaded = self._await(block, head, future, mine).read(slot, offset, size)
             except CorruptBlockError:
                 pass  # the block is damaged: read (and verify) this file alone
+        elif self._window is not None and not self._damaged.is_damaged(block):
+            windowed = self._window.read(block, head)  # another node's block, read whole on its second miss
+            if windowed is not None:
+                loaded = windowed.read(slot, offset, size)
         if loaded is None:
             loaded = self._files.read(block, slot, crc, offset, size, head)
         self._counters.add("bytes_served", len(loaded))
@@ -345,6 +373,8 @@ class BlockCache:
         """Counters, cache fill and per-epoch hit rates, as plain JSON-ready values."""
         counters, epochs = self._counters.snapshot()
         cache = {"policy": self._policy.name, **self._loads.fill(), "file_buffer_bytes": self._files.buffer.nbytes}
+        if self._window is not None:
+            cache["window"] = self._window.stats()
         return {"counters": counters, "cache": cache, "epochs": epochs, "uptime_s": self._counters.uptime_s}
 
     def close(self) -> None:
@@ -353,6 +383,8 @@ class BlockCache:
             self.closed = True
         self._damaged.close()
         self._background.close()
+        if self._window is not None:
+            self._window.close()
         with self._lock:
             for cached in self._blocks.values():
                 self._loads.drop(cached)

@@ -37,6 +37,7 @@ COUNTERS = (
     "blocks_shared",
     "replaced_loads",  # damaged blocks loaded in the background once found replaced (a new stored version)
     "disk_copies_ahead",  # announced blocks memory would not hold, fetched into a remote dataset's disk tier
+    "window_loads",  # blocks another node owns read whole into the window (their bytes in block_bytes_read)
 )
 
 

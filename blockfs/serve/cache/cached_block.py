@@ -15,7 +15,7 @@ class CachedBlock:
 
     __slots__ = ("buf", "fd", "offsets", "sizes", "nbytes", "locked")
 
-    def __init__(self, buf: mmap.mmap | bytes, fd: int | None, head: fmt.BlockHeader, locked: bool) -> None:
+    def __init__(self, buf: mmap.mmap | bytes | bytearray, fd: int | None, head: fmt.BlockHeader, locked: bool) -> None:
         self.buf = buf
         self.fd = fd  # the sealed memfd behind ``buf``, or None (not shareable)
         self.nbytes = head.data_size
@@ -43,4 +43,5 @@ class CachedBlock:
         if size < 0 or offset + size > length:
             size = max(0, length - offset)
         start += offset
-        return self.buf[start : start + size]
+        data = self.buf[start : start + size]
+        return data if type(data) is bytes else bytes(data)  # a bytearray's slice (the window's blocks): bytes

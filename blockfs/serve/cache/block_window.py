@@ -1,0 +1,184 @@
+"""``BlockWindow``: the last few blocks another node owns, read whole for the reads that follow, within the budget.
+
+With peers, memory keeps the blocks this node owns; a file of a block another node owns is read alone, one
+ranged request to its owner each.  But the loader's block-shuffled order deals blocks to ranks whole, a few
+at a time: once a node has read two files of such a block, it will read most of the rest soon.  So the second
+miss of a block (among the last :data:`RECENT_MISSES`; its first, once the blocks before it were read out,
+:data:`READ_OUT_STREAK`; its third, once they were dropped mostly unread, :data:`WASTED_STREAK`: a random
+order, where a block fetched whole serves one file or two) fetches its data section once, verified by the store
+like every whole block (the chunk digests; a failed check drops the peer's bytes and reads the store's), and
+keeps it here; the files that follow are memory reads, answered where the cache's are (no request each).
+
+The window holds at most ``capacity`` bytes (loads in flight included); the mount takes that room out of the
+cache's budget (``BlockCache(window_bytes=...)``), so memory never holds more than the budget the user set.
+It never drops a block still being read to load another (that would fetch blocks again and again): room is
+made from a block whose files have all been read (each file once, as the loader's order reads them), else
+from the one read least lately if no file of it was read in the last :data:`IDLE_READS`; with neither, the
+file is read alone.  A block is loaded here once however many readers ask (single flight);
+a load that fails leaves nothing behind, and its readers read their files alone (which decides the error).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+
+from ...core import format as fmt
+from ...core.store import BlockStore
+from ...errors import BlockReadError, CorruptBlockError
+from .cache_stats import CacheCounters
+from .cached_block import CachedBlock
+
+__all__ = ["BlockWindow", "RECENT_MISSES", "WINDOW_BLOCKS"]
+
+WINDOW_BLOCKS = 8  # blocks the window is sized for (the loader has 6 in flight per reader by default)
+RECENT_MISSES = 8  # a block's second miss among this many fetches it whole (a random order rarely repeats so soon)
+READ_OUT_STREAK = 2  # after this many blocks in a row read out, a block's first miss fetches it whole
+WASTED_STREAK = 2  # after this many in a row dropped with less than half their files read, its third miss
+IDLE_READS = 64  # a block none of whose files was read in this many file reads may be dropped before it is read out
+
+
+class BlockWindow:
+    """Whole blocks that ``eligible(block)`` says to window (another node's, not avoided), read from ``store``,
+    at most ``capacity`` bytes; counted in ``counters``."""
+
+    def __init__(
+        self, store: BlockStore, capacity: int, eligible: Callable[[int], bool], counters: CacheCounters
+    ) -> None:
+        self.capacity = capacity
+        self._store = store
+        self._eligible = eligible
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._blocks: dict[int, CachedBlock] = {}
+        # Per held block: [its files read so far, the read count at its last read, its non-empty files].  Updated
+        # without the lock (note_read): a lost update only moves when the block is dropped.
+        self._use: dict[int, list[int]] = {}
+        self._reads = 0  # files read (first reads) while the window was asked or hit: its clock
+        self._loading: dict[int, Future] = {}
+        self._bytes = 0  # held and being loaded
+        self._recent: deque[int] = deque(maxlen=RECENT_MISSES)  # blocks whose files were read alone lately
+        self._streak = 0  # blocks dropped read out in a row
+        self._wasted = 0  # blocks dropped with less than half their files read, in a row
+        self.closed = False
+
+    def get(self, block: int) -> CachedBlock | None:
+        """The block if the window holds it now (no lock: one dict lookup, as the cache's)."""
+        return self._blocks.get(block)
+
+    def note_read(self, block: int, offset: int) -> None:
+        """A read served from memory: a file's first read (``offset`` 0) of a held block counts toward it."""
+        if offset == 0:
+            self._reads += 1
+            use = self._use.get(block)
+            if use is not None:
+                use[0] += 1
+                use[1] = self._reads
+
+    def _make_room(self, size: int) -> bool:
+        """Under the lock: drop blocks read out (else idle) until ``size`` more bytes fit; whether they do."""
+        while self._bytes + size > self.capacity:
+            victim, oldest = None, self._reads - IDLE_READS
+            for block in self._blocks:
+                read, last, files = self._use[block]
+                if read >= files:
+                    victim = block
+                    break
+                if last < oldest:
+                    victim, oldest = block, last
+            if victim is None:
+                return False
+            read, _last, files = self._use[victim]
+            self._streak = min(self._streak + 1, READ_OUT_STREAK) if read >= files else 0
+            self._wasted = min(self._wasted + 1, WASTED_STREAK) if 2 * read < files else 0
+            self._bytes -= self._blocks.pop(victim).nbytes
+            del self._use[victim]
+        return True
+
+    def _misses_to_load(self) -> int:
+        """A block's misses among the last few that fetch it whole: its first while blocks are read out (a
+        block-shuffled order), its third while they are dropped mostly unread (a random order), else its
+        second."""
+        if self._streak >= READ_OUT_STREAK:
+            return 1
+        return 3 if self._wasted >= WASTED_STREAK else 2
+
+    def read(self, block: int, head: fmt.BlockHeader) -> CachedBlock | None:
+        """``block`` from the window: held, being loaded (waited for), or loaded now when this is its second
+        miss lately and it fits; None when the file is to be read alone."""
+        size = head.data_size
+        self._reads += 1  # the clock counts every file read alone (without the lock: it only ages blocks)
+        if size == 0 or size > self.capacity or not self._eligible(block):
+            return None
+        with self._lock:
+            cached = self._blocks.get(block)
+            if cached is not None:
+                use = self._use[block]
+                use[0], use[1] = use[0] + 1, self._reads
+                return cached
+            future = self._loading.get(block)
+            mine = future is None
+            if mine:
+                if self.closed or self._recent.count(block) + 1 < self._misses_to_load():
+                    self._recent.append(block)
+                    return None
+                if not self._make_room(size):  # every block held is still being read: this file alone
+                    return None
+                self._bytes += size
+                future = self._loading[block] = Future()
+        assert future is not None
+        if not mine:
+            self._counters.add("load_waits")
+            try:
+                cached = future.result()
+            except (CorruptBlockError, BlockReadError):
+                return None
+            waited = self._use.get(block)
+            if waited is not None:
+                waited[0] += 1
+            return cached
+        return self._load(block, head, future)
+
+    def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> CachedBlock | None:
+        try:
+            # The heap's memory, reused block after block: a fresh map would cost a page fault a page (about
+            # 1 ms a MiB, 20x malloc's); given back when the last reader lets go, held in the room meanwhile.
+            buf = bytearray(head.data_size)
+            self._store.read_data_into(block, head, buf)  # verified: a peer's bad bytes are dropped, the store's read
+            cached = CachedBlock(buf, None, head, False)
+        except BaseException as e:
+            with self._lock:
+                self._loading.pop(block, None)
+                self._bytes -= head.data_size
+            self._counters.add("load_errors")
+            future.set_exception(e)
+            if isinstance(e, (CorruptBlockError, BlockReadError)):
+                return None  # the file's own read decides
+            raise
+        with self._lock:
+            self._loading.pop(block, None)
+            if self.closed:
+                self._bytes -= head.data_size
+            else:
+                self._blocks[block] = cached
+                # the files read alone before (as far as the last misses tell), and the one this load is for
+                files = int(np.count_nonzero(head.sizes))
+                self._use[block] = [self._recent.count(block) + 1, self._reads, files]
+        self._counters.add_many(window_loads=1, block_bytes_read=head.data_size)
+        future.set_result(cached)
+        return cached
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"capacity_bytes": self.capacity, "held_bytes": self._bytes, "blocks": len(self._blocks)}
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._bytes -= sum(b.nbytes for b in self._blocks.values())  # loads in flight give theirs back as they end
+            self._blocks.clear()
+            self._use.clear()

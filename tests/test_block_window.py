@@ -1,0 +1,139 @@
+"""blockfs.serve.cache.block_window: the cache's window of other nodes' blocks, checked in-process (no FUSE).
+
+A block is read whole on its second miss (its first, once blocks before it were read out), once, and its
+other files are memory reads; the window holds at
+most its room (taken out of the cache's budget) and never drops a block still being read to load another.
+The peers' side (a mount asking its owner for the data section, a bad one dropped) is tests/test_peers.py's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import blockfs
+from blockfs.core.dataset import PackedDataset
+from blockfs.serve.cache.block_cache import BlockCache
+from blockfs.serve.cache.block_window import IDLE_READS, READ_OUT_STREAK
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """120 files of 1-3 KiB in blocks of 16 KiB: a dozen blocks of about ten files."""
+    root = tmp_path_factory.mktemp("window")
+    for i in range(120):
+        path = root / "src" / f"c{i % 3}" / f"f{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(1024 + (i * 97) % 2048))
+    blockfs.pack(root / "src", root / "p", block_size="16KiB", fsync=False)
+    return root
+
+
+def windowed(root, blocks: int, eligible=lambda block: True) -> tuple[PackedDataset, BlockCache, list[list[int]]]:
+    """The dataset read through a cache whose whole budget is a window of ``blocks`` of the largest block (the
+    cache's own policy then admits nothing: every block another node's), and each block's file entries."""
+    ds = PackedDataset(root / "p")
+    largest = max(ds.store.header(b).data_size for b in range(ds.n_blocks))
+    cache = BlockCache(ds.store, blocks * largest, window_bytes=blocks * largest, window_for=eligible)
+    off, files = ds.layout
+    entries = [files[off[b] : off[b + 1]].tolist() for b in range(ds.n_blocks)]
+    return ds.reading_through(cache), cache, entries
+
+
+def read(ds: PackedDataset, root, entries: list[int]) -> None:
+    for e in entries:
+        assert ds.read_entry(e) == (root / "src" / os.fsdecode(ds.path_of(e))).read_bytes()
+
+
+def counters(cache: BlockCache) -> dict:
+    return cache.stats()["counters"]
+
+
+def test_a_block_is_read_whole_once_and_the_window_stays_in_its_room(packed):
+    ds, cache, entries = windowed(packed, 2)
+    try:
+        assert cache.budget_bytes == 0  # the window's room is the budget's, not more
+        room = cache.stats()["cache"]["window"]["capacity_bytes"]
+        for n, files in enumerate(entries, 1):  # every block's files in turn (a block-shuffled order)
+            read(ds, packed, files)
+            c = counters(cache)
+            assert c["window_loads"] == n  # each block once
+            window = cache.stats()["cache"]["window"]
+            assert window["held_bytes"] <= room and window["blocks"] <= 2
+        # One file of each block alone before it is fetched whole, until READ_OUT_STREAK blocks were dropped
+        # read out (the third and fourth): then a block's first miss fetches it.
+        assert counters(cache)["file_reads"] == 2 + READ_OUT_STREAK < len(entries)
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_a_block_still_being_read_is_never_dropped_for_another(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b, c = entries[:3]
+    try:
+        read(ds, packed, a[:2] + b[:2])  # two blocks being read fill the window
+        assert counters(cache)["window_loads"] == 2
+        read(ds, packed, c[:3])  # a third block's files are read alone: nothing is dropped or fetched again
+        assert counters(cache)["window_loads"] == 2 and counters(cache)["file_reads"] == 2 + 3
+        read(ds, packed, a[2:])  # a is read out: its room goes to c
+        read(ds, packed, c[3:4])
+        assert counters(cache)["window_loads"] == 3
+        read(ds, packed, b[2:] + c[4:])  # still held, both
+        assert counters(cache)["window_loads"] == 3 and counters(cache)["file_reads"] == 2 + 3
+        read(ds, packed, entries[3][:2])  # both read out: room for the next
+        assert counters(cache)["window_loads"] == 4
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_a_block_left_half_read_is_dropped_once_idle(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b, c = entries[:3]
+    try:
+        read(ds, packed, a[:2] + b[:2] + c[:1])  # a and b half read, in the window
+        tries = 0
+        while counters(cache)["window_loads"] == 2:  # c's second file, again and again: alone while a, b are recent
+            read(ds, packed, c[1:2])
+            tries += 1
+            assert tries <= IDLE_READS + 2
+        assert tries >= IDLE_READS - 4
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_blocks_dropped_mostly_unread_make_a_block_wait_for_its_third_miss(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 0)  # block 0: this node's own
+    own, (a, b, c, d, e) = entries[0], entries[1:6]
+
+    def loads_after(files: list[int]) -> int:
+        read(ds, packed, files)
+        return counters(cache)["window_loads"]
+
+    def age() -> None:  # IDLE_READS reads of this node's own block: every block in the window goes idle
+        read(ds, packed, (own * (IDLE_READS // len(own) + 2))[: IDLE_READS + 1])
+
+    try:
+        assert loads_after(a[:2] + b[:2]) == 2
+        age()
+        assert loads_after(c[:2]) == 3  # a dropped, two of its files read: wasted
+        age()
+        assert loads_after(d[:2]) == 4  # b too: a random order, it seems
+        age()
+        assert loads_after(e[:2]) == 4  # a second miss no longer fetches a block whole
+        assert loads_after(e[2:3]) == 5  # a third does
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_no_block_is_windowed_unless_it_is_another_nodes(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: False)
+    try:
+        read(ds, packed, entries[0])
+        assert counters(cache)["window_loads"] == 0 and counters(cache)["file_reads"] == len(entries[0])
+    finally:
+        ds.close()
+        cache.close()

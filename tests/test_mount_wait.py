@@ -345,15 +345,19 @@ def test_a_signal_while_mount_waits_stops_its_server_and_leaves_no_mount(tmp_pat
 
 
 @pytest.mark.fuse
-def test_a_server_that_dies_after_mounting_leaves_no_mount_behind(tmp_path, packed):
+@pytest.mark.parametrize("inject", ["none", "cleanup"], ids=["dies", "signal-while-clearing"])
+def test_a_server_that_dies_after_mounting_leaves_no_mount_behind(tmp_path, packed, inject):
+    """The server dies after mounting: the command clears the dead mount it left (ENOTCONN).  ``cleanup``: a
+    signal raised inside that unmount cut it short, leaving the dead mount; now the clearing finishes, and
+    the server's failure is the error."""
     from capability import has_fuse, require
     from mountutil import release
 
     require(has_fuse(), "/dev/fuse")
     mnt = tmp_path / "mnt"
-    command, _said = _mount_command(tmp_path, packed, "die")
+    command, _said = _mount_command(tmp_path, packed, "die", inject=inject)
     try:
-        out, err = command.communicate(timeout=60)
+        out, err = _ended(command, None, tmp_path / "log")
         assert command.returncode == 2 and "before serving" in err, (out, err)
         assert not process.is_mounted(mnt)
     finally:
@@ -390,25 +394,4 @@ def test_a_signal_while_mount_starts_its_server_stops_that_server(tmp_path, pack
             command.wait(10)
         if started.exists() and not _gone(int(started.read_text())):
             os.kill(int(started.read_text()), signal.SIGKILL)
-        release(mnt)
-
-
-@pytest.mark.fuse
-def test_a_signal_while_mount_clears_a_failed_server_lets_it_finish(tmp_path, packed):
-    """The server dies after mounting; a signal raised inside the unmount of what it left cut that short,
-    leaving the dead mount (ENOTCONN).  Now the clearing finishes, and the server's failure is the error."""
-    from capability import has_fuse, require
-    from mountutil import release
-
-    require(has_fuse(), "/dev/fuse")
-    mnt = tmp_path / "mnt"
-    command, _said = _mount_command(tmp_path, packed, "die", inject="cleanup")
-    try:
-        out, err = _ended(command, None, tmp_path / "log")
-        assert command.returncode == 2 and "before serving" in err, (out, err)
-        assert not process.is_mounted(mnt)
-    finally:
-        if command.poll() is None:
-            command.kill()
-            command.wait(10)
         release(mnt)

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,18 @@ def owned_blocks(tree: Path, peers: list[str], owner: int) -> list[list[str]]:
         return [sorted(os.fsdecode(p) for p in ds.files_in_block(b)) for b in range(ds.n_blocks) if owners[b] == owner]
 
 
-def owned_files(tree: Path, peers: list[str], owner: int) -> list[str]:
-    return sorted(name for files in owned_blocks(tree, peers, owner) for name in files)
+def drawn_peers(
+    tree: Path, enough: Callable[[list[list[str]]], bool], draw: Callable[[], list[str]] = lambda: ports(2)
+) -> tuple[list[str], list[list[str]]]:
+    """Peer addresses (``draw()``: free ports) under which node 1's blocks (:func:`owned_blocks`) are
+    ``enough`` for a test, and those blocks.  Ownership hashes the addresses, ports included, so one draw
+    of random ports can leave node 1 too few blocks: draw again (a few tries at most, in practice)."""
+    for _ in range(50):
+        peers = draw()
+        theirs = owned_blocks(tree, peers, 1)
+        if enough(theirs):
+            return peers, theirs
+    raise AssertionError("no draw of ports gave node 1 the blocks the test needs: choose a tree with more blocks")
 
 
 def peer_args(peers: list[str], rank: int, *extra: str) -> tuple[str, ...]:
@@ -215,9 +226,8 @@ def other(tmp_path_factory) -> Path:
 def test_a_bad_peer_costs_a_timeout_then_the_store_and_is_avoided(url, tree, other, tmp_path, mode):
     fake = FakePeer(mode, tree / "packed", other)
     try:
-        peers = [ports(1)[0], fake.address]
-        theirs = owned_files(tree, peers, 1)
-        assert theirs, "the fake peer owns no block: choose other ports"
+        peers, blocks = drawn_peers(tree, bool, lambda: [ports(1)[0], fake.address])  # the fake owns some
+        theirs = sorted(name for files in blocks for name in files)
         want = expected(tree)
         with mounted(
             url,
@@ -321,9 +331,7 @@ def test_a_file_of_a_block_another_node_owns_is_asked_for_as_its_range(url, tree
 
 
 def test_a_peer_killed_mid_epoch_then_back_is_used_again(url, tree, tmp_path):
-    peers = ports(2)
-    theirs = owned_blocks(tree, peers, 1)  # node 1's blocks, each a list of its files
-    assert len(theirs) >= 3, "node 1 owns too few blocks: choose other ports"
+    peers, theirs = drawn_peers(tree, lambda blocks: len(blocks) >= 3)  # node 1's blocks, each a list of its files
     want = expected(tree)
     args = ("--cache-size", "0", "--peer-timeout", "0.5", "--peer-backoff", "0.2")
     with mounted(url, tmp_path / "a", *peer_args(peers, 0, *args)) as a:
@@ -414,15 +422,8 @@ def window_budget(tree: Path, peers: list[str], rank: int, blocks: int) -> tuple
 def test_a_block_another_node_owns_is_fetched_whole_once_for_the_reads_that_follow(s3, small_files, tmp_path):
     url = f"s3://{s3.new_bucket()}/ds"
     blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
-    # Ownership hashes the peers' addresses, ports included: take free ports until node 1 owns three or more
-    # blocks of ten files or more (one draw in ten or so gives it fewer).
-    for _ in range(50):
-        peers = ports(2)
-        theirs = owned_blocks(small_files, peers, 1)
-        if len(theirs) >= 3 and min(map(len, theirs)) >= 10:
-            break
-    else:
-        raise AssertionError("no draw of ports gave node 1 three full blocks: choose a tree with more blocks")
+    # Node 1 owns three blocks or more, of ten files or more (about one draw of ports in ten gives fewer).
+    peers, theirs = drawn_peers(small_files, lambda blocks: len(blocks) >= 3 and min(map(len, blocks)) >= 10)
     want = expected(small_files)
     budget, largest = window_budget(small_files, peers, 0, 2)  # a window of two blocks
     with (
@@ -466,9 +467,7 @@ def test_a_peers_data_section_that_fails_its_check_is_dropped_and_read_from_the_
     blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
     fake = FakePeer("flipped_sections", small_files / "packed", other)
     try:
-        peers = [ports(1)[0], fake.address]
-        theirs = owned_blocks(small_files, peers, 1)
-        assert theirs, "the fake peer owns no block: choose other ports"
+        peers, theirs = drawn_peers(small_files, bool, lambda: [ports(1)[0], fake.address])  # the fake owns some
         want = expected(small_files)
         budget, _largest = window_budget(small_files, peers, 0, 2)
         args = ("--cache-size", str(budget), "--no-retain", "--peer-timeout", "0.5", "--peer-backoff", "60")

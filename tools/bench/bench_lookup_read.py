@@ -25,7 +25,8 @@ spike's switches compared in one run).
 
 Reported per server and pass: the median files/s, its ratio to the no-work server's (cold) or to the plain
 directory's (kernel-served), the server's CPU microseconds per file (``/proc/PID/stat``: what a file costs the
-server, steadier than a rate on a busy machine), and the requests it was sent per file (null_fs's counted
+server, steadier than a rate on a busy machine), the reader's (its process's CPU, the kernel's work in its
+system calls included: with the server's, what a file costs the machine), and the requests it was sent per file (null_fs's counted
 through its ``--counts`` file, blockfs's from its statistics).
 """
 
@@ -195,6 +196,7 @@ def main() -> int:
                     sample = {
                         "files_s": got["files"] / got["seconds"],
                         "cpu_us_per_file": (cpu_seconds(pid) - cpu) * 1e6 / got["files"] if pid else 0.0,
+                        "reader_cpu_us_per_file": got["cpu_ms"] * 1e3 / got["files"],
                         "requests_per_file": {
                             k: (v - before.get(k, 0)) / got["files"]
                             for k, v in after.items()
@@ -217,19 +219,23 @@ def main() -> int:
         f"{len(names):,} files of 2-6 KiB read from a list, no listing, {args.threads} readers; route {args.fuse}; "
         f"medians of {args.repeats}; cold: every kernel cache dropped first; kernel-served: the same list again"
     )
-    print(f"{'pass':13} {'server':18} {'files/s':>9} {'ratio':>6} {'cpu us/file':>11}  requests per file (median)")
+    print(
+        f"{'pass':13} {'server':18} {'files/s':>9} {'ratio':>6} {'cpu us/file':>11} {'reader us':>9}"
+        "  requests per file (median)"
+    )
     for kind, reference in (("cold", NULL), ("warm", PLAIN)):
         base = statistics.median(s["files_s"] for s in samples[reference][kind])
         for name, by_kind in samples.items():
             rows = by_kind[kind]
             rate = statistics.median(s["files_s"] for s in rows)
             cpu = statistics.median(s["cpu_us_per_file"] for s in rows)
+            reader = statistics.median(s["reader_cpu_us_per_file"] for s in rows)
             ops = sorted({k for s in rows for k in s["requests_per_file"]})
             per_file = ", ".join(
                 f"{k} {statistics.median(s['requests_per_file'].get(k, 0.0) for s in rows):.2f}" for k in ops
             )
             label = "cold" if kind == "cold" else "kernel-served"
-            print(f"{label:13} {name:18} {rate:9,.0f} {rate / base:6.2f} {cpu:11.1f}  {per_file}")
+            print(f"{label:13} {name:18} {rate:9,.0f} {rate / base:6.2f} {cpu:11.1f} {reader:9.1f}  {per_file}")
     print(f"ratio: to {NULL}'s files/s for the cold pass, to the {PLAIN}'s for the kernel-served pass")
     if args.json:
         Path(args.json).write_text(

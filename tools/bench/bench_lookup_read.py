@@ -1,14 +1,14 @@
 """Reads from a list of paths, no listing first: blockfs served from memory beside the no-work server (the floor).
 
     python tools/bench/bench_lookup_read.py [--files 50000] [--threads 4] [--repeats 3] [--fuse kernel]
-                                            [--null-c 2[,4,4clone]] [--before DIR] [--variant LABEL=VAR=VALUE[,...]]
+                                            [--null-c 2[,4,4clone,2uring]] [--before DIR] [--variant LABEL=VAR=VALUE[,...]]
                                             [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 2-6 KiB (tools/make_dataset.py's ``tiny`` mode, ~4 KiB), packed; blockfs mounted
 with every block prefilled into its memory, and tools/bench/helpers/null_fs.py (no work per request) on the
 same tree and route, and on the kernel route the same no-work server compiled (``null_fs.py --fuse c``:
 null_fs_c.c, no Python in the request loop; ``--null-c`` its worker threads, one row each, ``Nclone`` for a
-/dev/fuse clone per worker, ``none`` for no row): what of the floor is Python's.  Each repeat, the servers in
+/dev/fuse clone per worker, ``Nuring`` for FUSE over io_uring with N entries a CPU, ``none`` for no row): what of the floor is Python's.  Each repeat, the servers in
 turn, two passes each (helpers/storage_reader.py, ``open().read()`` per file, the list in a shuffled order split
 over ``--threads`` reader threads):
 
@@ -64,16 +64,18 @@ from blockfs.serve.daemon import MountError, unmount, wait_until_mounted
 NULL, PLAIN = "null_fs (floor)", "plain directory"
 
 
-def c_rows(spec: str) -> dict[str, tuple[int, bool]]:
-    """``--null-c``'s rows: label -> (worker threads, a cloned descriptor each)."""
-    rows: dict[str, tuple[int, bool]] = {}
+def c_rows(spec: str) -> dict[str, tuple[int, str]]:
+    """``--null-c``'s rows: label -> (worker threads, "" / "clone" / "uring")."""
+    rows: dict[str, tuple[int, str]] = {}
     for item in filter(None, spec.split(",")):
         if item == "none":
             continue
-        threads, clone = item.removesuffix("clone"), item.endswith("clone")
+        how = next((h for h in ("clone", "uring") if item.endswith(h)), "")
+        threads = item.removesuffix(how)
         if not threads.isdigit() or int(threads) < 1:
-            raise SystemExit(f"--null-c {item!r}: give worker threads as N or Nclone (e.g. 2,4clone), or none")
-        rows[f"null_fs_c {threads}t" + (" clone" if clone else "")] = (int(threads), clone)
+            raise SystemExit(f"--null-c {item!r}: give worker threads as N, Nclone or Nuring (e.g. 2,4clone), or none")
+        label = f"null_fs_c {threads}t" if how != "uring" else f"null_fs_c uring {threads}e"
+        rows[label + (" clone" if how == "clone" else "")] = (int(threads), how)
     return rows
 
 
@@ -128,7 +130,8 @@ def main() -> int:
     parser.add_argument(
         "--null-c",
         default="2",
-        help="worker threads of the compiled no-work server's rows (kernel route): N or Nclone, comma-separated; none",
+        help="the compiled no-work server's rows (kernel route), comma-separated: N worker threads, Nclone (a "
+        "/dev/fuse clone each), Nuring (FUSE over io_uring, N entries a CPU; root); none",
     )
     parser.add_argument("--before", help="a checkout of the blockfs to compare with (measured in the same repeats)")
     add_variant_options(parser)
@@ -158,8 +161,8 @@ def main() -> int:
             mnt = work / f"mnt-{len(servers)}"
             servers[name] = (mnt, mount_blockfs(checkout, packed, mnt, args.fuse, env))
         starts = {NULL: ["--fuse", args.fuse]}
-        for name, (threads, clone) in compiled.items():
-            starts[name] = ["--fuse", "c", "--threads", str(threads)] + (["--clone"] if clone else [])
+        for name, (threads, how) in compiled.items():
+            starts[name] = ["--fuse", "c", "--threads", str(threads)] + ([f"--{how}"] if how else [])
         for name, how in starts.items():
             null_mnt = work / f"mnt-null-{len(nulls)}"
             null_mnt.mkdir(exist_ok=True)

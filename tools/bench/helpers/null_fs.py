@@ -209,8 +209,33 @@ def write_table(src: str, path: str) -> None:
         f.write(name_blob)
 
 
+URING_PARAMETER = "/sys/module/fuse/parameters/enable_uring"
+OVER_IO_URING = 1 << 9  # FUSE_OVER_IO_URING (1 << 41): the INIT flags' second word
+
+
+def uring_init(request: bytes, answer: bytes) -> bytes:
+    """``answer`` (the session's INIT answer) asking also for FUSE_OVER_IO_URING, which ``request`` (the
+    kernel's INIT) must offer; one line and exit where it does not."""
+    from blockfs.serve.fuse import wire
+
+    _major, _minor, _readahead, flags = wire.INIT_IN.unpack_from(request, wire.IN_HEADER.size)
+    flags2 = struct.unpack_from("=I", request, wire.IN_HEADER.size + wire.INIT_IN.size)[0]
+    if not (flags & wire.INIT_EXT and flags2 & OVER_IO_URING):
+        raise SystemExit(f"null_fs.py --uring: this kernel offers no FUSE over io_uring (root sets {URING_PARAMETER})")
+    fields = list(wire.INIT_OUT.unpack(answer))
+    fields[3] |= wire.INIT_EXT
+    fields[10] |= OVER_IO_URING
+    return wire.INIT_OUT.pack(*fields)
+
+
 def serve_c(
-    src: str, mountpoint: str, threads: int, listing: str = "plus", counts: str | None = None, clone: bool = False
+    src: str,
+    mountpoint: str,
+    threads: int,
+    listing: str = "plus",
+    counts: str | None = None,
+    clone: bool = False,
+    uring: bool = False,
 ) -> None:
     """The no-work server with no Python in its request loop: null_fs_c.c, built here, serving the mount this
     process makes as the kernel route does (blockfs's session mounts and answers INIT with the same flags), with
@@ -240,16 +265,29 @@ def serve_c(
         binary = build_c(work)
         table = os.path.join(work, "tree")
         write_table(src, table)
-        session.mount(mountpoint, src.replace(",", "_"), "nullfs")
-        request = os.read(session.fd, BUFFER_BYTES)  # the kernel's first request is always INIT
-        _len, opcode, unique, *_ = wire.IN_HEADER.unpack_from(request)
-        if opcode != wire.INIT:
-            raise SystemExit(f"null_fs.py --fuse c: the kernel's first request was opcode {opcode}, not INIT")
-        answer = session.init_answer(memoryview(request)[wire.IN_HEADER.size :])
-        if answer is None:
-            raise SystemExit("null_fs.py --fuse c: the kernel's FUSE protocol is too old")
-        session.reply(unique, answer)
-        command = [binary, table, str(session.fd), str(threads), "1" if clone else "0", counts or ""]
+        switched = False
+        if uring:  # offered at INIT only while the module's switch is on; on just for this mount's INIT
+            with open(URING_PARAMETER) as f:
+                switched = f.read().strip() != "Y"
+            if switched:
+                with open(URING_PARAMETER, "w") as f:
+                    f.write("Y")
+        try:  # the switch is read when the kernel sends INIT and again when it takes the answer
+            session.mount(mountpoint, src.replace(",", "_"), "nullfs")
+            request = os.read(session.fd, BUFFER_BYTES)  # the kernel's first request is always INIT
+            _len, opcode, unique, *_ = wire.IN_HEADER.unpack_from(request)
+            if opcode != wire.INIT:
+                raise SystemExit(f"null_fs.py --fuse c: the kernel's first request was opcode {opcode}, not INIT")
+            answer = session.init_answer(memoryview(request)[wire.IN_HEADER.size :])
+            if answer is None:
+                raise SystemExit("null_fs.py --fuse c: the kernel's FUSE protocol is too old")
+            session.reply(unique, uring_init(request, answer) if uring else answer)
+        finally:
+            if switched:
+                with open(URING_PARAMETER, "w") as f:
+                    f.write("N")
+        mode = "2" if uring else "1" if clone else "0"
+        command = [binary, table, str(session.fd), str(threads), mode, counts or ""]
         child = subprocess.Popen(command, pass_fds=(session.fd,), stdin=subprocess.DEVNULL)
         while not stop and child.poll() is None:
             try:
@@ -594,6 +632,11 @@ def main() -> int:
     parser.add_argument(
         "--clone", action="store_true", help="c route: a /dev/fuse descriptor per thread (FUSE_DEV_IOC_CLONE)"
     )
+    parser.add_argument(
+        "--uring",
+        action="store_true",
+        help="c route: FUSE over io_uring (root; a ring per CPU, --threads entries each)",
+    )
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")
@@ -601,7 +644,7 @@ def main() -> int:
     if args.fuse == "kernel":
         serve_kernel(src, mountpoint, args.threads, args.listing, args.counts)
     elif args.fuse == "c":
-        serve_c(src, mountpoint, args.threads, args.listing, args.counts, args.clone)
+        serve_c(src, mountpoint, args.threads, args.listing, args.counts, args.clone, args.uring)
     elif args.fuse == "pyfuse3":
         serve_pyfuse3(src, mountpoint)
     elif args.fuse == "lowlevel":

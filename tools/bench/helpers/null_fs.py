@@ -1,6 +1,6 @@
 """A FUSE filesystem that does no work: the ceiling of a Python FUSE server on this machine, per route.
 
-    python tools/bench/helpers/null_fs.py SRC MOUNTPOINT [--fuse kernel|mfusepy|pyfuse3] [--threads N]
+    python tools/bench/helpers/null_fs.py SRC MOUNTPOINT [--fuse kernel|c|mfusepy|pyfuse3] [--threads N] [--clone]
 
 It shows SRC's tree (names, sizes, modes, taken once at start) and answers every read with zero bytes from
 one preallocated buffer: no index, no cache, no copy of file data in Python.  Whatever a reader gets from it
@@ -11,6 +11,8 @@ and ``tools/bench/bench_fuse_routes.py`` read it side by side with the mount.  T
   ``blockfs mount`` asks of it: READDIRPLUS listings with attributes, no OPEN/OPENDIR round trips;
 * ``mfusepy`` — libfuse 3's high-level API through mfusepy, with the same options and per-thread trick as the
   mfusepy adapter (:mod:`blockfs.serve.fuse.libfuse_adapter`): open answered ENOSYS, a LOOKUP per file;
+* ``c`` — the kernel route's protocol, tree and answers in C (``null_fs_c.c``, built here with the machine's
+  compiler): what the same requests cost with no Python in the request loop;
 * ``lowlevel`` — libfuse 3's low-level API through a ctypes binding written here: node ids in every callback,
   READDIRPLUS and no open (what the kernel route does), but each request still a ctypes callback;
 * ``pyfuse3`` — libfuse 3's low-level API through pyfuse3 (when installed): readdir with attributes, but it
@@ -21,7 +23,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import struct
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -132,15 +137,7 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus",
         wire.FORGET: lambda *a: NO_REPLY,
         wire.BATCH_FORGET: lambda *a: NO_REPLY,
     }
-    flags = (
-        wire.ASYNC_READ
-        | wire.NO_OPEN_SUPPORT
-        | wire.NO_OPENDIR_SUPPORT
-        | wire.PARALLEL_DIROPS
-        | wire.MAX_PAGES
-        | wire.CACHE_SYMLINKS
-    )
-    flags |= {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
+    flags = kernel_flags(listing)
     session = Session(handlers, on_init=lambda minor, kernel: flags)
     if counts is not None:
 
@@ -154,6 +151,179 @@ def serve_kernel(src: str, mountpoint: str, threads: int, listing: str = "plus",
     session.mount(mountpoint, src.replace(",", "_"), "nullfs")
     session.serve(threads)
     print({wire.OPCODE_NAMES.get(k, k): v for k, v in session.requests.items()}, file=sys.stderr)
+
+
+C_SOURCE = Path(__file__).with_name("null_fs_c.c")
+TABLE_NODE = struct.Struct("=QQIIQ")  # parent, name offset, name length, child count, first child; fuse_attr follows
+
+
+def compiler() -> str | None:
+    """The C compiler ``--fuse c`` builds with: ``$CC``, else cc or gcc on the PATH (None: there is none)."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build_c(out_dir: str) -> str:
+    """null_fs_c.c compiled with -O2 into ``out_dir``; the program's path.  One line and exit without a compiler."""
+    cc = compiler()
+    if cc is None:
+        raise SystemExit("null_fs.py --fuse c: no C compiler found (cc, gcc or $CC): install one (apt-get install gcc)")
+    binary = os.path.join(out_dir, "null_fs_c")
+    done = subprocess.run(
+        [cc, "-O2", "-pthread", "-o", binary, str(C_SOURCE)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise SystemExit(f"null_fs.py --fuse c: {cc} could not build {C_SOURCE.name}: {why[0] if why else 'failed'}")
+    return binary
+
+
+def write_table(src: str, path: str) -> None:
+    """SRC's tree as null_fs_c reads it (the format in null_fs_c.c's header): the same node ids, attributes and
+    listing order as the kernel route's."""
+    from blockfs.serve.fuse import wire
+
+    stats, children = walk(src)
+    paths = sorted(stats)
+    node_of = {p: i + 1 for i, p in enumerate(paths)}
+    name_blob = bytearray()
+    kids: list[int] = []
+    records = []
+    for p in paths:
+        st = stats[p]
+        name = os.path.basename(p)
+        parent = node_of[os.path.dirname(p)] if p else 0
+        names = children.get(p, [])
+        record = TABLE_NODE.pack(parent, len(name_blob), len(name), len(names), len(kids))
+        records.append(
+            record + wire.attr(node_of[p], st.st_size, st.st_mode & ~0o222, st.st_nlink, st.st_mtime_ns, 0, 0)
+        )
+        name_blob += name
+        kids.extend(node_of[os.path.join(p, n) if p else n] for n in names)
+    with open(path, "wb") as f:
+        f.write(b"NULLFSC1" + struct.pack("=QQQ", len(paths), len(kids), len(name_blob)))
+        f.write(b"".join(records))
+        f.write(struct.pack(f"={len(kids)}Q", *kids))
+        f.write(name_blob)
+
+
+URING_PARAMETER = "/sys/module/fuse/parameters/enable_uring"
+OVER_IO_URING = 1 << 9  # FUSE_OVER_IO_URING (1 << 41): the INIT flags' second word
+
+
+def uring_init(request: bytes, answer: bytes) -> bytes:
+    """``answer`` (the session's INIT answer) asking also for FUSE_OVER_IO_URING, which ``request`` (the
+    kernel's INIT) must offer; one line and exit where it does not."""
+    from blockfs.serve.fuse import wire
+
+    _major, _minor, _readahead, flags = wire.INIT_IN.unpack_from(request, wire.IN_HEADER.size)
+    flags2 = struct.unpack_from("=I", request, wire.IN_HEADER.size + wire.INIT_IN.size)[0]
+    if not (flags & wire.INIT_EXT and flags2 & OVER_IO_URING):
+        raise SystemExit(f"null_fs.py --uring: this kernel offers no FUSE over io_uring (root sets {URING_PARAMETER})")
+    fields = list(wire.INIT_OUT.unpack(answer))
+    fields[3] |= wire.INIT_EXT
+    fields[10] |= OVER_IO_URING
+    return wire.INIT_OUT.pack(*fields)
+
+
+def serve_c(
+    src: str,
+    mountpoint: str,
+    threads: int,
+    listing: str = "plus",
+    counts: str | None = None,
+    clone: bool = False,
+    uring: bool = False,
+) -> None:
+    """The no-work server with no Python in its request loop: null_fs_c.c, built here, serving the mount this
+    process makes as the kernel route does (blockfs's session mounts and answers INIT with the same flags), with
+    ``threads`` workers (``clone``: a FUSE_DEV_IOC_CLONE descriptor each).  This process stays as its
+    supervisor: SIGUSR1 is passed on (the counts), and the mount is always taken down when either ends."""
+    import signal
+    import tempfile
+
+    from blockfs.serve.fuse import wire
+    from blockfs.serve.fuse.session import BUFFER_BYTES, Session
+
+    work = tempfile.mkdtemp(prefix="null-fs-c-")  # private (0700): the program and the table
+    child = None
+    session = Session({}, on_init=lambda minor, kernel: kernel_flags(listing))
+    stop = []
+
+    def stopping(signum: int, frame: object) -> None:
+        stop.append(signum)
+
+    def pass_on(signum: int, frame: object) -> None:
+        if child is not None:
+            child.send_signal(signum)
+
+    old = {s: signal.signal(s, stopping) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, pass_on)
+    try:
+        binary = build_c(work)
+        table = os.path.join(work, "tree")
+        write_table(src, table)
+        switched = False
+        if uring:  # offered at INIT only while the module's switch is on; on just for this mount's INIT
+            with open(URING_PARAMETER) as f:
+                switched = f.read().strip() != "Y"
+            if switched:
+                with open(URING_PARAMETER, "w") as f:
+                    f.write("Y")
+        try:  # the switch is read when the kernel sends INIT and again when it takes the answer
+            session.mount(mountpoint, src.replace(",", "_"), "nullfs")
+            request = os.read(session.fd, BUFFER_BYTES)  # the kernel's first request is always INIT
+            _len, opcode, unique, *_ = wire.IN_HEADER.unpack_from(request)
+            if opcode != wire.INIT:
+                raise SystemExit(f"null_fs.py --fuse c: the kernel's first request was opcode {opcode}, not INIT")
+            answer = session.init_answer(memoryview(request)[wire.IN_HEADER.size :])
+            if answer is None:
+                raise SystemExit("null_fs.py --fuse c: the kernel's FUSE protocol is too old")
+            session.reply(unique, uring_init(request, answer) if uring else answer)
+        finally:
+            if switched:
+                with open(URING_PARAMETER, "w") as f:
+                    f.write("N")
+        mode = "2" if uring else "1" if clone else "0"
+        command = [binary, table, str(session.fd), str(threads), mode, counts or ""]
+        child = subprocess.Popen(command, pass_fds=(session.fd,), stdin=subprocess.DEVNULL)
+        while not stop and child.poll() is None:
+            try:
+                child.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        session.unmount()  # the workers then read ENODEV and the program ends
+        if child is not None:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if session.fd >= 0:
+            os.close(session.fd)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def kernel_flags(listing: str) -> int:
+    """The INIT flags the kernel route asks for (what ``blockfs mount`` asks), with ``listing``'s READDIRPLUS."""
+    from blockfs.serve.fuse import wire
+
+    flags = (
+        wire.ASYNC_READ
+        | wire.NO_OPEN_SUPPORT
+        | wire.NO_OPENDIR_SUPPORT
+        | wire.PARALLEL_DIROPS
+        | wire.MAX_PAGES
+        | wire.CACHE_SYMLINKS
+    )
+    return (
+        flags | {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
+    )
 
 
 def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:
@@ -443,12 +613,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="a FUSE server that does no work")
     parser.add_argument("src")
     parser.add_argument("mountpoint")
-    parser.add_argument("--fuse", choices=("kernel", "mfusepy", "lowlevel", "pyfuse3"), default="mfusepy")
+    parser.add_argument("--fuse", choices=("kernel", "c", "mfusepy", "lowlevel", "pyfuse3"), default="mfusepy")
     parser.add_argument(
         "--threads",
         type=int,
         default=2,
-        help="threads of the kernel route (lowlevel: 1 = libfuse's single-threaded loop)",
+        help="threads of the kernel and c routes (lowlevel: 1 = libfuse's single-threaded loop)",
     )
     parser.add_argument(
         "--listing",
@@ -456,13 +626,25 @@ def main() -> int:
         default="plus",
         help="kernel route: READDIRPLUS always, when the kernel asks, or never (READDIR)",
     )
-    parser.add_argument("--counts", help="kernel route: write the requests received to this file at each SIGUSR1")
+    parser.add_argument(
+        "--counts", help="kernel and c routes: write the requests received to this file at each SIGUSR1"
+    )
+    parser.add_argument(
+        "--clone", action="store_true", help="c route: a /dev/fuse descriptor per thread (FUSE_DEV_IOC_CLONE)"
+    )
+    parser.add_argument(
+        "--uring",
+        action="store_true",
+        help="c route: FUSE over io_uring (root; a ring per CPU, --threads entries each)",
+    )
     args = parser.parse_args()
     if not stat.S_ISDIR(os.stat(args.src).st_mode):
         parser.error(f"{args.src} is not a directory")
     src, mountpoint = os.path.abspath(args.src), os.path.abspath(args.mountpoint)
     if args.fuse == "kernel":
         serve_kernel(src, mountpoint, args.threads, args.listing, args.counts)
+    elif args.fuse == "c":
+        serve_c(src, mountpoint, args.threads, args.listing, args.counts, args.clone, args.uring)
     elif args.fuse == "pyfuse3":
         serve_pyfuse3(src, mountpoint)
     elif args.fuse == "lowlevel":

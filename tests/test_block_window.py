@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from polling import wait_until
 
 import blockfs
 from blockfs.core.dataset import PackedDataset
@@ -134,6 +135,41 @@ def test_no_block_is_windowed_unless_it_is_another_nodes(packed):
     try:
         read(ds, packed, entries[0])
         assert counters(cache)["window_loads"] == 0 and counters(cache)["file_reads"] == len(entries[0])
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_announced_blocks_are_fetched_ahead_within_the_room_and_their_reads_ask_no_one(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b, c = entries[:3]
+    try:
+        cache.prefetch([0, 1, 2])  # a loader's announcement: these three blocks next, in this order
+        wait_until(lambda: counters(cache)["window_loads"] == 2, what="the first two fetched ahead")
+        window = cache.stats()["cache"]["window"]
+        assert window["blocks"] == 2 and window["held_bytes"] <= window["capacity_bytes"]  # c waits for room
+        assert counters(cache)["file_reads"] == 0  # before any read
+        read(ds, packed, a[:-1] + b[:2])  # a and b being read: c is not fetched in their place
+        assert counters(cache)["window_loads"] == 2
+        read(ds, packed, a[-1:])  # a read out: its room goes to c, ahead of c's first read
+        wait_until(lambda: counters(cache)["window_ahead_loads"] == 3, what="c fetched ahead once a was read out")
+        read(ds, packed, b[2:] + c)
+        c_ = counters(cache)
+        assert c_["window_loads"] == c_["window_ahead_loads"] == 3 and c_["file_reads"] == 0  # from memory, once
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_an_announcement_fetches_nothing_ahead_that_is_not_another_nodes(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 1)
+    try:
+        cache.prefetch([1, 2])
+        wait_until(lambda: cache.holds(2), what="block 2 fetched ahead")
+        assert not cache.holds(1) and counters(cache)["window_ahead_loads"] == 1
+        cache.prefetch([3])  # a new announcement replaces the last
+        wait_until(lambda: cache.holds(3), what="block 3 fetched ahead")
+        assert counters(cache)["window_ahead_loads"] == 2
     finally:
         ds.close()
         cache.close()

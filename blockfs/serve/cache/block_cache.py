@@ -132,7 +132,12 @@ class BlockCache:
         self._sequence = SequentialReads()
         # A proxy, not a reference: a cycle would keep an unclosed cache's memory until the cycle collector ran.
         self._background = BackgroundLoads(
-            weakref.proxy(self), store.n_blocks, readahead=readahead, threads=loaders, to_disk=store.files.keeps_copies
+            weakref.proxy(self),
+            store.n_blocks,
+            readahead=readahead,
+            threads=loaders,
+            to_disk=store.files.keeps_copies,
+            to_window=self._window is not None,
         )
 
     # --- the reader interface ---------------------------------------------------------------------
@@ -292,6 +297,31 @@ class BlockCache:
     def count(self, name: str) -> None:
         self._counters.add(name)
 
+    def window_ahead(self, block: int, current: Callable[[], bool]) -> Callable[[], object] | None:
+        """Claim room in the window for ``block``, another node's block a loader announced, waiting while
+        ``current()`` for a block held there to be read out (:meth:`BlockWindow.claim_ahead`).  Returns the
+        load to run (it fetches the data section whole, verified), None when it declined: no window, not
+        another node's, in memory or being loaded, known damaged, or no longer current."""
+        if self._window is None or self.closed or block in self._blocks or block in self._loading:
+            return None
+        try:
+            head = self._loads.header(block)
+        except (CorruptBlockError, BlockReadError):
+            return None  # reported when a file of it is read
+        if self._damaged.is_damaged(block):
+            return None
+        load = self._window.claim_ahead(block, head, lambda: current() and not self.closed)
+        if load is None:
+            return None
+
+        def run() -> object:
+            try:
+                return load()
+            except (CorruptBlockError, BlockReadError):
+                return None  # the window dropped it: the reads read their files alone, which reports it
+
+        return run
+
     def copy_ahead(self, block: int) -> bool:
         """Fetch ``block`` into the disk tier before a read needs it (a loader announced it, and memory
         will not hold it); whether it was copied.  A failure is left for the read to report."""
@@ -352,7 +382,10 @@ class BlockCache:
 
     def prefetch(self, blocks: list[int]) -> None:
         """Load ``blocks`` in the background, in this order, as far as they fit without evicting anything
-        (a loader's announcement of what it reads next); a new call replaces the one before."""
+        (a loader's announcement of what it reads next); a new call replaces the one before.  Another
+        node's blocks go to the window instead, each as soon as room is made for it."""
+        if self._window is not None:
+            self._window.announced(blocks)
         self._background.prefetch(blocks)
 
     # --- statistics and life cycle ----------------------------------------------------------------

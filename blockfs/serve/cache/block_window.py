@@ -9,6 +9,13 @@ order, where a block fetched whole serves one file or two) fetches its data sect
 like every whole block (the chunk digests; a failed check drops the peer's bytes and reads the store's), and
 keeps it here; the files that follow are memory reads, answered where the cache's are (no request each).
 
+A loader that announces the blocks it reads next (:mod:`blockfs.serve.control.announce`) lets the window fetch
+them *ahead* of the reader instead (:meth:`BlockWindow.claim_ahead`, from the cache's background loads): in the
+announced order, each as soon as room is made for it, so the reads find it in memory.  A block fetched ahead
+counts as read lately for :data:`AHEAD_GRACE` more file reads, so a reader still a few blocks behind finds it
+there; a block dropped read out since the announcement is not fetched again; a block held that the
+announcement does not name counts as idle (the last epoch's).
+
 The window holds at most ``capacity`` bytes (loads in flight included); the mount takes that room out of the
 cache's budget (``BlockCache(window_bytes=...)``), so memory never holds more than the budget the user set.
 It never drops a block still being read to load another (that would fetch blocks again and again): room is
@@ -33,13 +40,16 @@ from ...errors import BlockReadError, CorruptBlockError
 from .cache_stats import CacheCounters
 from .cached_block import CachedBlock
 
-__all__ = ["BlockWindow", "RECENT_MISSES", "WINDOW_BLOCKS"]
+__all__ = ["AHEAD_GRACE", "BlockWindow", "RECENT_MISSES", "WINDOW_BLOCKS"]
 
 WINDOW_BLOCKS = 8  # blocks the window is sized for (the loader has 6 in flight per reader by default)
 RECENT_MISSES = 8  # a block's second miss among this many fetches it whole (a random order rarely repeats so soon)
 READ_OUT_STREAK = 2  # after this many blocks in a row read out, a block's first miss fetches it whole
 WASTED_STREAK = 2  # after this many in a row dropped with less than half their files read, its third miss
 IDLE_READS = 64  # a block none of whose files was read in this many file reads may be dropped before it is read out
+AHEAD_GRACE = 2 * IDLE_READS  # a block fetched ahead is idle only once this many more files were read with none of it
+ROOM_WAIT_S = 0.1  # a fetch ahead waiting for room looks again at least this often
+WAKE_READS = 8  # and after every this many files read (a block held may have gone idle)
 
 
 class BlockWindow:
@@ -54,6 +64,7 @@ class BlockWindow:
         self._eligible = eligible
         self._counters = counters
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # a fetch ahead waits on it for a block to be read out
         self._blocks: dict[int, CachedBlock] = {}
         # Per held block: [its files read so far, the read count at its last read, its non-empty files].  Updated
         # without the lock (note_read): a lost update only moves when the block is dropped.
@@ -64,6 +75,8 @@ class BlockWindow:
         self._recent: deque[int] = deque(maxlen=RECENT_MISSES)  # blocks whose files were read alone lately
         self._streak = 0  # blocks dropped read out in a row
         self._wasted = 0  # blocks dropped with less than half their files read, in a row
+        self._done: set[int] = set()  # blocks dropped read out since the last announcement: not fetched ahead again
+        self._waiting = 0  # fetches ahead waiting for room
         self.closed = False
 
     def get(self, block: int) -> CachedBlock | None:
@@ -78,6 +91,14 @@ class BlockWindow:
             if use is not None:
                 use[0] += 1
                 use[1] = self._reads
+                if use[0] == use[2] and self._waiting:  # read out: its room may go to a block fetched ahead
+                    self._wake()
+            if self._waiting and self._reads % WAKE_READS == 0:
+                self._wake()
+
+    def _wake(self) -> None:
+        with self._room:
+            self._room.notify_all()
 
     def _make_room(self, size: int) -> bool:
         """Under the lock: drop blocks read out (else idle) until ``size`` more bytes fit; whether they do."""
@@ -97,6 +118,8 @@ class BlockWindow:
             self._wasted = min(self._wasted + 1, WASTED_STREAK) if 2 * read < files else 0
             self._bytes -= self._blocks.pop(victim).nbytes
             del self._use[victim]
+            if read >= files:
+                self._done.add(victim)
         return True
 
     def _misses_to_load(self) -> int:
@@ -141,9 +164,48 @@ class BlockWindow:
             if waited is not None:
                 waited[0] += 1
             return cached
-        return self._load(block, head, future)
+        return self._load(block, head, future, ahead=False)
 
-    def _load(self, block: int, head: fmt.BlockHeader, future: Future) -> CachedBlock | None:
+    def announced(self, blocks: list[int]) -> None:
+        """A loader announced its next ``blocks``: blocks read out before may be fetched ahead again, and a
+        block held that it does not name counts as idle now (a later read of it makes it recent again)."""
+        named = set(blocks)
+        with self._room:
+            self._done.clear()
+            for block, use in self._use.items():
+                if block not in named:
+                    use[1] = self._reads - IDLE_READS - 1
+            self._room.notify_all()  # a fetch ahead for the last announcement looks whether it still runs
+
+    def claim_ahead(
+        self, block: int, head: fmt.BlockHeader, current: Callable[[], bool]
+    ) -> Callable[[], CachedBlock | None] | None:
+        """Claim room for ``block`` (announced: the reader comes to it soon) before any read asks for it,
+        waiting while every block held is still being read, as long as ``current()`` (the announcement is
+        the latest, the cache open).  Returns the load to run (single flight with the reads' loads), or None:
+        not another node's, held, being loaded, read out since the announcement, or no longer wanted."""
+        size = head.data_size
+        if size == 0 or size > self.capacity or not self._eligible(block):
+            return None
+        with self._room:
+            while True:
+                if self.closed or block in self._blocks or block in self._loading or block in self._done:
+                    return None
+                if not current():
+                    return None
+                if self._make_room(size):
+                    break
+                self._waiting += 1
+                try:
+                    self._room.wait(ROOM_WAIT_S)
+                finally:
+                    self._waiting -= 1
+            self._bytes += size
+            future: Future = Future()
+            self._loading[block] = future
+        return lambda: self._load(block, head, future, ahead=True)
+
+    def _load(self, block: int, head: fmt.BlockHeader, future: Future, *, ahead: bool) -> CachedBlock | None:
         try:
             # The heap's memory, reused block after block: a fresh map would cost a page fault a page (about
             # 1 ms a MiB, 20x malloc's); given back when the last reader lets go, held in the room meanwhile.
@@ -167,8 +229,11 @@ class BlockWindow:
                 self._blocks[block] = cached
                 # the files read alone before (as far as the last misses tell), and the one this load is for
                 files = int(np.count_nonzero(head.sizes))
-                self._use[block] = [self._recent.count(block) + 1, self._reads, files]
-        self._counters.add_many(window_loads=1, block_bytes_read=head.data_size)
+                read = self._recent.count(block) + (0 if ahead else 1)
+                self._use[block] = [read, self._reads + (AHEAD_GRACE - IDLE_READS if ahead else 0), files]
+                if read >= files:
+                    self._room.notify_all()
+        self._counters.add_many(window_loads=1, window_ahead_loads=int(ahead), block_bytes_read=head.data_size)
         future.set_result(cached)
         return cached
 
@@ -182,3 +247,4 @@ class BlockWindow:
             self._bytes -= sum(b.nbytes for b in self._blocks.values())  # loads in flight give theirs back as they end
             self._blocks.clear()
             self._use.clear()
+            self._room.notify_all()

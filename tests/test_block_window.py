@@ -173,3 +173,19 @@ def test_an_announcement_fetches_nothing_ahead_that_is_not_another_nodes(packed)
     finally:
         ds.close()
         cache.close()
+
+
+def test_files_read_alone_before_a_block_is_fetched_count_toward_reading_it_out(packed):
+    ds, cache, entries = windowed(packed, 1)
+    a, b, c = entries[:3]
+    try:
+        read(ds, packed, a[:2])  # a fetched on its second miss: the window is full
+        read(ds, packed, b[:-1])  # b's files but its last, read alone while a is being read
+        assert counters(cache)["window_loads"] == 1 and counters(cache)["file_reads"] == 1 + len(b) - 1
+        read(ds, packed, a[2:] + b[-1:])  # a read out; b fetched for its last file: b is read out too
+        assert counters(cache)["window_loads"] == 2
+        read(ds, packed, c[:2])  # so c takes b's room at once (not IDLE_READS later)
+        assert counters(cache)["window_loads"] == 3
+    finally:
+        ds.close()
+        cache.close()

@@ -146,7 +146,7 @@ class BlockCache:
         cached = self.cached(block)
         if cached is not None:
             data = cached.read(slot, offset, size)
-            self._served(block, offset, len(data), hit=True)
+            self._served(block, slot, offset, len(data), hit=True)
             return data
         try:
             return self._read_miss(block, slot, crc, offset, size)
@@ -166,12 +166,12 @@ class BlockCache:
             return self._window.get(block)
         return cached
 
-    def count_hit(self, block: int, offset: int, nbytes: int) -> None:
+    def count_hit(self, block: int, slot: int, offset: int, nbytes: int) -> None:
         """Count a read its caller served from :meth:`cached` itself, as :meth:`read_file` counts its hits
         (and read ahead when reads move through blocks in order): :meth:`_served` of a hit, one call less."""
         self._counters.read(offset, nbytes, True)
         if self._window is not None:
-            self._window.note_read(block, offset)
+            self._window.note_read(block, slot, offset)
         if self._touch:
             with self._lock:
                 if block in self._policy:
@@ -179,21 +179,21 @@ class BlockCache:
         if self._sequence.step(block):
             self._background.read_ahead(block)
 
-    def note_pushed(self, block: int) -> None:
-        """A file of ``block`` handed to the kernel's page cache whole (its reads will not come here): for the
-        window, that file is read."""
+    def note_pushed(self, block: int, slot: int) -> None:
+        """File ``slot`` of ``block`` handed to the kernel's page cache whole (its reads will not come here): for
+        the window, that file is read."""
         if self._window is not None:
-            self._window.note_read(block, 0)
+            self._window.note_read(block, slot, 0)
 
     def note_hit(self, offset: int, nbytes: int) -> None:
         """Count a read served from memory outside the blocks (a retained file) in the same statistics."""
         self._counters.read(offset, nbytes, hit=True)
 
-    def _served(self, block: int, offset: int, nbytes: int, hit: bool) -> None:
+    def _served(self, block: int, slot: int, offset: int, nbytes: int, hit: bool) -> None:
         """Count one read; keep LRU's order; read ahead when reads move through blocks in order."""
         self._counters.read(offset, nbytes, hit)
         if hit and self._window is not None:
-            self._window.note_read(block, offset)
+            self._window.note_read(block, slot, offset)
         if hit and self._touch:
             with self._lock:
                 if block in self._policy:
@@ -212,9 +212,9 @@ class BlockCache:
                 future, mine = self._claim(block, head)
         if cached is not None:
             data = cached.read(slot, offset, size)
-            self._served(block, offset, len(data), hit=True)
+            self._served(block, slot, offset, len(data), hit=True)
             return data
-        self._served(block, offset, 0, hit=False)
+        self._served(block, slot, offset, 0, hit=False)
         loaded: bytes | None = None
         if future is not None:
             try:
@@ -222,7 +222,7 @@ class BlockCache:
             except CorruptBlockError:
                 pass  # the block is damaged: read (and verify) this file alone
         elif self._window is not None and not self._damaged.is_damaged(block):
-            windowed = self._window.read(block, head)  # another node's block, read whole on its second miss
+            windowed = self._window.read(block, slot, head)  # another node's block, read whole on its second miss
             if windowed is not None:
                 loaded = windowed.read(slot, offset, size)
         if loaded is None:

@@ -256,13 +256,14 @@ def peer_bytes(stats: dict) -> int:
     return 0
 
 
-def cpu_ms(pid: int) -> int:
-    """The CPU time (user + system, all threads) process ``pid`` has used, in ms; 0 when it is gone."""
+def cpu_ms(pid: int, system_only: bool = False) -> int:
+    """The CPU time (user + system, all threads; or system alone) process ``pid`` has used, in ms; 0 when it
+    is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0
-    return (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+    return (int(fields[12]) + (0 if system_only else int(fields[11]))) * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 def node_counters(mnt: Path, pid: int) -> dict[str, int]:
@@ -287,6 +288,7 @@ def node_counters(mnt: Path, pid: int) -> dict[str, int]:
         "file_reads": c.get("file_reads", 0),  # files read alone (each one request to a peer, or the store)
         "window_bytes": (s.get("cache") or {}).get("window", {}).get("capacity_bytes", 0),
         "mount_cpu_ms": cpu_ms(pid),  # its mount server's CPU: serving its own reads and its peers'
+        "mount_sys_ms": cpu_ms(pid, system_only=True),  # of which in the kernel (FUSE, the network)
     }
 
 

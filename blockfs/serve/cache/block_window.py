@@ -93,7 +93,8 @@ class BlockWindow:
         # Per held block: which of its files were read, the clock at its last read, its non-empty files.  Updated
         # without the lock (note_read): a lost update only moves when the block is dropped.
         self._use: dict[int, _Use] = {}
-        # Per block missed lately: which of its files were read alone, and when last (counted once it is loaded).
+        # Per block missed lately: which of its files were read alone, and when last (counted once it is loaded,
+        # unless none was in the last IDLE_READS: a random order reads a block's files far apart, each pass anew).
         self._alone: dict[int, _Use] = {}
         self._reads = 0  # files read (first reads) while the window was asked or hit: its clock
         self._loading: dict[int, Future] = {}
@@ -198,6 +199,8 @@ class BlockWindow:
     def _read_alone(self, block: int, slot: int, head: fmt.BlockHeader) -> None:
         """Under the lock: ``slot`` of ``block`` is read alone (it counts as read once the block is loaded)."""
         alone = self._alone.get(block)
+        if alone is not None and alone.last < self._reads - IDLE_READS:
+            alone.slots.clear()  # read alone long ago (a random order, or an epoch before): not this pass's reads
         if alone is None:
             if len(self._alone) >= ALONE_BLOCKS:  # forget the blocks missed least lately
                 for old in sorted(self._alone, key=lambda b: self._alone[b].last)[: ALONE_BLOCKS // 2]:
@@ -271,7 +274,9 @@ class BlockWindow:
             else:
                 self._blocks[block] = cached
                 # the files read alone before, and the one this load is for
-                use = self._alone.pop(block, None) or _Use(head)
+                use = self._alone.pop(block, None)
+                if use is None or use.last < self._reads - IDLE_READS:  # none lately: this pass reads it anew
+                    use = _Use(head)
                 use.last = self._reads + (AHEAD_GRACE - IDLE_READS if ahead else 0)
                 self._use[block] = use
                 if (slot is not None and use.add(slot)) or use.read_out:

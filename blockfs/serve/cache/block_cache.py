@@ -304,6 +304,8 @@ class BlockCache:
         another node's, in memory or being loaded, known damaged, or no longer current."""
         if self._window is None or self.closed or block in self._blocks or block in self._loading:
             return None
+        if not self._window.eligible(block):  # this node's own: the cache's prefetch loads it (no header read)
+            return None
         try:
             head = self._loads.header(block)
         except (CorruptBlockError, BlockReadError):

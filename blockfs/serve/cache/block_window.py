@@ -106,6 +106,10 @@ class BlockWindow:
         self._waiting = 0  # fetches ahead waiting for room
         self.closed = False
 
+    def eligible(self, block: int) -> bool:
+        """Whether ``block`` is one the window holds: another node's, not avoided."""
+        return self._eligible(block)
+
     def get(self, block: int) -> CachedBlock | None:
         """The block if the window holds it now (no lock: one dict lookup, as the cache's)."""
         return self._blocks.get(block)

@@ -15,7 +15,7 @@ from polling import wait_until
 import blockfs
 from blockfs.core.dataset import PackedDataset
 from blockfs.serve.cache.block_cache import BlockCache
-from blockfs.serve.cache.block_window import IDLE_READS, READ_OUT_STREAK
+from blockfs.serve.cache.block_window import AHEAD_GRACE, IDLE_READS, READ_OUT_STREAK
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +186,23 @@ def test_files_read_alone_before_a_block_is_fetched_count_toward_reading_it_out(
         assert counters(cache)["window_loads"] == 2
         read(ds, packed, c[:2])  # so c takes b's room at once (not IDLE_READS later)
         assert counters(cache)["window_loads"] == 3
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_a_block_fetched_ahead_is_never_dropped_unread_for_a_later_one(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 3)  # block 3: this node's own
+    try:
+        cache.prefetch([0, 1])
+        wait_until(lambda: counters(cache)["window_ahead_loads"] == 2, what="blocks 0 and 1 fetched ahead")
+        own = entries[3]
+        read(ds, packed, (own * (AHEAD_GRACE // len(own) + 2))[: AHEAD_GRACE + 8])  # 0 and 1 go idle, unread
+        asked = iter([True])  # one look for room, then no longer current
+        assert cache.window_ahead(2, lambda: next(asked, False)) is None  # 0 and 1 come before it: kept
+        assert cache.holds(0) and cache.holds(1)
+        read(ds, packed, entries[0] + entries[1])
+        assert counters(cache)["window_loads"] == 2  # each fetched once, its files read from memory
     finally:
         ds.close()
         cache.close()

@@ -13,8 +13,9 @@ A loader that announces the blocks it reads next (:mod:`blockfs.serve.control.an
 them *ahead* of the reader instead (:meth:`BlockWindow.claim_ahead`, from the cache's background loads): in the
 announced order, each as soon as room is made for it, so the reads find it in memory.  A block fetched ahead
 counts as read lately for :data:`AHEAD_GRACE` more file reads, so a reader still a few blocks behind finds it
-there; a block dropped read out since the announcement is not fetched again; a block held that the
-announcement does not name counts as idle (the last epoch's).
+there, and no later fetch ahead drops it before its first read (it is needed sooner); a block dropped read
+out since the announcement is not fetched again; a block held that the announcement does not name counts as
+idle (the last epoch's).
 
 The window holds at most ``capacity`` bytes (loads in flight included); the mount takes that room out of the
 cache's budget (``BlockCache(window_bytes=...)``), so memory never holds more than the budget the user set.
@@ -48,7 +49,7 @@ READ_OUT_STREAK = 2  # after this many blocks in a row read out, a block's first
 WASTED_STREAK = 2  # after this many in a row dropped with less than half their files read, its third miss
 ALONE_BLOCKS = 64  # blocks whose files read alone are remembered (for when the block is loaded), at most
 IDLE_READS = 64  # a block none of whose files was read in this many file reads may be dropped before it is read out
-AHEAD_GRACE = 2 * IDLE_READS  # a block fetched ahead is idle only once this many more files were read with none of it
+AHEAD_GRACE = 4 * IDLE_READS  # a block fetched ahead is idle only once this many more files were read with none of it
 ROOM_WAIT_S = 0.1  # a fetch ahead waiting for room looks again at least this often
 WAKE_READS = 8  # and after every this many files read (a block held may have gone idle)
 
@@ -57,12 +58,13 @@ class _Use:
     """What was read of one block: which files (their slots), the window's clock at the last read, how many
     non-empty files it has (all read: read out)."""
 
-    __slots__ = ("slots", "last", "files")
+    __slots__ = ("slots", "last", "files", "ahead")
 
     def __init__(self, head: fmt.BlockHeader) -> None:
         self.slots: set[int] = set()
         self.last = 0
         self.files = int(np.count_nonzero(head.sizes))
+        self.ahead = False  # fetched ahead of its reads (announced) and none of its files read yet
 
     @property
     def read_out(self) -> bool:
@@ -73,6 +75,7 @@ class _Use:
         if slot in self.slots:
             return False
         self.slots.add(slot)
+        self.ahead = False
         return len(self.slots) == self.files
 
 
@@ -130,8 +133,9 @@ class BlockWindow:
         with self._room:
             self._room.notify_all()
 
-    def _make_room(self, size: int) -> bool:
-        """Under the lock: drop blocks read out (else idle) until ``size`` more bytes fit; whether they do."""
+    def _make_room(self, size: int, ahead: bool = False) -> bool:
+        """Under the lock: drop blocks read out (else idle) until ``size`` more bytes fit; whether they do.
+        For a block fetched ``ahead``, never one fetched ahead and not read yet: it comes before it."""
         while self._bytes + size > self.capacity:
             victim, oldest = None, self._reads - IDLE_READS
             for block in self._blocks:
@@ -139,7 +143,7 @@ class BlockWindow:
                 if use.read_out:
                     victim = block
                     break
-                if use.last < oldest:
+                if use.last < oldest and not (ahead and use.ahead):
                     victim, oldest = block, use.last
             if victim is None:
                 return False
@@ -222,7 +226,7 @@ class BlockWindow:
             self._alone.clear()  # an epoch's reads alone say nothing of the next one's
             for block, use in self._use.items():
                 if block not in named:
-                    use.last = self._reads - IDLE_READS - 1
+                    use.last, use.ahead = self._reads - IDLE_READS - 1, False
             self._room.notify_all()  # a fetch ahead for the last announcement looks whether it still runs
 
     def claim_ahead(
@@ -241,7 +245,7 @@ class BlockWindow:
                     return None
                 if not current():
                     return None
-                if self._make_room(size):
+                if self._make_room(size, ahead=True):
                     break
                 self._waiting += 1
                 try:
@@ -282,6 +286,7 @@ class BlockWindow:
                 if use is None or use.last < self._reads - IDLE_READS:  # none lately: this pass reads it anew
                     use = _Use(head)
                 use.last = self._reads + (AHEAD_GRACE - IDLE_READS if ahead else 0)
+                use.ahead = ahead and not use.slots
                 self._use[block] = use
                 if (slot is not None and use.add(slot)) or use.read_out:
                     self._room.notify_all()

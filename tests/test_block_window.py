@@ -206,3 +206,19 @@ def test_a_block_fetched_ahead_is_never_dropped_unread_for_a_later_one(packed):
     finally:
         ds.close()
         cache.close()
+
+
+def test_an_announcement_keeps_the_blocks_it_names_for_their_new_reads(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b = entries[:2]
+    try:
+        read(ds, packed, a + b[:2])  # a read out (a last pass), b being read
+        assert counters(cache)["window_loads"] == 2
+        cache.prefetch([0, 2])  # the next pass reads a again, then block 2; not b
+        wait_until(lambda: cache.holds(2), what="block 2 fetched ahead")
+        assert cache.holds(0) and not cache.holds(1)  # b's room went to block 2; a kept for its new reads
+        read(ds, packed, a)
+        assert counters(cache)["window_loads"] == 3 and counters(cache)["window_ahead_loads"] == 1
+    finally:
+        ds.close()
+        cache.close()

@@ -58,13 +58,14 @@ class _Use:
     """What was read of one block: which files (their slots), the window's clock at the last read, how many
     non-empty files it has (all read: read out)."""
 
-    __slots__ = ("slots", "last", "files", "ahead")
+    __slots__ = ("slots", "last", "files", "ahead", "unnamed")
 
     def __init__(self, head: fmt.BlockHeader) -> None:
         self.slots: set[int] = set()
         self.last = 0
         self.files = int(np.count_nonzero(head.sizes))
         self.ahead = False  # fetched ahead of its reads (announced) and none of its files read yet
+        self.unnamed = False  # held when an announcement did not name it: its drop says nothing of the order
 
     @property
     def read_out(self) -> bool:
@@ -149,8 +150,9 @@ class BlockWindow:
                 return False
             use = self._use[victim]
             read, files = len(use.slots), use.files
-            self._streak = min(self._streak + 1, READ_OUT_STREAK) if read >= files else 0
-            self._wasted = min(self._wasted + 1, WASTED_STREAK) if 2 * read < files else 0
+            if not use.unnamed:
+                self._streak = min(self._streak + 1, READ_OUT_STREAK) if read >= files else 0
+                self._wasted = min(self._wasted + 1, WASTED_STREAK) if 2 * read < files else 0
             self._bytes -= self._blocks.pop(victim).nbytes
             del self._use[victim]
             if read >= files:
@@ -218,15 +220,21 @@ class BlockWindow:
         alone.add(slot)
 
     def announced(self, blocks: list[int]) -> None:
-        """A loader announced its next ``blocks``: blocks read out before may be fetched ahead again, and a
-        block held that it does not name counts as idle now (a later read of it makes it recent again)."""
+        """A loader announced its next ``blocks`` (a new pass: blockfs's loader reads them block by block).
+        Blocks read out before may be fetched ahead again; a block held that it names is to be read anew (as
+        if fetched ahead now), one it does not name counts as idle now (a later read makes it recent again),
+        and dropping it says nothing of the order; a block's first miss fetches it whole."""
         named = set(blocks)
         with self._room:
             self._done.clear()
             self._alone.clear()  # an epoch's reads alone say nothing of the next one's
+            self._streak, self._wasted = READ_OUT_STREAK, 0
             for block, use in self._use.items():
-                if block not in named:
-                    use.last, use.ahead = self._reads - IDLE_READS - 1, False
+                if block in named:
+                    use.slots.clear()
+                    use.last, use.ahead, use.unnamed = self._reads + AHEAD_GRACE - IDLE_READS, True, False
+                else:
+                    use.last, use.ahead, use.unnamed = self._reads - IDLE_READS - 1, False, True
             self._room.notify_all()  # a fetch ahead for the last announcement looks whether it still runs
 
     def claim_ahead(

@@ -221,8 +221,8 @@ class BlockWindow:
 
     def announced(self, blocks: list[int]) -> None:
         """A loader announced its next ``blocks`` (a new pass: blockfs's loader reads them block by block).
-        Blocks read out before may be fetched ahead again; a block held that it names is to be read anew (as
-        if fetched ahead now), one it does not name counts as idle now (a later read makes it recent again),
+        Blocks read out before may be fetched ahead again; a block held that it names is to be read anew (not
+        read out: recent now), one it does not name counts as idle now (a later read makes it recent again),
         and dropping it says nothing of the order; a block's first miss fetches it whole."""
         named = set(blocks)
         with self._room:
@@ -230,9 +230,9 @@ class BlockWindow:
             self._alone.clear()  # an epoch's reads alone say nothing of the next one's
             self._streak, self._wasted = READ_OUT_STREAK, 0
             for block, use in self._use.items():
-                if block in named:
+                if block in named:  # to be read anew; idle as any block if its reads do not come soon
                     use.slots.clear()
-                    use.last, use.ahead, use.unnamed = self._reads + AHEAD_GRACE - IDLE_READS, True, False
+                    use.last, use.ahead, use.unnamed = self._reads, False, False
                 else:
                     use.last, use.ahead, use.unnamed = self._reads - IDLE_READS - 1, False, True
             self._room.notify_all()  # a fetch ahead for the last announcement looks whether it still runs

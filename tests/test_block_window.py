@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from polling import wait_until
 
 import blockfs
 from blockfs.core.dataset import PackedDataset
 from blockfs.serve.cache.block_cache import BlockCache
-from blockfs.serve.cache.block_window import IDLE_READS, READ_OUT_STREAK
+from blockfs.serve.cache.block_window import AHEAD_GRACE, IDLE_READS, READ_OUT_STREAK
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +135,90 @@ def test_no_block_is_windowed_unless_it_is_another_nodes(packed):
     try:
         read(ds, packed, entries[0])
         assert counters(cache)["window_loads"] == 0 and counters(cache)["file_reads"] == len(entries[0])
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_announced_blocks_are_fetched_ahead_within_the_room_and_their_reads_ask_no_one(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b, c = entries[:3]
+    try:
+        cache.prefetch([0, 1, 2])  # a loader's announcement: these three blocks next, in this order
+        wait_until(lambda: counters(cache)["window_loads"] == 2, what="the first two fetched ahead")
+        window = cache.stats()["cache"]["window"]
+        assert window["blocks"] == 2 and window["held_bytes"] <= window["capacity_bytes"]  # c waits for room
+        assert counters(cache)["file_reads"] == 0  # before any read
+        read(ds, packed, a[:-1] + b[:2])  # a and b being read: c is not fetched in their place
+        assert counters(cache)["window_loads"] == 2
+        read(ds, packed, a[-1:])  # a read out: its room goes to c, ahead of c's first read
+        wait_until(lambda: counters(cache)["window_ahead_loads"] == 3, what="c fetched ahead once a was read out")
+        read(ds, packed, b[2:] + c)
+        c_ = counters(cache)
+        assert c_["window_loads"] == c_["window_ahead_loads"] == 3 and c_["file_reads"] == 0  # from memory, once
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_an_announcement_fetches_nothing_ahead_that_is_not_another_nodes(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 1)
+    try:
+        cache.prefetch([1, 2])
+        wait_until(lambda: cache.holds(2), what="block 2 fetched ahead")
+        assert not cache.holds(1) and counters(cache)["window_ahead_loads"] == 1
+        cache.prefetch([3])  # a new announcement replaces the last
+        wait_until(lambda: cache.holds(3), what="block 3 fetched ahead")
+        assert counters(cache)["window_ahead_loads"] == 2
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_files_read_alone_before_a_block_is_fetched_count_toward_reading_it_out(packed):
+    ds, cache, entries = windowed(packed, 1)
+    a, b, c = entries[:3]
+    try:
+        read(ds, packed, a[:2])  # a fetched on its second miss: the window is full
+        read(ds, packed, b[:-1])  # b's files but its last, read alone while a is being read
+        assert counters(cache)["window_loads"] == 1 and counters(cache)["file_reads"] == 1 + len(b) - 1
+        read(ds, packed, a[2:] + b[-1:])  # a read out; b fetched for its last file: b is read out too
+        assert counters(cache)["window_loads"] == 2
+        read(ds, packed, c[:2])  # so c takes b's room at once (not IDLE_READS later)
+        assert counters(cache)["window_loads"] == 3
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_a_block_fetched_ahead_is_never_dropped_unread_for_a_later_one(packed):
+    ds, cache, entries = windowed(packed, 2, eligible=lambda block: block != 3)  # block 3: this node's own
+    try:
+        cache.prefetch([0, 1])
+        wait_until(lambda: counters(cache)["window_ahead_loads"] == 2, what="blocks 0 and 1 fetched ahead")
+        own = entries[3]
+        read(ds, packed, (own * (AHEAD_GRACE // len(own) + 2))[: AHEAD_GRACE + 8])  # 0 and 1 go idle, unread
+        asked = iter([True])  # one look for room, then no longer current
+        assert cache.window_ahead(2, lambda: next(asked, False)) is None  # 0 and 1 come before it: kept
+        assert cache.holds(0) and cache.holds(1)
+        read(ds, packed, entries[0] + entries[1])
+        assert counters(cache)["window_loads"] == 2  # each fetched once, its files read from memory
+    finally:
+        ds.close()
+        cache.close()
+
+
+def test_an_announcement_keeps_the_blocks_it_names_for_their_new_reads(packed):
+    ds, cache, entries = windowed(packed, 2)
+    a, b = entries[:2]
+    try:
+        read(ds, packed, a + b[:2])  # a read out (a last pass), b being read
+        assert counters(cache)["window_loads"] == 2
+        cache.prefetch([0, 2])  # the next pass reads a again, then block 2; not b
+        wait_until(lambda: cache.holds(2), what="block 2 fetched ahead")
+        assert cache.holds(0) and not cache.holds(1)  # b's room went to block 2; a kept for its new reads
+        read(ds, packed, a)
+        assert counters(cache)["window_loads"] == 3 and counters(cache)["window_ahead_loads"] == 1
     finally:
         ds.close()
         cache.close()

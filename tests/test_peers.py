@@ -16,6 +16,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,9 @@ from s3server import _free_port
 from treeutil import make_class_tree
 
 import blockfs
+from blockfs import protocol
 from blockfs.cli.mount_commands import _stats_text
-from blockfs.client import read_stats
+from blockfs.client import control_dir, read_stats
 from blockfs.core import format as fmt
 from blockfs.errors import MountError
 from blockfs.serve.mount_options import MountOptions
@@ -478,6 +480,78 @@ def test_a_peers_data_section_that_fails_its_check_is_dropped_and_read_from_the_
             got = s["storage"]["peers"]["by_peer"][fake.address]
             assert got["rejected"] >= 1 and got["avoided"]  # the data section failed its check: dropped
             assert s["counters"]["window_loads"] >= 1  # and the window read the store's block instead
+            assert "avoiding it" in m.log_text()
+    finally:
+        fake.close()
+
+
+def announce(mountpoint: Path, blocks: list[int]) -> None:
+    """What blockfs's loader does at an epoch's start: the blocks it reads next, to the mount's prefetch socket."""
+    address = os.getxattr(control_dir(mountpoint), protocol.PREFETCH_XATTR)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+        channel.connect(address)
+        channel.sendall(protocol.encode_announcement(blocks))
+
+
+def node_blocks(tree: Path, peers: list[str], owner: int) -> list[int]:
+    """The blocks node ``owner`` owns (rendezvous hashing over ``peers``)."""
+    with blockfs.open_dataset(tree / "packed") as ds:
+        return [b for b, o in enumerate(rendezvous_owners(ds.n_blocks, peers)) if o == owner]
+
+
+def test_an_announced_block_another_node_owns_is_fetched_whole_before_its_reads(s3, small_files, tmp_path):
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
+    peers, theirs = drawn_peers(small_files, lambda blocks: len(blocks) >= 3)
+    blocks, theirs = node_blocks(small_files, peers, 1)[:3], theirs[:3]
+    want = expected(small_files)
+    budget, _largest = window_budget(small_files, peers, 0, 3)  # a window of three blocks
+    quiet = ("--no-retain", "--no-prefill", "--readahead", "0")  # node a loads only what is announced or read
+    with (
+        mounted(url, tmp_path / "b", "--cache-size", str(10 * budget), "--no-retain", *peer_args(peers, 1)),
+        mounted(url, tmp_path / "a", "--cache-size", str(budget), *quiet, *peer_args(peers, 0)) as a,
+    ):
+        announce(a.path, blocks)
+        wait_until(lambda: read_stats(a.path)["counters"]["window_loads"] == 3, what="node 1's blocks fetched ahead")
+        before = read_stats(a.path)
+        asked = before["storage"]["peers"]["by_peer"][peers[1]]["fetches"]
+        assert before["counters"]["file_reads"] == 0 and before["counters"]["files_served"] == 0  # before any read
+        for files in theirs:
+            assert read_all(a.path, files) == {n: want[n] for n in files}
+        after = read_stats(a.path)
+        assert after["storage"]["peers"]["by_peer"][peers[1]]["fetches"] == asked  # no request for any file
+        assert after["counters"]["file_reads"] == 0 and after["counters"]["window_loads"] == 3  # each block once
+        assert after["counters"]["window_ahead_loads"] == 3 and "3 of them ahead" in _stats_text(after, None, 1.0)
+
+
+def test_an_announced_data_section_that_fails_its_check_is_dropped_and_read_from_the_store(
+    s3, small_files, other, tmp_path
+):
+    url = f"s3://{s3.new_bucket()}/ds"
+    blockfs.pack(small_files / "src", url, block_size="16KiB", fsync=False)
+    fake = FakePeer("flipped_sections", small_files / "packed", other)
+    try:
+        peers, theirs = drawn_peers(small_files, bool, lambda: [ports(1)[0], fake.address])  # the fake owns some
+        blocks = node_blocks(small_files, peers, 1)[:2]
+        want = expected(small_files)
+        budget, _largest = window_budget(small_files, peers, 0, 2)
+        args = ("--cache-size", str(budget), "--no-retain", "--no-prefill", "--readahead", "0")
+        args += ("--peer-timeout", "0.5", "--peer-backoff", "60")
+        with mounted(url, tmp_path / "mnt", *peer_args(peers, 0, *args)) as m:
+            announce(m.path, blocks)
+
+            def fetched() -> dict:
+                s = read_stats(m.path)
+                got = s["storage"]["peers"]["by_peer"][fake.address]
+                return s if got["rejected"] >= 1 and s["counters"]["window_ahead_loads"] >= 1 else {}
+
+            # The fake's bytes failed their check, were dropped and the fake avoided; the store's section held
+            # instead (a block whose header came from the fake first is left for its reads).
+            s = wait_until(fetched, what="a forged section refused and the store's fetched ahead")
+            assert s["storage"]["peers"]["by_peer"][fake.address]["avoided"]
+            assert s["counters"]["files_served"] == 0  # all before any read
+            for files in theirs[: len(blocks)]:
+                assert read_all(m.path, files) == {n: want[n] for n in files}
             assert "avoiding it" in m.log_text()
     finally:
         fake.close()

@@ -407,7 +407,7 @@ def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
         + (
             f"\nwindow     {human(c['window']['held_bytes'])} of {human(c['window']['capacity_bytes'])} (other "
             f"nodes' blocks read whole, out of the budget), {plural(c['window']['blocks'], 'block')}; "
-            f"{k.get('window_loads', 0):,} fetched"
+            f"{k.get('window_loads', 0):,} fetched, {k.get('window_ahead_loads', 0):,} of them ahead (announced)"
             if "window" in c
             else ""
         ),

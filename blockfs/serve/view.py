@@ -282,7 +282,7 @@ class MountView:
                     return None
                 if cached.sizes[slot] == length:
                     data = cached.piece(slot, offset, size)
-                    self.cache.count_hit(block, offset, len(data))
+                    self.cache.count_hit(block, slot, offset, len(data))
                     return data
         if not self.in_memory(node):
             return None
@@ -338,7 +338,7 @@ class MountView:
         block, slot = self.block_slot(e)
         cached = self.cache.cached(block)
         if cached is not None:
-            self.cache.note_pushed(block)
+            self.cache.note_pushed(block, slot)
             return cached.view(slot)
         return None if self.retainer is None else self.retainer.read_held(block, slot, count=False)
 

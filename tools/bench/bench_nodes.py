@@ -16,7 +16,8 @@ capped with ``tbf`` at ``--store-mbit``) and a link to a fabric bridge where the
 ``--open-mode none`` (every read reaches blockfs), ``--no-retain`` and ``--nodes N --node-rank k`` (prefill and
 read-ahead keep to the node's part, as the issue's figures were measured; ``--no-node-split`` drops them).  Each
 epoch, every node reads — all at once, ``--threads`` readers each, in separate processes — exactly the
-samples its rank gets from the loader's **global** order (``block_shuffled_order`` with ``world_size = N``);
+samples its rank gets from the loader's **global** order (``block_shuffled_order`` with ``world_size = N``),
+first announcing that epoch's blocks to its mount as ``BlockLoader`` does (``--no-announce``: not);
 with ``--reader ddp``, what an unmodified DDP script reads instead (tools/bench/helpers/ddp_reader.py: torch's
 ``DistributedSampler`` over the mount's tree, ImageFolder's listing, ``--threads`` DataLoader workers).
 
@@ -87,8 +88,11 @@ PEER_PORT = 8470
 
 
 # --- orders ------------------------------------------------------------------------------------------
-def rank_names(packed: Path, nodes: int, partition: str, seed: int, epoch: int) -> list[list[str]]:
-    """The paths each node's (single) rank reads in ``epoch``, in the loader's order."""
+def rank_names(
+    packed: Path, nodes: int, partition: str, seed: int, epoch: int
+) -> tuple[list[list[str]], list[list[int]]]:
+    """The paths each node's (single) rank reads in ``epoch``, in the loader's order, and the blocks it
+    announces to its mount (as ``BlockLoader`` does at an epoch's start: each block once, first needed first)."""
     with blockfs.open_dataset(packed) as ds:
         a = ds.index.arrays
         layout = BlockLayout(a["block_offsets"], a["block_files"])
@@ -109,7 +113,13 @@ def rank_names(packed: Path, nodes: int, partition: str, seed: int, epoch: int) 
             )
             for r in range(nodes)
         ]
-        return [[os.fsdecode(ds.path_of(int(e))) for e in order] for order in orders]
+        names = [[os.fsdecode(ds.path_of(int(e))) for e in order] for order in orders]
+        blocks = []
+        for order in orders:
+            of = a["block"][np.asarray(order)]
+            _, first = np.unique(of, return_index=True)
+            blocks.append(of[np.sort(first)].tolist())
+        return names, blocks
 
 
 def entropies(packed: Path, nodes: int, seed: int, batch: int) -> dict[str, float]:
@@ -176,9 +186,17 @@ def node_mount(
 
 
 def start_readers(
-    mounts: list[Path], names: list[list[str]], work: Path, threads: int, ddp: tuple[int, int] | None = None
+    mounts: list[Path],
+    names: list[list[str]],
+    work: Path,
+    threads: int,
+    ddp: tuple[int, int] | None = None,
+    announce: list[list[int]] | None = None,
+    cluster: Cluster | None = None,
 ) -> list[subprocess.Popen]:
-    """One reader process per node, all at once: tools/bench/helpers/storage_reader.py reading ``names[k]``,
+    """One reader process per node, all at once: tools/bench/helpers/storage_reader.py reading ``names[k]``
+    (first announcing ``announce[k]``'s blocks to its mount, as the loader does: then in node ``k``'s network
+    namespace of ``cluster``, where the mount's announcement socket is),
     or with ``ddp`` (epoch, seed) an unmodified DDP script's pipeline (helpers/ddp_reader.py: torch's
     ``DistributedSampler`` over the mount's tree, ``threads`` DataLoader workers)."""
     procs = []
@@ -192,6 +210,12 @@ def start_readers(
             order.write_text("\n".join(part) + "\n")
             command = [sys.executable, str(HELPERS / "storage_reader.py"), str(mnt), str(order)]
             command += ["--threads", str(threads)]
+            if announce is not None:
+                blocks = work / f"blocks-{k}.txt"
+                blocks.write_text("\n".join(map(str, announce[k])) + "\n")
+                command += ["--announce", str(blocks)]
+                if cluster is not None:  # an abstract socket is seen only in its network namespace
+                    command = cluster.command(k, *command)
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
     return procs
 
@@ -232,13 +256,14 @@ def peer_bytes(stats: dict) -> int:
     return 0
 
 
-def cpu_ms(pid: int) -> int:
-    """The CPU time (user + system, all threads) process ``pid`` has used, in ms; 0 when it is gone."""
+def cpu_ms(pid: int, system_only: bool = False) -> int:
+    """The CPU time (user + system, all threads; or system alone) process ``pid`` has used, in ms; 0 when it
+    is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0
-    return (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+    return (int(fields[12]) + (0 if system_only else int(fields[11]))) * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 def node_counters(mnt: Path, pid: int) -> dict[str, int]:
@@ -258,9 +283,12 @@ def node_counters(mnt: Path, pid: int) -> dict[str, int]:
         "below_memory": c["block_bytes_read"] + c["file_bytes_read"],
         "disk_bytes": disk.get("disk_bytes", 0),
         "window_loads": c.get("window_loads", 0),  # other nodes' blocks read whole (the cache's window)
+        "window_ahead_loads": c.get("window_ahead_loads", 0),  # of those, fetched ahead (announced)
+        "load_waits": c.get("load_waits", 0),  # reads that waited for a block being loaded
         "file_reads": c.get("file_reads", 0),  # files read alone (each one request to a peer, or the store)
         "window_bytes": (s.get("cache") or {}).get("window", {}).get("capacity_bytes", 0),
         "mount_cpu_ms": cpu_ms(pid),  # its mount server's CPU: serving its own reads and its peers'
+        "mount_sys_ms": cpu_ms(pid, system_only=True),  # of which in the kernel (FUSE, the network)
     }
 
 
@@ -361,11 +389,17 @@ def run_mode(
         epochs += 1 if mode in ("nginx", "varnish", "peers") and args.kill else 0
         for epoch in range(epochs):
             killing = epoch == args.epochs and mode != "memref"
-            names = rank_names(packed, n, args.partition, args.seed, epoch)
+            names, blocks = rank_names(packed, n, args.partition, args.seed, epoch)
             if args.reader == "ddp":  # DistributedSampler's share: ceil(files / n) each, padded
                 names = [[""] * -(-args.files // n) for _ in range(n)]
             procs = start_readers(
-                mounts, names, work, args.threads, (epoch, args.seed) if args.reader == "ddp" else None
+                mounts,
+                names,
+                work,
+                args.threads,
+                (epoch, args.seed) if args.reader == "ddp" else None,
+                blocks if args.announce and args.reader == "order" else None,
+                cluster,
             )
             for proc in procs:  # after an error or SIGTERM, before the mounts go
                 stack.callback(stop_process, proc)
@@ -548,6 +582,12 @@ def main(argv: list[str] | None = None) -> int:
         default="order",
         help="order: each node reads its rank's share of the loader's order; ddp: an unmodified DDP script "
         "(torch's DistributedSampler over the mount's tree, --threads DataLoader workers)",
+    )
+    p.add_argument(
+        "--no-announce",
+        dest="announce",
+        action="store_false",
+        help="the order reader does not announce its epoch's blocks to its mount first (the loader does)",
     )
     p.add_argument(
         "--no-node-split",

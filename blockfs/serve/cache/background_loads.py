@@ -8,7 +8,10 @@ Three reasons to load a block early, all through the cache's one admission guard
 * **read-ahead** — the next blocks, once reads move through blocks in order
   (:class:`blockfs.serve.cache.readahead.SequentialReads`);
 * **prefetch** — the blocks a loader announced it reads next (:mod:`blockfs.serve.control.announce`); a new
-  announcement replaces the one before.
+  announcement replaces the one before.  With peers, the announced blocks another node owns go to the
+  cache's window (:mod:`blockfs.serve.cache.block_window`) instead, on threads of their own: each waits there
+  until a block held is read out, so the reads find the next blocks in memory, and a wait never delays the
+  other loads.
 
 Prefill and prefetch only fill free room: they never evict, so they cannot push out a block being read.
 A miss of a block not loaded yet loads it at once in the reading thread: background loads never delay a
@@ -23,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 LOADER_THREADS = 2  # background loaders
+WINDOW_THREADS = 2  # fetches ahead into the window at once (a section's transfer overlaps the next one's request)
 READAHEAD_BLOCKS = 2  # blocks loaded ahead once reads move through blocks in order
 
 
@@ -42,6 +46,8 @@ class AheadLoadable(Protocol):
 
     def copy_ahead(self, block: int) -> bool: ...
 
+    def window_ahead(self, block: int, current: Callable[[], bool]) -> Callable[[], object] | None: ...
+
     def count(self, name: str) -> None: ...
 
 
@@ -49,10 +55,22 @@ class BackgroundLoads:
     """A pool of ``threads`` loader threads (started on first use) in front of ``cache``."""
 
     def __init__(
-        self, cache: AheadLoadable, n_blocks: int, *, readahead: int, threads: int, to_disk: bool = False
+        self,
+        cache: AheadLoadable,
+        n_blocks: int,
+        *,
+        readahead: int,
+        threads: int,
+        to_disk: bool = False,
+        to_window: bool = False,
     ) -> None:
         self._cache = cache
         self._to_disk = to_disk  # announced blocks memory will not hold go to a remote dataset's disk tier
+        # announced blocks of other nodes go to the window, on threads of their own (they wait there for room)
+        self._window_pool = (
+            ThreadPoolExecutor(WINDOW_THREADS, thread_name_prefix="blockfs-window") if to_window else None
+        )
+        self._window_order = threading.Lock()  # their room is claimed in the announced order
         self._n_blocks = n_blocks
         self._readahead = max(0, readahead)
         self._threads = max(1, threads)
@@ -112,6 +130,27 @@ class BackgroundLoads:
         queue = iter(list(blocks))
         for _ in range(self._threads):
             self._pool.submit(self._prefetch, queue, generation)
+        if self._window_pool is not None:
+            window = iter(list(blocks))
+            for _ in range(WINDOW_THREADS):
+                self._window_pool.submit(self._prefetch_window, window, generation)
+
+    def _current(self, generation: int) -> bool:
+        return not self._cache.closed and self._generation == generation
+
+    def _prefetch_window(self, blocks: Iterator[int], generation: int) -> None:
+        """Another node's announced blocks into the window, in order (the cache's own are _prefetch's)."""
+        while True:
+            with self._window_order:  # claimed in order, loaded side by side
+                with self._lock:
+                    if not self._current(generation):
+                        return
+                    block = next(blocks, None)
+                if block is None:
+                    return
+                load = self._cache.window_ahead(block, lambda: self._current(generation))
+            if load is not None:
+                load()
 
     def _prefetch(self, blocks: Iterator[int], generation: int) -> None:
         while True:
@@ -134,3 +173,5 @@ class BackgroundLoads:
     def close(self) -> None:
         """Stop: queued loads are dropped, running ones finish (the cache is closed first)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._window_pool is not None:  # a fetch waiting for room sees the cache closed within ROOM_WAIT_S
+            self._window_pool.shutdown(wait=True, cancel_futures=True)

@@ -132,7 +132,12 @@ class BlockCache:
         self._sequence = SequentialReads()
         # A proxy, not a reference: a cycle would keep an unclosed cache's memory until the cycle collector ran.
         self._background = BackgroundLoads(
-            weakref.proxy(self), store.n_blocks, readahead=readahead, threads=loaders, to_disk=store.files.keeps_copies
+            weakref.proxy(self),
+            store.n_blocks,
+            readahead=readahead,
+            threads=loaders,
+            to_disk=store.files.keeps_copies,
+            to_window=self._window is not None,
         )
 
     # --- the reader interface ---------------------------------------------------------------------
@@ -141,7 +146,7 @@ class BlockCache:
         cached = self.cached(block)
         if cached is not None:
             data = cached.read(slot, offset, size)
-            self._served(block, offset, len(data), hit=True)
+            self._served(block, slot, offset, len(data), hit=True)
             return data
         try:
             return self._read_miss(block, slot, crc, offset, size)
@@ -161,12 +166,12 @@ class BlockCache:
             return self._window.get(block)
         return cached
 
-    def count_hit(self, block: int, offset: int, nbytes: int) -> None:
+    def count_hit(self, block: int, slot: int, offset: int, nbytes: int) -> None:
         """Count a read its caller served from :meth:`cached` itself, as :meth:`read_file` counts its hits
         (and read ahead when reads move through blocks in order): :meth:`_served` of a hit, one call less."""
         self._counters.read(offset, nbytes, True)
         if self._window is not None:
-            self._window.note_read(block, offset)
+            self._window.note_read(block, slot, offset)
         if self._touch:
             with self._lock:
                 if block in self._policy:
@@ -174,21 +179,21 @@ class BlockCache:
         if self._sequence.step(block):
             self._background.read_ahead(block)
 
-    def note_pushed(self, block: int) -> None:
-        """A file of ``block`` handed to the kernel's page cache whole (its reads will not come here): for the
-        window, that file is read."""
+    def note_pushed(self, block: int, slot: int) -> None:
+        """File ``slot`` of ``block`` handed to the kernel's page cache whole (its reads will not come here): for
+        the window, that file is read."""
         if self._window is not None:
-            self._window.note_read(block, 0)
+            self._window.note_read(block, slot, 0)
 
     def note_hit(self, offset: int, nbytes: int) -> None:
         """Count a read served from memory outside the blocks (a retained file) in the same statistics."""
         self._counters.read(offset, nbytes, hit=True)
 
-    def _served(self, block: int, offset: int, nbytes: int, hit: bool) -> None:
+    def _served(self, block: int, slot: int, offset: int, nbytes: int, hit: bool) -> None:
         """Count one read; keep LRU's order; read ahead when reads move through blocks in order."""
         self._counters.read(offset, nbytes, hit)
         if hit and self._window is not None:
-            self._window.note_read(block, offset)
+            self._window.note_read(block, slot, offset)
         if hit and self._touch:
             with self._lock:
                 if block in self._policy:
@@ -207,9 +212,9 @@ class BlockCache:
                 future, mine = self._claim(block, head)
         if cached is not None:
             data = cached.read(slot, offset, size)
-            self._served(block, offset, len(data), hit=True)
+            self._served(block, slot, offset, len(data), hit=True)
             return data
-        self._served(block, offset, 0, hit=False)
+        self._served(block, slot, offset, 0, hit=False)
         loaded: bytes | None = None
         if future is not None:
             try:
@@ -217,7 +222,7 @@ class BlockCache:
             except CorruptBlockError:
                 pass  # the block is damaged: read (and verify) this file alone
         elif self._window is not None and not self._damaged.is_damaged(block):
-            windowed = self._window.read(block, head)  # another node's block, read whole on its second miss
+            windowed = self._window.read(block, slot, head)  # another node's block, read whole on its second miss
             if windowed is not None:
                 loaded = windowed.read(slot, offset, size)
         if loaded is None:
@@ -292,6 +297,33 @@ class BlockCache:
     def count(self, name: str) -> None:
         self._counters.add(name)
 
+    def window_ahead(self, block: int, current: Callable[[], bool]) -> Callable[[], object] | None:
+        """Claim room in the window for ``block``, another node's block a loader announced, waiting while
+        ``current()`` for a block held there to be read out (:meth:`BlockWindow.claim_ahead`).  Returns the
+        load to run (it fetches the data section whole, verified), None when it declined: no window, not
+        another node's, in memory or being loaded, known damaged, or no longer current."""
+        if self._window is None or self.closed or block in self._blocks or block in self._loading:
+            return None
+        if not self._window.eligible(block):  # this node's own: the cache's prefetch loads it (no header read)
+            return None
+        try:
+            head = self._loads.header(block)
+        except (CorruptBlockError, BlockReadError):
+            return None  # reported when a file of it is read
+        if self._damaged.is_damaged(block):
+            return None
+        load = self._window.claim_ahead(block, head, lambda: current() and not self.closed)
+        if load is None:
+            return None
+
+        def run() -> object:
+            try:
+                return load()
+            except (CorruptBlockError, BlockReadError):
+                return None  # the window dropped it: the reads read their files alone, which reports it
+
+        return run
+
     def copy_ahead(self, block: int) -> bool:
         """Fetch ``block`` into the disk tier before a read needs it (a loader announced it, and memory
         will not hold it); whether it was copied.  A failure is left for the read to report."""
@@ -352,7 +384,10 @@ class BlockCache:
 
     def prefetch(self, blocks: list[int]) -> None:
         """Load ``blocks`` in the background, in this order, as far as they fit without evicting anything
-        (a loader's announcement of what it reads next); a new call replaces the one before."""
+        (a loader's announcement of what it reads next); a new call replaces the one before.  Another
+        node's blocks go to the window instead, each as soon as room is made for it."""
+        if self._window is not None:
+            self._window.announced(blocks)
         self._background.prefetch(blocks)
 
     # --- statistics and life cycle ----------------------------------------------------------------

@@ -38,6 +38,7 @@ COUNTERS = (
     "replaced_loads",  # damaged blocks loaded in the background once found replaced (a new stored version)
     "disk_copies_ahead",  # announced blocks memory would not hold, fetched into a remote dataset's disk tier
     "window_loads",  # blocks another node owns read whole into the window (their bytes in block_bytes_read)
+    "window_ahead_loads",  # of those, announced blocks fetched before a read asked for them
 )
 
 

@@ -28,12 +28,11 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from helpers import HELPERS
-from helpers.benchutil import cpu_seconds, run_storage_reader
+from helpers.benchutil import cpu_seconds, run_storage_reader, scratch_dir
 
 ROUTES = ("kernel", "lowlevel", "mfusepy", "pyfuse3")
 
@@ -114,7 +113,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     routes = [r for r in args.routes.split(",") if not r.startswith("pyfuse3") or args.pyfuse3_python]
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-routes-"))
+    work = scratch_dir(args.work, "bench-routes-")  # removed at exit unless given
     src, mnt = work / "src", work / "mnt"
     mnt.mkdir(parents=True, exist_ok=True)
     names = make_tree(src, args.files, args.size)

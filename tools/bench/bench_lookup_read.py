@@ -38,7 +38,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +52,7 @@ from helpers.benchutil import (
     drop_caches,
     mount_checkout,
     run_storage_reader,
+    scratch_dir,
     shuffled_order,
     variant_checkouts,
 )
@@ -138,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     if not drop_caches(1):
         raise SystemExit("dropping the kernel's caches needs root: every pass must start with none")
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-lookup-read-")).resolve()
+    work = scratch_dir(args.work, "bench-lookup-read-")  # removed at exit unless given
     src, packed = work / "src", work / "packed"
     if not (packed / "blockfs.json").exists():
         md.make_dataset(src, "tiny", files=args.files, classes=100, seed=0, force=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import helpers  # noqa: F401  (puts tools/ and the checkout on sys.path)
@@ -37,6 +36,7 @@ from helpers.benchutil import (
     cpu_seconds,
     mount_checkout,
     run_storage_reader,
+    scratch_dir,
     shuffled_order,
     variant_checkouts,
 )
@@ -66,7 +66,7 @@ def main() -> int:
     )
     add_variant_options(parser)
     args = parser.parse_args()
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-miss-read-"))
+    work = scratch_dir(args.work, "bench-miss-read-")  # removed at exit unless given
     src, packed = work / "src", work / "packed"
     if not (packed / "blockfs.json").exists():
         br.make_tree(src, args.files, 10 << 10, 100 << 10, 20, 0)

@@ -3,16 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+
+def scratch_dir(given: str | None, prefix: str) -> Path:
+    """A benchmark's working directory: ``given`` (``--work``: kept), or a new one in the temp dir, removed when
+    the benchmark's process exits (after its own clean-up unmounted what it mounted), left with a line saying
+    so if something is still mounted below it (removing would reach into that mount)."""
+    if given:
+        return Path(given).resolve()
+    path = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
+    atexit.register(remove_scratch, path)
+    return path
+
+
+def remove_scratch(path: Path) -> None:
+    """Remove ``path`` unless a mount lies below it (then say so, and leave it)."""
+    below = [m for m in mount_points() if m == str(path) or m.startswith(str(path) + "/")]
+    if below:
+        print(f"left {path}: {below[0]} is still mounted", file=sys.stderr)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def mount_points() -> list[str]:
+    """Every mount point of this process's namespace (``/proc/self/mounts``; octal escapes decoded)."""
+    with open("/proc/self/mounts", "rb") as f:
+        fields = [line.split(b" ")[1] for line in f.read().splitlines() if line]
+    return [os.fsdecode(field.decode("unicode_escape").encode("latin-1")) for field in fields]
 
 
 def drop_caches(level: int = 3) -> bool:

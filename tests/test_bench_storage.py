@@ -154,33 +154,28 @@ def _blkio() -> bool:
     return os.geteuid() == 0 and (storage_emulation.BLKIO / "blkio.throttle.read_iops_device").exists()
 
 
-@pytest.mark.fuse
-def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path):
+def run_bench_storage_locally(tmp_path: Path, files: int, *extra: str) -> tuple[list[dict], int]:
+    """``bench_storage.py`` on the local disk (tiny files, no peers, 5 s a system) with ``extra`` arguments:
+    its result rows, and its pid (the cgroups it made are named after it)."""
     require(has_fuse(), "/dev/fuse")
     require(_blkio(), "root and a cgroup v1 blkio controller")
     out = tmp_path / "bench.json"
     command = [
         sys.executable,
         str(BENCH / "bench_storage.py"),
-        "--storages",
-        "local",
-        "--datasets",
-        "tiny",
-        "--tiny-files",
-        "400",
-        "--no-peers",
-        "--seconds",
-        "5",
-        "--work",
-        str(tmp_path / "work"),
-        "--json",
-        str(out),
+        *("--storages", "local", "--datasets", "tiny", "--tiny-files", str(files), "--no-peers", "--seconds", "5"),
+        *extra,
+        *("--work", str(tmp_path / "work"), "--json", str(out)),
     ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=240)
-    done = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    rows = json.loads(out.read_text())["results"]
+    assert proc.returncode == 0, stdout + stderr[-3000:]
+    return json.loads(out.read_text())["results"], proc.pid
+
+
+@pytest.mark.fuse
+def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path):
+    rows, pid = run_bench_storage_locally(tmp_path, 400)
     systems = {(r["system"], r["readers"], r["epoch"]) for r in rows}
     for want in [
         ("raw", 1, "1"),
@@ -206,7 +201,7 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
     assert by[("raw", 4, "1")]["storage_requests"] >= 400
     with open("/proc/self/mounts") as f:
         assert str(tmp_path) not in f.read()
-    assert not any(p.name.startswith(f"bfs-{proc.pid}-") for p in storage_emulation.BLKIO.iterdir())
+    assert not any(p.name.startswith(f"bfs-{pid}-") for p in storage_emulation.BLKIO.iterdir())
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], check=False, capture_output=True, text=True)
     assert left.stdout == "", left.stdout
 
@@ -215,19 +210,7 @@ def test_bench_storage_runs_on_the_local_disk_and_leaves_nothing_behind(tmp_path
 def test_bench_storage_runs_only_the_systems_asked_reading_from_the_list_without_a_listing(tmp_path):
     """``--systems raw,blockfs --readers 4 --no-list``: the raw directory and the mount's two epochs, 4 readers
     each, and no reader lists the tree first (paths straight from the list, as a CSV-driven dataset)."""
-    require(has_fuse(), "/dev/fuse")
-    require(_blkio(), "root and a cgroup v1 blkio controller")
-    out = tmp_path / "bench.json"
-    command = [
-        sys.executable,
-        str(BENCH / "bench_storage.py"),
-        *("--storages", "local", "--datasets", "tiny", "--tiny-files", "300", "--no-peers", "--seconds", "5"),
-        *("--systems", "raw,blockfs", "--readers", "4", "--no-list"),
-        *("--work", str(tmp_path / "work"), "--json", str(out)),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    rows = json.loads(out.read_text())["results"]
+    rows, _pid = run_bench_storage_locally(tmp_path, 300, "--systems", "raw,blockfs", "--readers", "4", "--no-list")
     assert sorted((r["system"], r["readers"], r["epoch"]) for r in rows) == [
         ("blockfs mount", 4, "1"),
         ("blockfs mount", 4, "2"),

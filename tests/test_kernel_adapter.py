@@ -601,6 +601,7 @@ def test_one_reader_thread_answers_lookups_and_memory_reads_while_a_read_waits_o
         server = threading.Thread(target=fs.run, args=(str(mnt), "blockfs-one-reader"), daemon=True)
         server.start()
         got: list[bytes] = []
+        reader: threading.Thread | None = None
         try:
             wait_until(lambda: fs.served, "the mount to serve")
             assert (mnt / first).read_bytes() == (src / first).read_bytes()  # its block is now in memory
@@ -616,6 +617,8 @@ def test_one_reader_thread_answers_lookups_and_memory_reads_while_a_read_waits_o
             assert readers == ["blockfs-fuse-0"], readers
         finally:
             gate.set()
+            if reader is not None:  # the read let go must end before the unmount: on a busy machine it came after
+                reader.join(30)
             fs.session.unmount()
             server.join(10)
         assert got == [(src / slow).read_bytes()]

@@ -31,30 +31,18 @@ def free_port() -> int:
 
 
 def run_ranks(mounts: list[Path], partition: str, tmp_path: Path) -> list[dict]:
-    port = free_port()
-    procs = []
-    for rank in range(4):
-        node, local = divmod(rank, 2)
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE="4",
-            LOCAL_RANK=str(local),
-            LOCAL_WORLD_SIZE="2",
-            GROUP_RANK=str(node),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
-        )
-        out = tmp_path / f"{partition}-{rank}.json"
-        command = [sys.executable, str(HERE / "multinode_rank.py"), str(mounts[node]), partition, str(EPOCHS), str(out)]
-        procs.append((subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out))
-    results = []
-    for proc, out in procs:
-        output, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
-        results.append(json.loads(out.read_text()))
-    return results
+    """The 4 ranks' results (2 a node, node n on ``mounts[n]``), as tests/multinode_rank.py writes them."""
+    out = tmp_path / f"ranks-{partition}"
+    out.mkdir()
+    env = dict(
+        os.environ,
+        MASTER_PORT=str(free_port()),
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [sys.executable, str(HERE / "multinode_rank.py"), partition, str(EPOCHS), str(out), *map(str, mounts)]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+    assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(4)]
 
 
 @pytest.mark.fuse

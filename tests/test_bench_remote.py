@@ -16,6 +16,7 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench" / "bench_remot
 
 
 @pytest.mark.fuse
+@pytest.mark.any_route  # the benchmark's harness and the tiers below the adapter: not the route
 def test_a_quick_mount_run_reports_every_scenario_and_a_remount_with_no_remote_block_bytes(tmp_path):
     require(has_fuse(), "/dev/fuse")
     require(

@@ -20,7 +20,7 @@ from polling import wait_until
 
 from blockfs.serve.daemon import is_mounted, wait_until_mounted
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.any_route]  # a kernel-protocol server of its own: no other route
 
 HELPERS = Path(__file__).resolve().parent.parent / "tools" / "bench" / "helpers"
 sys.path.insert(0, str(HELPERS))

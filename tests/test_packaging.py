@@ -61,6 +61,7 @@ def test_the_wheel_declares_its_license_scripts_and_extras(wheel):
 
 @pytest.mark.slow
 @pytest.mark.fuse
+@pytest.mark.any_route  # the wheel's install: one file read through the mount, on whichever route
 def test_pip_install_of_the_wheel_in_a_fresh_venv_runs_the_quick_start(wheel, tmp_path):
     require(has_fuse(), "/dev/fuse")
     venv = tmp_path / "venv"

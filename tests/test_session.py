@@ -17,7 +17,7 @@ from polling import wait_until
 from blockfs.serve.fuse import wire
 from blockfs.serve.fuse.session import DEFERRED, MountFailed, Session
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.any_route]  # the kernel protocol's own session: no other route
 
 DATA = b"hello from the kernel protocol\n"
 

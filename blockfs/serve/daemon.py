@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from ..client import read_stats
 from ..errors import BlockfsError, MountError
@@ -29,6 +29,7 @@ __all__ = [
     "Reports",
     "mount_entry",
     "mount_point",
+    "mount_points",
     "serving_pid",
     "start_background",
     "Stopped",
@@ -52,20 +53,32 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mount_entry(mountpoint: str | os.PathLike) -> dict[str, str] | None:
-    """The mount table's entry for ``mountpoint`` (fstype, source), or None; works on dead FUSE mounts."""
-    target = canonical(mountpoint)
+def _mount_table() -> Iterator[tuple[str, str, str]]:
+    """(mount point, fstype, source) of every mount of this process's namespace, in the table's order (a mount
+    on top of another comes after it); ``/proc/self/mountinfo``, which lists dead FUSE mounts too."""
     with open("/proc/self/mountinfo", "rb") as f:
         lines = f.read().decode("utf-8", "surrogateescape").splitlines()
-    found = None
     for line in lines:
         fields = line.split(" ")
         try:
             sep = fields.index("-")
         except ValueError:
             continue
-        if _unescape(fields[4]) == target:
-            found = {"fstype": fields[sep + 1], "source": _unescape(fields[sep + 2])}
+        yield _unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])
+
+
+def mount_points() -> list[str]:
+    """Every mount point of this process's namespace."""
+    return [point for point, _fstype, _source in _mount_table()]
+
+
+def mount_entry(mountpoint: str | os.PathLike) -> dict[str, str] | None:
+    """The mount table's entry for ``mountpoint`` (fstype, source), or None; works on dead FUSE mounts."""
+    target = canonical(mountpoint)
+    found = None
+    for point, fstype, source in _mount_table():
+        if point == target:
+            found = {"fstype": fstype, "source": source}
     return found  # the last one wins: it is the mount on top
 
 

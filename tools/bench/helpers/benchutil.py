@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from blockfs.serve.daemon import mount_points  # the table's parser blockfs's own mount checks use
+
 
 def scratch_dir(given: str | None, prefix: str) -> Path:
     """A benchmark's working directory: ``given`` (``--work``: kept), or a new one in the temp dir, removed when
@@ -36,13 +38,6 @@ def remove_scratch(path: Path) -> None:
         print(f"left {path}: {below[0]} is still mounted", file=sys.stderr)
         return
     shutil.rmtree(path, ignore_errors=True)
-
-
-def mount_points() -> list[str]:
-    """Every mount point of this process's namespace (``/proc/self/mounts``; octal escapes decoded)."""
-    with open("/proc/self/mounts", "rb") as f:
-        fields = [line.split(b" ")[1] for line in f.read().splitlines() if line]
-    return [os.fsdecode(field.decode("unicode_escape").encode("latin-1")) for field in fields]
 
 
 def drop_caches(level: int = 3) -> bool:

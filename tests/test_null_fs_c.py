@@ -35,7 +35,8 @@ def need_capabilities() -> None:
 def small_tree(root: Path) -> dict[str, tuple[int, int]]:
     """A tree with the shapes a listing and a read can get wrong: sizes around a page and over one read
     (1 MiB), an empty file and directory, odd names, a directory of 1,500 entries (~300 KB of READDIRPLUS
-    records: several replies even where the kernel asks for 128 KiB at a time, each resumed at its offset).  Returns relative path -> (size, mode)."""
+    records: several replies even where the kernel asks for 128 KiB at a time, each resumed at its offset).
+    Returns relative path -> (size, mode)."""
     sizes = {"empty": 0, "one": 1, "page": 4096, "page+1": 4097, "a/b/deep": 5000, "big": (3 << 19) + 7}
     sizes.update({f"many/f{i:04d}-{'x' * (i % 40)}": i * 3 for i in range(1500)})
     sizes["a/naïve name with spaces"] = 123

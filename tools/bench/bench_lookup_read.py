@@ -1,16 +1,16 @@
 """Reads from a list of paths, no listing first: blockfs served from memory beside the no-work server (the floor).
 
     python tools/bench/bench_lookup_read.py [--files 50000] [--threads 4] [--repeats 3] [--fuse kernel]
-                                            [--null-c 2[,4,4clone,2uring]] [--before DIR] [--variant LABEL=VAR=VALUE[,...]]
-                                            [--work DIR] [--json OUT]
+                                            [--null-c 2[,4,4clone,2uring]] [--before DIR]
+                                            [--variant LABEL=VAR=VALUE[,...]] [--work DIR] [--json OUT]
 
 A tree of ``--files`` files of 2-6 KiB (tools/make_dataset.py's ``tiny`` mode, ~4 KiB), packed; blockfs mounted
 with every block prefilled into its memory, and tools/bench/helpers/null_fs.py (no work per request) on the
 same tree and route, and on the kernel route the same no-work server compiled (``null_fs.py --fuse c``:
 null_fs_c.c, no Python in the request loop; ``--null-c`` its worker threads, one row each, ``Nclone`` for a
-/dev/fuse clone per worker, ``Nuring`` for FUSE over io_uring with N entries a CPU, ``none`` for no row): what of the floor is Python's.  Each repeat, the servers in
-turn, two passes each (helpers/storage_reader.py, ``open().read()`` per file, the list in a shuffled order split
-over ``--threads`` reader threads):
+/dev/fuse clone per worker, ``Nuring`` for FUSE over io_uring with N entries a CPU, ``none`` for no row):
+what of the floor is Python's.  Each repeat, the servers in turn, two passes each (helpers/storage_reader.py,
+``open().read()`` per file, the list in a shuffled order split over ``--threads`` reader threads):
 
 * **cold**: every kernel cache dropped first (``drop_caches`` 3: pages, dentries, inodes; needs root), so each
   file costs a LOOKUP and a READ (and, on CPython < 3.14, the isatty ioctl);
@@ -26,8 +26,8 @@ spike's switches compared in one run).
 Reported per server and pass: the median files/s, its ratio to the no-work server's (cold) or to the plain
 directory's (kernel-served), the server's CPU microseconds per file (``/proc/PID/stat``: what a file costs the
 server, steadier than a rate on a busy machine), the reader's (its process's CPU, the kernel's work in its
-system calls included: with the server's, what a file costs the machine), and the requests it was sent per file (null_fs's counted
-through its ``--counts`` file, blockfs's from its statistics).
+system calls included: with the server's, what a file costs the machine), and the requests it was sent per
+file (null_fs's counted through its ``--counts`` file, blockfs's from its statistics).
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def main() -> int:
     if compiled and null_fs.compiler() is None:
         print("no C compiler (cc, gcc or $CC): the compiled no-work server's rows are left out", file=sys.stderr)
         compiled = {}
+    log = open(work / "null.log", "ab")  # every no-work server's output, one after another
     try:
         for name, (checkout, env) in checkouts.items():
             mnt = work / f"mnt-{len(servers)}"
@@ -167,7 +168,6 @@ def main() -> int:
             null_mnt = work / f"mnt-null-{len(nulls)}"
             null_mnt.mkdir(exist_ok=True)
             counts_file = work / f"null-counts-{len(nulls)}.json"
-            log = open(work / "null.log", "ab")
             proc = subprocess.Popen(
                 [sys.executable, str(HELPERS / "null_fs.py"), str(src), str(null_mnt), *how]
                 + (["--counts", str(counts_file)] if args.fuse == "kernel" else []),
@@ -217,6 +217,7 @@ def main() -> int:
             except MountError:
                 pass  # not mounted (its server took it down)
             proc.wait(30)
+        log.close()
 
     print(
         f"{len(names):,} files of 2-6 KiB read from a list, no listing, {args.threads} readers; route {args.fuse}; "

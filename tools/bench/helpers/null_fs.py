@@ -310,20 +310,12 @@ def serve_c(
 
 
 def kernel_flags(listing: str) -> int:
-    """The INIT flags the kernel route asks for (what ``blockfs mount`` asks), with ``listing``'s READDIRPLUS."""
+    """The INIT flags ``blockfs mount`` asks for on the kernel route, with ``listing``'s READDIR or READDIRPLUS,
+    and CACHE_SYMLINKS (which blockfs leaves out: its statistics links move; this tree's never do)."""
     from blockfs.serve.fuse import wire
+    from blockfs.serve.fuse.kernel_adapter import INIT_FLAGS, LISTING_FLAGS
 
-    flags = (
-        wire.ASYNC_READ
-        | wire.NO_OPEN_SUPPORT
-        | wire.NO_OPENDIR_SUPPORT
-        | wire.PARALLEL_DIROPS
-        | wire.MAX_PAGES
-        | wire.CACHE_SYMLINKS
-    )
-    return (
-        flags | {"plus": wire.DO_READDIRPLUS, "auto": wire.DO_READDIRPLUS | wire.READDIRPLUS_AUTO, "plain": 0}[listing]
-    )
+    return INIT_FLAGS | LISTING_FLAGS[listing] | wire.CACHE_SYMLINKS
 
 
 def serve_lowlevel(src: str, mountpoint: str, threads: int) -> None:

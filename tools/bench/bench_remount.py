@@ -2,7 +2,7 @@
 mount and a re-mount (the record of checked indexes, ``blockfs/core/checked_indexes.py``, and the index
 copy kept for the next mount, ``blockfs/core/kept_copies.py``).
 
-    python tools/bench/bench_remount.py DS [--before CHECKOUT] [--rounds 4] [--json OUT]
+    python tools/bench/bench_remount.py DS [--before CHECKOUT] [--rounds 4] [--cold] [--json OUT]
 
 ``DS`` is a packed dataset (``bench_scale.py --files 1000000 --pack-only --no-plain --no-tools --work W``
 makes one at ``W/ds``).  Each round mounts it, in turn: with ``--before`` (``git archive REV blockfs | tar
@@ -15,7 +15,8 @@ keeping no copy (``BLOCKFS_KEPT_INDEX_COPIES=0``: a re-mount that copies and has
 its return and unmounted again; with ``--before``, that checkout with no record and with its own record
 (its re-mount).  Wall time, and CPU: the command's and its serving process's own up to the return
 (steadier than wall time on a shared machine).  Medians and ranges; root not needed beyond what a mount
-needs.  A first mount's copy is removed after it (1.5 GB at ten million files).
+needs (``--cold``, every kernel cache dropped before each mount, needs root).  A first mount's copy is
+removed after it (1.5 GB at ten million files).
 """
 
 from __future__ import annotations
@@ -32,21 +33,26 @@ import tempfile
 import time
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
-from helpers.benchutil import compiled
+from helpers.benchutil import compiled, drop_caches
 
 import blockfs
 from blockfs.serve.daemon import serving_pid
 
 
-def mount_once(ds: str, work: str, record: str, copies: str, before: str | None, kept: str = "") -> tuple[float, float]:
+def mount_once(
+    ds: str, work: str, record: str, copies: str, before: str | None, kept: str = "", cold: bool = False
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one ``blockfs mount`` to its return, its index copies in ``copies``
-    (``kept``: ``BLOCKFS_KEPT_INDEX_COPIES``, "" for the default); unmounted after."""
+    (``kept``: ``BLOCKFS_KEPT_INDEX_COPIES``, "" for the default; ``cold``: every kernel cache dropped
+    first); unmounted after."""
     env = dict(os.environ, BLOCKFS_CHECKED_DIR=record, BLOCKFS_INDEX_COPY_DIR=copies, BLOCKFS_KEPT_INDEX_COPIES=kept)
     if before:
         env["PYTHONPATH"] = before
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt, exist_ok=True)
     command = [sys.executable, "-m", "blockfs"]
+    if cold and not drop_caches(3):
+        raise SystemExit("--cold: dropping the kernel's caches needs root")
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     # Started outside any checkout: `python -m` puts the working directory first on sys.path, which would
@@ -70,6 +76,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--work", help="where the records and copies go (default: the temporary directory's)")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop every kernel cache before each mount (root): Python, NumPy, blockfs and the index from the disk",
+    )
     args = parser.parse_args()
     ds = os.path.abspath(args.ds)
     compiled(os.path.dirname(os.path.dirname(os.path.abspath(blockfs.__file__))))
@@ -104,7 +115,7 @@ def main() -> None:
                 if fresh:  # no copy kept
                     copies = os.path.join(work, f"fresh-copies-{r}-{v}")
                 assert copies is not None
-                runs[name].append(mount_once(ds, work, record, copies, before, keep))
+                runs[name].append(mount_once(ds, work, record, copies, before, keep, args.cold))
                 if fresh:
                     shutil.rmtree(copies)
             print(r, {name: tuple(round(x, 2) for x in got[-1]) for name, got in runs.items()}, flush=True)

@@ -7,7 +7,8 @@ under pytest-xdist (``-n N``) they are deselected, and ``--only-serial`` runs th
 A test that needs a machine capability (``/dev/fuse``, PyTorch, root) is skipped where that capability is
 missing, *unless* ``BLOCKFS_REQUIRE_ALL=1`` is set: then every skip, however it was asked for
 (:func:`require`, a ``skipif`` mark, ``pytest.skip``), is reported as a failure, so CI (which has all of
-them) can never go green by skipping.
+them) can never go green by skipping. The one exception is a test marked ``gpu``: CI has no GPU, so those
+skip there, and fail instead only under ``BLOCKFS_REQUIRE_GPU=1`` (capability.require_gpu).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from capability import REQUIRE_ALL, has_torch, require
+from capability import REQUIRE_ALL, REQUIRE_GPU, has_torch, require
 from hypothesis import settings
 from treeutil import make_edge_tree
 
@@ -53,10 +54,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under BLOCKFS_REQUIRE_ALL=1, a skipped test is a failed one (an expected failure stays one)."""
+    """Under BLOCKFS_REQUIRE_ALL=1, a skipped test is a failed one (an expected failure stays one), except a
+    test marked ``gpu`` where BLOCKFS_REQUIRE_GPU=1 is not set."""
     outcome = yield
     report = outcome.get_result()
-    if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail"):
+    may_skip = item.get_closest_marker("gpu") is not None and not REQUIRE_GPU
+    if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail") and not may_skip:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped ({reason}), and BLOCKFS_REQUIRE_ALL=1 says nothing may skip here"

@@ -26,6 +26,10 @@ def test_marked_skip():
 def test_skip_in_the_body():
     pytest.skip("no such device")
 
+@pytest.mark.gpu
+def test_gpu_only():
+    pytest.skip("no CUDA GPU here")
+
 @settings(max_examples=5)
 @given(st.integers())
 def test_profile(x):
@@ -34,13 +38,18 @@ def test_profile(x):
 """
 
 
-def run_probe(tmp_path: Path, require_all: bool, ci: bool = False) -> subprocess.CompletedProcess:
+def run_probe(
+    tmp_path: Path, require_all: bool, ci: bool = False, require_gpu: bool = False
+) -> subprocess.CompletedProcess:
     for name in ("conftest.py", "capability.py", "treeutil.py"):  # the hooks and the plain modules they import
         shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_probe.py").write_text(PROBE)
-    env = {k: v for k, v in os.environ.items() if k not in ("BLOCKFS_REQUIRE_ALL", "CI")}
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")  # as pyproject.toml
+    env = {k: v for k, v in os.environ.items() if k not in ("BLOCKFS_REQUIRE_ALL", "BLOCKFS_REQUIRE_GPU", "CI")}
     if require_all:
         env["BLOCKFS_REQUIRE_ALL"] = "1"
+    if require_gpu:
+        env["BLOCKFS_REQUIRE_GPU"] = "1"
     # Hypothesis changes its own defaults when it sees CI=true; the profiles must not depend on that.
     if ci:
         env["CI"] = "true"
@@ -52,15 +61,22 @@ def run_probe(tmp_path: Path, require_all: bool, ci: bool = False) -> subprocess
 def test_without_require_all_capability_skips_skip(tmp_path, ci):
     done = run_probe(tmp_path, require_all=False, ci=ci)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 2 skipped" in done.stdout
+    assert "1 passed, 3 skipped" in done.stdout
 
 
 def test_require_all_turns_every_skip_into_a_failure_and_derandomizes(tmp_path):
     done = run_probe(tmp_path, require_all=True)
     assert done.returncode == 1, done.stdout + done.stderr
     # A skipif mark skips in setup, so it shows as an error; a skip in the body as a failure.
-    assert "1 failed, 1 passed, 1 error" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    # CI has no GPU: a test marked gpu is the one skip it allows.
+    assert "1 failed, 1 passed, 1 skipped, 1 error" in done.stdout
     assert "a capability this machine lacks" in done.stdout and "no such device" in done.stdout
+
+
+def test_require_gpu_makes_the_gpu_tests_skip_a_failure_too(tmp_path):
+    done = run_probe(tmp_path, require_all=True, require_gpu=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 failed, 1 passed, 1 error" in done.stdout and "no CUDA GPU here" in done.stdout
 
 
 def test_wait_until_returns_the_first_true_value_as_soon_as_it_comes():

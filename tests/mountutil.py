@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,17 @@ def mounted(
         yield Mount(mountpoint, proc, log)
     finally:
         release(mountpoint, proc)
+
+
+def plain_unmount(mountpoint: os.PathLike, check: bool = False) -> subprocess.CompletedProcess:
+    """A plain (not lazy) unmount as a user runs one: umount(8) as root, fusermount3 -u otherwise (a
+    machine where only root mounts may have no fusermount3 at all)."""
+    path = os.fspath(mountpoint)
+    if os.geteuid() == 0:
+        command = ["umount", path]
+    else:
+        command = [shutil.which("fusermount3") or "fusermount", "-u", path]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=check)
 
 
 def release(mountpoint: os.PathLike, proc: subprocess.Popen | None = None) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from capability import has_fuse, require
-from mountutil import mounted, release
+from mountutil import mounted, plain_unmount, release
 from polling import wait_until
 
 import blockfs
@@ -154,7 +154,7 @@ def test_a_user_without_dev_fuse_or_user_allow_other_gets_one_line(packed):
         try:
             if dev_open and allowed:  # this machine lets nobody mount with allow_other: it must serve
                 wait_until(lambda: is_mounted(base / "mnt"), "nobody's mount")
-                subprocess.run(["fusermount3", "-u", str(base / "mnt")], check=True, timeout=60)
+                plain_unmount(base / "mnt", check=True)
         finally:
             with os.fdopen(err_r, "rb") as f:
                 err = f.read().decode()

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from capability import has_fuse, has_torch, require
-from mountutil import mounted
+from capability import has_fuse, has_torch, require, require_gpu
+from mountutil import mounted, plain_unmount
 from polling import wait_until
 
 import blockfs
@@ -386,6 +386,98 @@ def test_cuda_without_cuda_warns_once_and_runs_on_the_cpu(bl, tiny, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert bl.BlockLoader(tiny / "mnt", B).device.type == "cpu"  # device=None: the best there is
+
+
+# --- on a GPU: marked gpu, skipped where there is none (CI included); tools/gpu_check.sh runs them -------
+PADDED = 8192  # bytes a row: every tiny file is smaller (2-6 KiB)
+
+
+@pytest.fixture
+def gpu(bl):
+    """torch, where a CUDA GPU is usable (capability.require_gpu)."""
+    require_gpu()
+    import torch
+
+    return torch
+
+
+def padded(data: bytes):
+    """A file's bytes as a zero-padded row of PADDED uint8: a decoded sample that carries every byte."""
+    import torch
+
+    row = torch.zeros(PADDED, dtype=torch.uint8)
+    row[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return row
+
+
+def weighted_sums(rows):
+    """One int64 a row, on the rows' device, that changes with any byte and with its position."""
+    import torch
+
+    weights = torch.arange(1, rows.shape[1] + 1, dtype=torch.int64, device=rows.device)
+    return (rows.to(torch.int64) * weights).sum(1)
+
+
+GPU_SLEEP_CYCLES = 20_000_000  # ~10 ms of an H100's time: longer than the host takes to make a batch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lagging", ["compute", "copies"])
+@pytest.mark.parametrize(("workers", "reuse"), [(0, False), (2, False), (2, True)])
+def test_decoded_batches_reach_the_gpu_intact_whichever_stream_lags(
+    gpu, bl, tiny, monkeypatch, lagging, workers, reuse
+):
+    """The feeder copies each batch on its side stream and the training reads it on the current one. A sleep
+    kernel a batch holds one of the two back, and each batch is freed while the kernel that reads it may
+    still wait. With the compute lagging, memory the allocator handed to a later copy before that kernel ran
+    (no ``record_stream``) gives wrong sums; with the copies lagging, a kernel that does not wait for its
+    batch's copy (no ``wait_event``) does. On an H100, with ``record_stream`` taken out the compute-lagging
+    runs with workers failed, and with ``wait_event`` taken out every copies-lagging run did."""
+    torch = gpu
+    from blockfs.loader import batches
+
+    if lagging == "copies":
+        issue = batches.DeviceFeeder._issue
+
+        def slow_issue(self, batch):
+            with torch.cuda.stream(self.stream):
+                torch.cuda._sleep(GPU_SLEEP_CYCLES)
+            return issue(self, batch)
+
+        monkeypatch.setattr(batches.DeviceFeeder, "_issue", slow_issue)
+    loader = bl.BlockLoader(tiny / "mnt", B, padded, "cuda", num_workers=workers, reuse=reuse)
+    sums, labels_seen, ids_seen = [], [], []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for samples, labels, ids in loader:
+            assert samples.is_cuda and labels.is_cuda and not ids.is_cuda
+            assert samples.shape == (len(ids), PADDED) and samples.dtype == torch.uint8
+            if lagging == "compute":
+                torch.cuda._sleep(GPU_SLEEP_CYCLES)
+            sums.append(weighted_sums(samples))  # queued on the current stream; read after the whole run
+            labels_seen.append(labels + 0)
+            ids_seen.append(ids)
+            del samples, labels
+    ids = torch.cat(ids_seen)
+    expected = weighted_sums(torch.stack([padded(Path(loader.path(i)).read_bytes()) for i in ids.tolist()]))
+    assert torch.equal(torch.cat(sums).cpu(), expected)
+    assert torch.cat(labels_seen).tolist() == loader.mount.labels[ids.numpy()].tolist()
+    assert Counter(Counter(ids.tolist()).values()) == {4 if reuse else 2: 480}  # two epochs; reuse: twice each
+    loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("workers", "reuse"), [(0, False), (2, False), (0, True)])
+def test_byte_batches_stay_on_the_host_pinned_and_labels_reach_the_gpu(gpu, bl, tiny, workers, reuse):
+    with bl.BlockLoader(tiny / "mnt", B, device="cuda", num_workers=workers, reuse=reuse) as loader:
+        seen = Counter()
+        for samples, labels, ids in loader:
+            assert isinstance(samples, bl.ByteBatch) and samples.data.is_pinned() and not samples.data.is_cuda
+            assert labels.is_cuda and not ids.is_cuda
+            assert list(samples) == [Path(loader.path(i)).read_bytes() for i in ids.tolist()]
+            assert labels.tolist() == loader.mount.labels[ids.numpy()].tolist()
+            seen.update(ids.tolist())
+        assert seen == Counter({i: 2 if reuse else 1 for i in loader.mount.file_ids.tolist()})
 
 
 # --- resume -------------------------------------------------------------------------------------------
@@ -765,6 +857,20 @@ def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learn
     assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
 
 
+@pytest.mark.gpu
+def test_the_training_example_trains_on_the_gpu_and_resumes_with_identical_losses(gpu, bl, learnable, tmp_path):
+    """The example's determinism (deterministic algorithms, fixed seeds) holds on a GPU too: a resumed run
+    gives the same losses bit for bit."""
+    args = (learnable / "mnt", *TRAIN_ARGS, "--device", "cuda")
+    whole = run_example("train_block_loader.py", *args, "--out", tmp_path / "a.json")
+    assert ", cuda" in whole.stdout.splitlines()[0], whole.stdout
+    run_example("train_block_loader.py", *args, "--out", tmp_path / "b.json", "--resume-at", "13")
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["losses"] == b["losses"] and a["steps"] == 3 * 256 // B
+    assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
+    assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
+
+
 @pytest.mark.slow
 def test_the_ddp_example_trains_two_ranks_in_step(bl, tiny, tmp_path):
     out = tmp_path / "ddp.json"
@@ -848,7 +954,7 @@ def test_through_a_real_mount_every_file_once_and_an_exact_resume(bl, tiny, tmp_
         expected, got = interrupted(make, epoch=1, stop=6)
         assert got == expected
         # The loaders are closed, so nothing holds the mount: a plain (not lazy) unmount succeeds at once.
-        done = subprocess.run([shutil.which("fusermount3") or "fusermount", "-u", str(m.path)], capture_output=True)
+        done = plain_unmount(m.path)
         assert done.returncode == 0, done.stderr
     # Block order: each block was read from storage once, the rest were memory hits.
     assert stats["counters"]["block_loads"] == 30

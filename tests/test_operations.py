@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from capability import has_fuse, require
-from mountutil import release, serve_command
+from mountutil import plain_unmount, release, serve_command
 from polling import wait_until
 
 import blockfs
@@ -231,7 +231,7 @@ def test_a_foreground_mount_tells_systemd_it_is_ready_once_it_answers(dataset, t
             assert message.splitlines()[0] == "READY=1", message
             # READY=1 only once the mount answers: at this instant it serves, no waiting.
             assert is_mounted(mnt) and (mnt / "cat" / "3.txt").read_text() == "file 3\n"
-            subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=60)
+            plain_unmount(mnt, check=True)
             assert systemd.recv(4096).decode() == "STOPPING=1"
             assert proc.wait(30) == 0
         finally:

@@ -51,12 +51,15 @@ def digest_of(packed) -> str:
 
 def test_a_second_open_of_the_same_index_skips_the_checks_and_nothing_else_does(packed, tmp_path, checks):
     record = CheckedIndexes(tmp_path / "record")
-    assert open_twice(packed, record) == [False, True]
+    with PackedDataset(packed, checked=record) as ds:  # checked now, and recorded
+        assert (ds.index.checks_skipped, ds.index.checks_recorded) == (False, True)
+    with PackedDataset(packed, checked=record) as ds:
+        assert (ds.index.checks_skipped, ds.index.checks_recorded) == (True, False)
     assert len(checks) == 1
     assert (tmp_path / "record").stat().st_mode & 0o777 == 0o700
     # Without a record (every command but mount and plan), always checked.
-    with PackedDataset(packed):
-        pass
+    with PackedDataset(packed) as ds:
+        assert not ds.index.checks_skipped and not ds.index.checks_recorded
     assert len(checks) == 2
 
 
@@ -147,6 +150,8 @@ def test_a_record_directory_not_the_users_own_is_neither_read_nor_written(packed
     assert open_twice(packed, CheckedIndexes(where)) == [False, False]
     assert len(checks) == 2
     assert sorted(os.listdir(real)) == before  # nothing written
+    with PackedDataset(packed, checked=CheckedIndexes(where)) as ds:
+        assert not ds.index.checks_recorded  # and the open says so
 
 
 def test_the_default_directory(monkeypatch, tmp_path):
@@ -169,3 +174,29 @@ def test_only_the_newest_records_are_kept(packed, tmp_path, monkeypatch):
         os.utime(path, ns=(i * 10**9, i * 10**9))
     CheckedIndexes(directory).add(digest_of(packed))
     assert sorted(os.listdir(directory)) == sorted([f"{3:064x}", f"{4:064x}", digest_of(packed)])
+
+
+@pytest.mark.fuse
+def test_the_mount_log_says_how_long_the_open_took_and_whether_the_checks_ran(tmp_path, edge_tree, monkeypatch):
+    """Through a real mount: the first mount of an index never checked here says its checks ran and were
+    recorded, the next that they were skipped, and a mount with no record that every mount runs them."""
+    from capability import has_fuse, require
+    from mountutil import mounted
+
+    require(has_fuse(), "needs FUSE")
+    monkeypatch.setenv(checked_indexes.DIRECTORY_ENV, str(tmp_path / "packs-record"))  # what the pack records
+    blockfs.pack(edge_tree, tmp_path / "p", block_size=2000, fsync=False)
+    with PackedDataset(tmp_path / "p") as ds:
+        entries = ds.index.n_entries
+    monkeypatch.setenv(checked_indexes.DIRECTORY_ENV, str(tmp_path / "mounts-record"))
+
+    def opened(n: int) -> str:
+        with mounted(tmp_path / "p", tmp_path / f"mnt{n}") as m:
+            lines = [line for line in m.log_text().splitlines() if "dataset opened in " in line]
+        assert len(lines) == 1 and f" s ({entries:,} entries); " in lines[0], lines
+        return lines[0]
+
+    assert "every check of its contents run, and recorded: the next mount of it here skips them" in opened(1)
+    assert "its checks skipped: it passed them on this machine before" in opened(2)
+    monkeypatch.setenv(checked_indexes.DIRECTORY_ENV, "")  # no record kept
+    assert "run (recorded nowhere: every mount of it runs them)" in opened(3)

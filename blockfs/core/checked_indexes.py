@@ -101,18 +101,21 @@ class CheckedIndexes:
         finally:
             os.close(fd)
 
-    def add(self, index_digest: str) -> None:
-        """Record that an index of this digest passed every check; a directory refused keeps nothing."""
+    def add(self, index_digest: str) -> bool:
+        """Record that an index of this digest passed every check; whether it was (a directory refused, or a
+        write that failed, keeps nothing)."""
         name = self._name(index_digest)
         fd = self._open(create=True)
         if fd is None:
-            return
+            return False
         try:
             # Not fsynced: a record cut short by a crash is not the exact content, so it is ignored.
             write_file_at(fd, name, (self._content(index_digest),), sync=False)
             _keep_newest(fd, KEPT)
+            return True
         except OSError as e:
             log.warning("could not record the checked index %s in %s: %s", name, self.directory, e)
+            return False
         finally:
             os.close(fd)
 

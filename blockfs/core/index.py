@@ -483,13 +483,15 @@ class PackedIndex:
         # ``checked``: the record of indexes whose contents passed every check of this code, by digest; only
         # an index whose digest blockfs.json vouches for (just checked above) is looked up or recorded.
         recorded = digest is not None and checked is not None and checked.has(digest)
+        newly_recorded = False
         if recorded:
             check_lengths(self.arrays, where, n_blocks)  # the metadata's block count is not in the digest
         else:
             check_contents(self.arrays, where, n_blocks)
             if digest is not None and checked is not None:
-                checked.add(digest)
+                newly_recorded = checked.add(digest)
         self.checks_skipped = recorded
+        self.checks_recorded = newly_recorded  # checked now, and the next open here with the record skips it
         self.n_entries = int(self.arrays["kind"].size)
         self.n_blocks = int(self.arrays["block_counts"].size)
         self.raw = memoryview(self._buf).toreadonly()  # the file's bytes as read and checked

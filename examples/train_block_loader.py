@@ -20,8 +20,14 @@ import argparse
 import functools
 import io
 import json
+import os
 import sys
 import time
+
+# Older torch (until late 2025) refuses every cuBLAS call under use_deterministic_algorithms (below) unless
+# cuBLAS's workspace is fixed, which cuBLAS reads when CUDA starts: so it is set before anything touches the
+# GPU. Newer torch gives each stream its own workspace and needs nothing (torch 2.11 on an H100 ran without).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import numpy as np
 import torch

@@ -9,6 +9,7 @@ unmounted).
 from __future__ import annotations
 
 import errno
+import gc
 import io
 import json
 import os
@@ -170,6 +171,43 @@ def test_batches_cross_from_workers_pickled_or_in_shared_memory_with_the_same_by
             assert labels.tolist() == loader.mount.labels[ids.numpy()].tolist()
             seen += len(ids)
         assert seen == len(loader.mount.file_ids)
+
+
+class CollectedWhere:
+    """Garbage only the collector frees (it refers to itself), which notes the pid of the process that did."""
+
+    def __init__(self, record: Path) -> None:
+        self.record, self.me = record, self
+
+    def __del__(self) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+_COLLECTED = []
+
+
+def collecting_once(data: bytes) -> bytes:
+    """A decode that runs a full collection the first time it is called in a process (a worker's)."""
+    if not _COLLECTED:
+        _COLLECTED.append(gc.collect())
+    return data
+
+
+def test_worker_processes_never_collect_what_they_inherited(bl, tiny, tmp_path):
+    """What the loader's process holds when its workers are forked is never freed by their collectors: a
+    CUDA tensor freed in a worker aborts it (its copy of the CUDA context is unusable), as a worker's
+    collector did once on an H100. Here the garbage notes who collected it."""
+    record = tmp_path / "collected"
+    gc.disable()  # the garbage must still be there when the workers are forked
+    try:
+        CollectedWhere(record)
+        with bl.BlockLoader(tiny / "mnt", B, collecting_once, "cpu", num_workers=2) as loader:
+            assert len(list(loader)) == 15  # each worker ran a full collection
+    finally:
+        gc.enable()
+    gc.collect()
+    assert record.read_text().split() == [str(os.getpid())]  # freed here, by this process, and only here
 
 
 def test_without_block_files_in_the_mount_files_are_opened_by_path(bl, tiny, tmp_path):

@@ -15,7 +15,9 @@ and resuming replays the same plan from the first batch not yet handed out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import os
 import warnings
 from collections import Counter
@@ -58,6 +60,23 @@ __all__ = [
 ]
 
 STATE_VERSION = 1
+
+
+@contextlib.contextmanager
+def _left_to_this_process(forking: bool) -> Iterator[None]:
+    """While worker processes are forked (``forking``): every object this process has is kept out of their
+    garbage collectors' reach (``gc.freeze``), and back in this one's after. Among them may be garbage that
+    holds CUDA tensors (an exception's traceback, an abandoned epoch's batches): a forked worker's copy of
+    the CUDA context is unusable, and such a tensor freed there aborts the worker (seen on an H100:
+    "CUDA error: initialization error" in a tensor's destructor, called by the worker's collector)."""
+    if not forking:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -471,9 +490,9 @@ class BlockLoader:
                 self._skipped.extend(missing.elements())
             yield batch
 
-    def _pipeline(self, items: list[np.ndarray]) -> DataLoader:
-        """The read pipeline over ``items``; its workers persist across epochs (a spawned worker costs
-        seconds of imports), and the work list they are fed is set anew for each iteration."""
+    def _pipeline(self, items: list[np.ndarray]) -> Iterator:
+        """The read pipeline's batches over ``items``; its workers persist across epochs (a spawned worker
+        costs seconds of imports), and the work list they are fed is set anew for each iteration."""
         self._work.items = items
         if self._dataloader is None:
             workers = self.num_workers
@@ -488,7 +507,8 @@ class BlockLoader:
                 persistent_workers=workers > 0,
                 multiprocessing_context=self.multiprocessing_context,
             )
-        return self._dataloader
+        with _left_to_this_process(self.num_workers > 0):  # the workers are forked in the first iter()
+            return iter(self._dataloader)
 
     def close(self) -> None:
         """Stop the worker processes and unmap the index, so the mount can be unmounted (the end of the

@@ -889,10 +889,14 @@ def test_the_training_example_learns_and_resumes_with_identical_losses(bl, learn
     run_example(
         "train_block_loader.py", learnable / "mnt", *TRAIN_ARGS, "--out", tmp_path / "b.json", "--resume-at", "13"
     )
-    a, b = trained_on_fake_mount, json.loads((tmp_path / "b.json").read_text())
-    assert a["losses"] == b["losses"] and a["steps"] == 3 * 256 // B
-    assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
-    assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
+    assert_learned_and_resumed_exactly(trained_on_fake_mount, json.loads((tmp_path / "b.json").read_text()))
+
+
+def assert_learned_and_resumed_exactly(whole: dict, resumed: dict) -> None:
+    """The training example's results: a run, and one checkpointed at step 13 and rebuilt from it."""
+    assert whole["losses"] == resumed["losses"] and whole["steps"] == 3 * 256 // B
+    assert sum(whole["losses"][-5:]) < sum(whole["losses"][:5])
+    assert whole["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
 
 
 @pytest.mark.gpu
@@ -903,10 +907,7 @@ def test_the_training_example_trains_on_the_gpu_and_resumes_with_identical_losse
     whole = run_example("train_block_loader.py", *args, "--out", tmp_path / "a.json")
     assert ", cuda" in whole.stdout.splitlines()[0], whole.stdout
     run_example("train_block_loader.py", *args, "--out", tmp_path / "b.json", "--resume-at", "13")
-    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
-    assert a["losses"] == b["losses"] and a["steps"] == 3 * 256 // B
-    assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
-    assert a["final_accuracy"] > 0.4  # 4 classes: chance is 0.25
+    assert_learned_and_resumed_exactly(*(json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json")))
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ records its checks), and with that record but
 keeping no copy (``BLOCKFS_KEPT_INDEX_COPIES=0``: a re-mount that copies and hashes the index), each to
 its return and unmounted again; with ``--before``, that checkout with no record and with its own record
 (its re-mount).  Wall time, and CPU: the command's and its serving process's own up to the return
-(steadier than wall time on a shared machine).  Medians and ranges; root not needed beyond what a mount
+(steadier than wall time on a shared machine); and of the wall time, the dataset's open (the index read,
+copied or mapped, and checked or not) as the server's log says it.  Medians and ranges; root not needed beyond what a mount
 needs (``--cold``, every kernel cache dropped before each mount, needs root).  A first mount's copy is
 removed after it (1.5 GB at ten million files).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -38,13 +40,16 @@ from helpers.benchutil import compiled, drop_caches
 import blockfs
 from blockfs.serve.daemon import serving_pid
 
+OPENED = re.compile(rb"dataset opened in ([0-9.]+) s")  # the server's log line (blockfs.serve.server.index_opened)
+
 
 def mount_once(
     ds: str, work: str, record: str, copies: str, before: str | None, kept: str = "", cold: bool = False
-) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one ``blockfs mount`` to its return, its index copies in ``copies``
-    (``kept``: ``BLOCKFS_KEPT_INDEX_COPIES``, "" for the default; ``cold``: every kernel cache dropped
-    first); unmounted after."""
+) -> tuple[float, float, float | None]:
+    """(wall seconds, CPU seconds, the server's own "dataset opened in" seconds: the index read and checked,
+    or None from a blockfs that does not log it) of one ``blockfs mount`` to its return, its index copies in
+    ``copies`` (``kept``: ``BLOCKFS_KEPT_INDEX_COPIES``, "" for the default; ``cold``: every kernel cache
+    dropped first); unmounted after."""
     env = dict(os.environ, BLOCKFS_CHECKED_DIR=record, BLOCKFS_INDEX_COPY_DIR=copies, BLOCKFS_KEPT_INDEX_COPIES=kept)
     if before:
         env["PYTHONPATH"] = before
@@ -53,12 +58,19 @@ def mount_once(
     command = [sys.executable, "-m", "blockfs"]
     if cold and not drop_caches(3):
         raise SystemExit("--cold: dropping the kernel's caches needs root")
+    log = os.path.join(work, "log")
+    logged = os.path.getsize(log) if os.path.exists(log) else 0
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     # Started outside any checkout: `python -m` puts the working directory first on sys.path, which would
-    # shadow PYTHONPATH's blockfs (--before).
-    subprocess.run([*command, "mount", ds, mnt, "-q", "--log", os.path.join(work, "log")], check=True, env=env, cwd="/")
+    # shadow PYTHONPATH's blockfs (--before).  -q: no plan printed; the log still at info, for the open's line.
+    mount = [*command, "mount", ds, mnt, "-q", "--log-level", "info", "--log", log]
+    subprocess.run(mount, check=True, env=env, cwd="/")
     wall = time.monotonic() - started
+    with open(log, "rb") as f:
+        f.seek(logged)
+        found = OPENED.findall(f.read())
+    opened = float(found[-1]) if found else None
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         with open(f"/proc/{serving_pid(mnt)}/stat") as f:
@@ -66,7 +78,7 @@ def mount_once(
         server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     finally:
         subprocess.run([*command, "umount", mnt], check=True, stdout=subprocess.DEVNULL, env=env, cwd="/")
-    return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + server
+    return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + server, opened
 
 
 def main() -> None:
@@ -106,7 +118,7 @@ def main() -> None:
                 "before, re-mount": (kept_before, kept_copies, before, ""),
                 **variants,
             }
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        runs: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in variants}
         for r in range(args.rounds):
             for v, (name, (record, copies, before, keep)) in enumerate(variants.items()):
                 if record is None:  # a first mount: an empty record
@@ -118,12 +130,22 @@ def main() -> None:
                 runs[name].append(mount_once(ds, work, record, copies, before, keep, args.cold))
                 if fresh:
                     shutil.rmtree(copies)
-            print(r, {name: tuple(round(x, 2) for x in got[-1]) for name, got in runs.items()}, flush=True)
+            print(
+                r,
+                {name: tuple(x if x is None else round(x, 2) for x in got[-1]) for name, got in runs.items()},
+                flush=True,
+            )
     for name, got in runs.items():
-        wall, cpu = [w for w, _ in got], [c for _, c in got]
+        wall, cpu = [w for w, _, _ in got], [c for _, c, _ in got]
+        opened = [o for _, _, o in got if o is not None]
+        of_it = (
+            f"; of it the dataset's open median {statistics.median(opened):.2f} s ({min(opened):.2f}-{max(opened):.2f})"
+            if opened
+            else ""
+        )
         print(
             f"{name:24} wall median {statistics.median(wall):.2f} s ({min(wall):.2f}-{max(wall):.2f}); "
-            f"CPU median {statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f})"
+            f"CPU median {statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f}){of_it}"
         )
     if args.json:
         with open(args.json, "w") as f:

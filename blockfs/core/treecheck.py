@@ -47,20 +47,34 @@ def check_tree(arrays: Mapping[str, np.ndarray], where: str, release: Release | 
     ``block``, ``slot``, ``path_offsets``, ``paths``); ``where`` starts every message (``index PATH``);
     ``release``: called after each piece (see :func:`in_pieces`).
     """
-    n = int(arrays["kind"].size)
-    off = arrays["path_offsets"]
-    blob = arrays["paths"]
-    if off.size != n + 1 or n == 0 or int(off[0]) < 1 or int(off[-1]) != blob.size:
-        raise IndexFormatError(f"{where}: path table is inconsistent")
-    if int(off[1]) - int(off[0]) != 1:
-        raise IndexFormatError(f"{where}: the root entry has a non-empty path")
-    tree = _Tree(arrays, n, where)
-    in_pieces(lambda lo: tree.check_parents(lo, min(n, lo + PIECE)), range(1, n, PIECE), release)
+    tree = TreeChecks(arrays, where)
+    n = tree.n
+
+    def parents(lo: int) -> None:
+        hi = min(n, lo + PIECE)
+        tree.check_parent_kinds(lo, hi)
+        tree.check_paths_in_parents(lo, hi)
+
+    in_pieces(parents, range(1, n, PIECE), release)
     tree.check_child_ranges()
     if release is not None:
         release()
     in_pieces(lambda lo: tree.check_sibling_order(lo, min(n - 1, lo + PIECE)), range(1, n - 1, PIECE), release)
     in_pieces(lambda lo: tree.check_hard_links(lo, min(n, lo + PIECE)), range(0, n, PIECE), release)
+
+
+def check_tree_shape(arrays: Mapping[str, np.ndarray], where: str, release: Release | None = None) -> TreeChecks:
+    """Every check of :func:`check_tree` but those that read the paths' bytes: parents that are directories,
+    child ranges that tile the entries, hard links.  Cheap; the rest (most of the time at millions of
+    entries) is the returned object's :meth:`TreeChecks.check_names`, for all entries or one directory's."""
+    tree = TreeChecks(arrays, where)
+    n = tree.n
+    in_pieces(lambda lo: tree.check_parent_kinds(lo, min(n, lo + PIECE)), range(1, n, PIECE), release)
+    tree.check_child_ranges()
+    if release is not None:
+        release()
+    in_pieces(lambda lo: tree.check_hard_links(lo, min(n, lo + PIECE)), range(0, n, PIECE), release)
+    return tree
 
 
 def in_pieces(check: Callable[[int], None], starts: Iterable[int], release: Release | None = None) -> None:
@@ -88,24 +102,40 @@ def in_pieces(check: Callable[[int], None], starts: Iterable[int], release: Rele
             pass
 
 
-class _Tree:
-    """The columns one check reads, and how to name an entry in a message."""
+class TreeChecks:
+    """The columns the tree's checks read, and how to name an entry in a message."""
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], n: int, where: str) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray], where: str) -> None:
+        """Check the path table's own frame: one offset per entry and one more, the root's path empty."""
+        n = int(arrays["kind"].size)
+        off = arrays["path_offsets"]
+        blob = arrays["paths"]
+        if off.size != n + 1 or n == 0 or int(off[0]) < 1 or int(off[-1]) != blob.size:
+            raise IndexFormatError(f"{where}: path table is inconsistent")
+        if int(off[1]) - int(off[0]) != 1:
+            raise IndexFormatError(f"{where}: the root entry has a non-empty path")
         self.a = arrays
         self.n = n
         self.where = where
-        self.off = arrays["path_offsets"]
-        self.load = _word_loader(arrays["paths"])
+        self.off = off
+        self.load = _word_loader(blob)
 
     def fail(self, entry: int, problem: str) -> None:
         start, end = int(self.off[entry]), int(self.off[entry + 1]) - 1
         path = os.fsdecode(self.a["paths"][start:end].tobytes())
         raise IndexFormatError(f"{self.where}: entry {entry} ({path!r}) {problem}; the index is damaged or forged")
 
-    def check_parents(self, lo: int, hi: int) -> None:
-        """Entries lo..hi-1: a directory parent, and path == parent's path + "/" + a name without "/"."""
-        a, off = self.a, self.off
+    def check_names(self, lo: int, hi: int, release: Release | None = None) -> None:
+        """Entries lo..hi-1 (after :func:`check_tree_shape`): each path is its parent's path, "/" and a name
+        without "/", and each name sorts strictly after its previous sibling's when that is in lo..hi-1 too
+        (a directory's children are one such range).  In pieces, a few at once."""
+        in_pieces(lambda s: self.check_paths_in_parents(s, min(hi, s + PIECE)), range(lo, hi, PIECE), release)
+        last = hi - 1  # pairs (e, e + 1) with both in lo..hi-1
+        in_pieces(lambda s: self.check_sibling_order(s, min(last, s + PIECE)), range(lo, last, PIECE), release)
+
+    def check_parent_kinds(self, lo: int, hi: int) -> None:
+        """Entries lo..hi-1: a parent in range that is a directory."""
+        a = self.a
         parent = a["parent"][lo:hi].astype(np.int64)
         out = np.flatnonzero(parent >= self.n)
         if out.size:
@@ -113,6 +143,12 @@ class _Tree:
         not_dir = np.flatnonzero(a["kind"][parent] != KIND_DIR)
         if not_dir.size:
             self.fail(lo + int(not_dir[0]), f"has parent entry {int(parent[not_dir[0]])}, which is not a directory")
+
+    def check_paths_in_parents(self, lo: int, hi: int) -> None:
+        """Entries lo..hi-1 (parents checked by :meth:`check_parent_kinds`): path == parent's path + "/" + a
+        name without "/"."""
+        a, off = self.a, self.off
+        parent = a["parent"][lo:hi].astype(np.int64)
         start = off[lo:hi].astype(np.int64)
         end = off[lo + 1 : hi + 1].astype(np.int64) - 1  # each path's NUL
         p_start = off[parent].astype(np.int64)

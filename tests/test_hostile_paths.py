@@ -9,7 +9,9 @@ Each forged dataset keeps ``blockfs.json``'s index CRC right, so only the tree c
 from __future__ import annotations
 
 import os
+import threading
 
+import numpy as np
 import pytest
 from fuzz.indexutil import entry_of, index_arrays, rename_entry, rewrite_index
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +21,7 @@ from treeutil import make_edge_tree
 from blockfs import open_dataset
 from blockfs.cli import main
 from blockfs.core import treecheck
+from blockfs.core.directory_checks import DirectoryChecks
 from blockfs.core.index import KIND_DIR, KIND_FILE, KIND_SYMLINK
 from blockfs.core.unpack import unpack
 from blockfs.errors import BlockfsError, IndexFormatError, SourceError
@@ -203,6 +206,44 @@ COLUMNS = ("parent", "child_start", "child_count", "ino", "kind", "block", "path
     st.lists(st.tuples(st.sampled_from(COLUMNS), st.integers(0, 1 << 16), st.integers(0, 60)), min_size=1, max_size=3)
 )
 def test_tree_check_agrees_with_a_plain_loop_on_random_damage(edge_arrays, changes):
+    a = _damaged(edge_arrays, changes)
+    expected = reference_tree_problem(a)
+    try:
+        treecheck.check_tree(a, "index X")
+    except IndexFormatError as e:
+        assert expected is not None, f"refused a valid tree: {e}"
+        assert str(e).startswith("index X: ")
+    else:
+        assert expected is None, f"accepted a tree with a bad {expected}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.tuples(st.sampled_from(COLUMNS), st.integers(0, 1 << 16), st.integers(0, 60)), min_size=1, max_size=3)
+)
+def test_a_mounts_deferred_checks_refuse_exactly_what_the_whole_check_refuses(edge_arrays, changes):
+    """The shape at open, then every directory on first use, refuse what the plain loop does; and the
+    whole-tree pass a mount runs once serving (``check_all``) agrees with the directories' verdicts."""
+    a = _damaged(edge_arrays, changes)
+    expected = reference_tree_problem(a)
+    refused = []
+    try:
+        tree = treecheck.check_tree_shape(a, "index X")
+    except IndexFormatError as e:
+        refused.append(str(e))
+    else:
+        checks = DirectoryChecks(tree)
+        for d in np.flatnonzero(a["kind"] == KIND_DIR):
+            try:
+                checks.ensure(int(d))
+            except IndexFormatError as e:
+                refused.append(str(e))
+        assert checks.check_all(threading.Event()) == (not refused)
+    assert bool(refused) == (expected is not None), (expected, refused)
+    assert all(message.startswith("index X: ") for message in refused)
+
+
+def _damaged(edge_arrays, changes):
     a = {k: v.copy() for k, v in edge_arrays.items()}
     n = a["kind"].size
     for column, where, value in changes:
@@ -214,14 +255,7 @@ def test_tree_check_agrees_with_a_plain_loop_on_random_damage(edge_arrays, chang
             a["kind"][where % n] = value % 3
         else:
             a[column][where % n] = value % (n + 2)
-    expected = reference_tree_problem(a)
-    try:
-        treecheck.check_tree(a, "index X")
-    except IndexFormatError as e:
-        assert expected is not None, f"refused a valid tree: {e}"
-        assert str(e).startswith("index X: ")
-    else:
-        assert expected is None, f"accepted a tree with a bad {expected}"
+    return a
 
 
 # --- issue 17 #5: pack reads nothing from outside SRC, whatever changes under it -------------------

@@ -394,13 +394,24 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
+def _paths_note(checked: str | dict) -> str:
+    """A first mount's paths still checked as used (core/directory_checks.py): how far, and any refused."""
+    if not isinstance(checked, dict):
+        return ""
+    passed, refused = checked["directories_passed"], checked["directories_refused"]
+    note = f"; paths checked so far in {passed:,} {'directory' if passed == 1 else 'directories'}"
+    return note + (f", {refused:,} refused (their entries answer EIO: see the log)" if refused else "")
+
+
 def _stats_text(s: dict, previous: dict | None, seconds: float) -> str:
     m, d, c, k = s["mount"], s["dataset"], s["cache"], s["counters"]
     lines = [
         f"mount      {m['dest']} at {m['mountpoint']} (pid {m['pid']}, {_route(m)}, "
         f"open {m['open_mode']}, up {s['uptime_s']:.0f} s)",
         f"dataset    {plural(d['files'], 'file')} ({human(d['file_bytes'])}) in {plural(d['blocks'], 'block')}; "
-        f"{d.get('digest', '-')}" + ("" if d.get("digests", True) else " (checked against accidents only: no digests)"),
+        f"{d.get('digest', '-')}"
+        + ("" if d.get("digests", True) else " (checked against accidents only: no digests)")
+        + _paths_note(d.get("paths_checked", "all")),
         f"cache      {c['policy']}: {human(c['used_bytes'])} of {human(c['budget_bytes'])} ({c['fill']:.1%}), "
         f"{plural(c['cached_blocks'], 'block')}; {c['admissions']:,} admitted, {c['refusals']:,} refused, "
         f"{c['evictions']:,} evicted; mlock: {c['mlock']}"

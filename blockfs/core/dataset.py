@@ -98,7 +98,8 @@ class PackedDataset:
     starts there.  Without ``expect`` the chain starts at the ``blockfs.json`` just read.  ``checked``: the
     record of indexes that passed every check (:mod:`.checked_indexes`; a mount's), or None to check always.
     ``copies``: where a mount's index is copied and mapped (:mod:`.index_copy`), or None to read it into
-    anonymous memory."""
+    anonymous memory.  ``defer_tree_checks``: a mount's; the index's costliest check runs a directory at a
+    time as it is used and whole by ``index.finish_checks`` (:mod:`.directory_checks`)."""
 
     def __init__(
         self,
@@ -108,10 +109,11 @@ class PackedDataset:
         expect: str | None = None,
         checked: CheckedIndexes | None = None,
         copies: IndexCopies | None = None,
+        defer_tree_checks: bool = False,
     ) -> None:
         self._location = locate(location, storage)
         try:
-            self._open(reader, expect, record=checked, copies=copies)
+            self._open(reader, expect, record=checked, copies=copies, defer_tree_checks=defer_tree_checks)
         except BaseException:
             self._location.close()
             raise
@@ -123,6 +125,7 @@ class PackedDataset:
         *,
         record: CheckedIndexes | None = None,
         copies: IndexCopies | None = None,
+        defer_tree_checks: bool = False,
     ) -> None:
         self.root = self._location.root
         self.location = self._location.display
@@ -150,6 +153,7 @@ class PackedDataset:
             digest=self.metadata["index"].get("blake3"),
             checked=record,
             copies=copies,
+            defer_tree_checks=defer_tree_checks,
         )
         a = self.index.arrays
         _check_labels(a["label"], self.metadata["classes"], self.index.file)

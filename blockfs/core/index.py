@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import EntryNotFoundError, IndexFormatError, NotADirectoryEntryError
 from . import digest as dg
+from .directory_checks import DirectoryChecks
 from .heap import give_back
 from .index_checks import check_lengths, validate_arrays
 from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are imported from here by others)
@@ -51,7 +53,7 @@ from .index_format import (  # noqa: F401  (KIND_* and ENTRY_COLUMNS are importe
     write_arrays,
 )
 from .pathtable import CHUNK, PathTable
-from .treecheck import Release
+from .treecheck import Release, TreeChecks
 
 if TYPE_CHECKING:
     from .checked_indexes import CheckedIndexes
@@ -430,14 +432,21 @@ def _block_layout(block: np.ndarray, slot: np.ndarray, n_blocks: int) -> tuple[n
 
 # --- reading an index ---------------------------------------------------------------------------------
 def check_contents(
-    arrays: dict[str, np.ndarray], where: str, n_blocks: int | None, release: Release | None = None
-) -> None:
+    arrays: dict[str, np.ndarray],
+    where: str,
+    n_blocks: int | None,
+    release: Release | None = None,
+    *,
+    defer_names: bool = False,
+) -> TreeChecks | None:
     """Every check of an index's contents once its table of contents is read: what a record of
     :mod:`.checked_indexes` stands for (a mount of a recorded index skips exactly these).  ``release``:
-    see :func:`.index_checks.validate_arrays` (a pack's, checking a map of the copy it kept)."""
-    validate_arrays(arrays, where, n_blocks, release)
+    see :func:`.index_checks.validate_arrays` (a pack's, checking a map of the copy it kept).
+    ``defer_names``: the tree's checks of the paths' bytes are left out and returned (a mount's)."""
+    tree = validate_arrays(arrays, where, n_blocks, release, defer_names=defer_names)
     if all(name in arrays for name in DIGEST_ARRAYS):
         check_chunk_table(arrays, where)
+    return tree
 
 
 class PackedIndex:
@@ -456,6 +465,7 @@ class PackedIndex:
         digest: str | None = None,
         checked: CheckedIndexes | None = None,
         copies: IndexCopies | None = None,
+        defer_tree_checks: bool = False,
     ) -> None:
         self.file = os.fspath(path)
         where = f"index {self.file}"
@@ -484,11 +494,18 @@ class PackedIndex:
         # an index whose digest blockfs.json vouches for (just checked above) is looked up or recorded.
         recorded = digest is not None and checked is not None and checked.has(digest)
         newly_recorded = False
+        # ``defer_tree_checks`` (a mount's): the paths' bytes are checked a directory at a time before they
+        # are answered, and whole by finish_checks (.directory_checks), which records the index then.
+        self.directory_checks: DirectoryChecks | None = None
+        self._record = checked if digest is not None else None
+        self._digest = digest
         if recorded:
             check_lengths(self.arrays, where, n_blocks)  # the metadata's block count is not in the digest
         else:
-            check_contents(self.arrays, where, n_blocks)
-            if digest is not None and checked is not None:
+            tree = check_contents(self.arrays, where, n_blocks, defer_names=defer_tree_checks)
+            if tree is not None:
+                self.directory_checks = DirectoryChecks(tree)
+            elif digest is not None and checked is not None:
                 newly_recorded = checked.add(digest)
         self.checks_skipped = recorded
         self.checks_recorded = newly_recorded  # checked now, and the next open here with the record skips it
@@ -535,6 +552,25 @@ class PackedIndex:
         self._mask = int(self.arrays["hash_start"].size) - 2
         self._paths_start = placed["paths"][0]
 
+    @property
+    def records_checks(self) -> bool:
+        """Whether passing every check is recorded for the next open here (a record given, a digest to key it)."""
+        return self._record is not None and self._digest is not None
+
+    def finish_checks(self, stop: threading.Event) -> bool:
+        """Run the checks :meth:`__init__` deferred, on the calling thread, and record the index as checked
+        when they pass (``checks_recorded`` says whether that record was kept); True once nothing is
+        deferred, False if stopped or failed (failing directories are refused as they are used)."""
+        pending = self.directory_checks
+        if pending is None:
+            return True
+        if not pending.check_all(stop):
+            return False
+        self.directory_checks = None
+        if self._record is not None and self._digest is not None:
+            self.checks_recorded = self._record.add(self._digest)
+        return True
+
     # --- lookups -----------------------------------------------------------------------------
     def path(self, entry: int) -> bytes:
         """The entry's relative path (b"" for the root)."""
@@ -548,6 +584,9 @@ class PackedIndex:
         for i in range(self._hash_start[bucket], self._hash_start[bucket + 1]):
             entry = order[i]
             if self.path(entry) == path:
+                pending = self.directory_checks
+                if pending is not None:
+                    pending.ensure_above(entry)
                 return entry
         return -1
 
@@ -555,6 +594,9 @@ class PackedIndex:
         """The entry named ``name`` in directory ``parent``, or -1: :meth:`find` of the child's path, without
         building it — the path's hash continues from the directory's, and a candidate matches by its parent
         and the last component of its path (a child's path is its parent's, "/" and its name)."""
+        pending = self.directory_checks
+        if pending is not None:
+            pending.ensure(parent)
         seeds = self._dir_seeds
         seed = seeds.get(parent)
         if seed is None:
@@ -625,6 +667,9 @@ class PackedIndex:
     def children(self, entry: int) -> range:
         if self._kind[entry] != KIND_DIR:
             raise NotADirectoryEntryError(f"not a directory: {os.fsdecode(self.path(entry))!r}")
+        pending = self.directory_checks
+        if pending is not None:
+            pending.ensure(entry)
         start = self._child_start[entry]
         return range(start, start + self._child_count[entry])
 
@@ -649,6 +694,9 @@ class PackedIndex:
         """(start, length) in ``arrays["paths"]`` of the names of directory ``entry``'s children
         ``first..stop-1`` (entry ids, within :meth:`children`), as int64 arrays: each name is its path
         past the parent's path and "/"."""
+        pending = self.directory_checks
+        if pending is not None:
+            pending.ensure(entry)
         off = self.arrays["path_offsets"][first : stop + 1].astype(np.int64)
         skip = 0 if entry == 0 else self._path_off[entry + 1] - self._path_off[entry]  # the path, "/" for its NUL
         return off[:-1] + skip, off[1:] - off[:-1] - 1 - skip

@@ -14,18 +14,25 @@ import numpy as np
 
 from ..errors import IndexFormatError
 from .index_format import ENTRY_COLUMNS, KIND_DIR, KIND_FILE, KIND_SYMLINK, REPACK
-from .treecheck import Release, check_tree, in_pieces
+from .treecheck import Release, TreeChecks, check_tree, check_tree_shape, in_pieces
 
 VALIDATE_PIECE = 1 << 18  # entries checked at a time
 RELEASE_EVERY = 1 << 25  # bytes of the path table searched between two calls of a ``release``
 
 
 def validate_arrays(
-    a: dict[str, np.ndarray], where: str, n_blocks: int | None = None, release: Release | None = None
-) -> None:
+    a: dict[str, np.ndarray],
+    where: str,
+    n_blocks: int | None = None,
+    release: Release | None = None,
+    *,
+    defer_names: bool = False,
+) -> TreeChecks | None:
     """Run every check, in order; ``n_blocks`` is the metadata's block count, when known.  ``release``:
     called after each piece and each whole-array check (:func:`.treecheck.in_pieces`: a pack drops the
-    pages the checks touched from its map there)."""
+    pages the checks touched from its map there).  ``defer_names``: all but the paths' own bytes (see
+    :func:`.treecheck.check_tree_shape`), and the tree's checks of them returned for the caller to run (a
+    mount's, :mod:`.directory_checks`); None when nothing is left to run."""
     released = release or (lambda: None)
     check_lengths(a, where, n_blocks)
     check_offsets_grow(a, where)
@@ -42,7 +49,10 @@ def validate_arrays(
     check_block_layout(a, where, release)
     # Last: the tree's shape (each path = its parent's path + its name, the parent a directory, names
     # unique in a directory), once every array above is known to be in range.
+    if defer_names:
+        return check_tree_shape(a, where, release)
     check_tree(a, where, release)
+    return None
 
 
 def _fail(where: str, what: str) -> IndexFormatError:

@@ -415,6 +415,7 @@ def mount_stats(view: MountView) -> dict[str, Any]:
             "file_bytes": dataset_bytes,
             "blocks": int(meta["n_blocks"]),
             "block_bytes": int(meta["block_bytes"]),
+            "paths_checked": _paths_checked(ds),
         },
         "plan": view.plan.to_dict()
         if view.plan is not None
@@ -433,3 +434,12 @@ def mount_stats(view: MountView) -> dict[str, Any]:
     if view.route.stats is not None:
         out.update(view.route.stats())
     return out
+
+
+def _paths_checked(ds: PackedDataset) -> str | dict[str, int]:
+    """ "all" once every path passed (at open, or since: core/directory_checks.py), else how many directories
+    passed on first use so far and how many were refused."""
+    checks = ds.index.directory_checks
+    if checks is None:
+        return "all"
+    return {"directories_passed": checks.checked_directories(), "directories_refused": checks.refused_directories()}

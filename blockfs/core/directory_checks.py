@@ -24,11 +24,13 @@ import threading
 import numpy as np
 
 from ..errors import IndexFormatError
+from .heap import give_back
 from .treecheck import PIECE, TreeChecks
 
 log = logging.getLogger(__name__)
 
 UNCHECKED, PASSED, FAILED = 0, 1, 2
+BACKGROUND_PIECE = PIECE // 4  # entries checked at a time by check_all: its temporaries stay a few MB
 
 
 class DirectoryChecks:
@@ -64,6 +66,9 @@ class DirectoryChecks:
                 self._errors[directory] = e
                 log.error("%s: answering EIO for the entries of that directory", e)
                 raise
+            finally:
+                if hi - lo > PIECE:  # a few pieces' temporaries at once: returned, not kept by the heap
+                    give_back()
             self._state[directory] = PASSED
 
     def ensure_above(self, entry: int) -> None:
@@ -77,11 +82,17 @@ class DirectoryChecks:
         """Check every entry, a piece at a time, on the calling thread (meant for a background one); True
         once all passed (the gate is off from then on), False if stopped first.  A failure is logged and
         returned as False too: the failing directory is found again, and refused, when it is first used."""
+        try:
+            return self._check_all(stop)
+        finally:
+            give_back()  # what the pieces freed: the mount's own memory stays what it holds
+
+    def _check_all(self, stop: threading.Event) -> bool:
         n = self.tree.n
-        for lo in range(1, n, PIECE):
+        for lo in range(1, n, BACKGROUND_PIECE):
             if stop.is_set():
                 return False
-            hi = min(n, lo + PIECE)
+            hi = min(n, lo + BACKGROUND_PIECE)
             try:  # on this thread alone, not check_names's few at once: requests come first
                 self.tree.check_paths_in_parents(lo, hi)
                 if lo < n - 1:

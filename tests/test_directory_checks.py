@@ -82,6 +82,43 @@ def test_a_directory_is_checked_when_first_used_and_the_whole_tree_then_recorded
         assert ds.index.checks_skipped and ds.index.directory_checks is None
 
 
+def test_threads_asking_while_the_whole_tree_is_checked_get_every_answer_right(tmp_path):
+    """Eight threads look up every file and list every directory while ``finish_checks`` runs on another:
+    each answer is the right entry (by its path), nothing raises, and the gate ends open."""
+    src = tmp_path / "src"
+    for d in range(40):
+        (src / f"d{d:02}").mkdir(parents=True)
+        for f in range(40):
+            (src / f"d{d:02}" / f"f{f:02}").write_bytes(b"%d/%d" % (d, f))
+    pack(src, tmp_path / "ds", labels="none", fsync=False, workers=1)
+    with _deferred(tmp_path / "ds", tmp_path / "record") as ds:
+        index, failures = ds.index, []
+        start = threading.Barrier(9)
+
+        def ask(seed: int) -> None:
+            start.wait()
+            try:
+                for d in range(40) if seed % 2 else reversed(range(40)):
+                    directory = index.find_child(0, b"d%02d" % d)
+                    assert index.names(directory) == [b"f%02d" % f for f in range(40)]
+                    for f in range(40):
+                        name = b"d%02d/f%02d" % (d, f)
+                        found = index.find(name) if (d + f + seed) % 2 else index.find_child(directory, name[4:])
+                        assert index.path(found) == name
+            except BaseException as e:  # reported below, whatever it is
+                failures.append(e)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        start.wait()
+        assert index.finish_checks(threading.Event())
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        assert index.directory_checks is None and index.checks_recorded
+
+
 def test_finishing_stops_when_told(tmp_path):
     dest = _pack(tmp_path, forged=False)
     stop = threading.Event()

@@ -41,7 +41,9 @@ class DirectoryChecks:
         self._child_start = tree.a["child_start"]
         self._child_count = tree.a["child_count"]
         self._parent = tree.a["parent"]
-        self._state = bytearray(tree.n)  # by entry; zero pages until a directory is checked
+        # By entry, as a memoryview (a Python int per look, fast) of calloc'ed zeros: no page is touched
+        # until a directory on it is checked (a bytearray would write all n bytes up front).
+        self._state = np.zeros(tree.n, dtype=np.uint8).data
         self._errors: dict[int, IndexFormatError] = {}
         self._lock = threading.Lock()
         self.all_passed = False

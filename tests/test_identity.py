@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import zlib
@@ -318,6 +319,28 @@ def test_the_loader_pins_the_mounted_dataset_and_its_state_names_it(dest, packed
         assert BlockfsMount(m.path, expect=name).digest == name
         with pytest.raises(IdentityError, match="not the pinned"):
             BlockfsMount(m.path, expect="blake3:" + "ef" * 32)
+
+
+@pytest.mark.fuse
+def test_the_loader_checks_the_mounts_index_once_a_machine(dest, tmp_path, monkeypatch):
+    """The loader opens the mount's index against the digest its blockfs.json records; the first open here
+    runs every check and records it, the next (a worker's reopen, the next run) skips them."""
+    require(has_fuse(), "FUSE")
+    from mountutil import mounted
+
+    from blockfs.core.checked_indexes import CheckedIndexes
+    from blockfs.loader.mount_client import BlockfsMount
+
+    monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "mount-record"))
+    with mounted(dest, tmp_path / "mnt") as m:
+        monkeypatch.setenv("BLOCKFS_CHECKED_DIR", str(tmp_path / "loader-record"))  # this process's own
+        first = BlockfsMount(m.path)
+        again = pickle.loads(pickle.dumps(first))  # as a spawned worker reopens it
+        assert not first.index.checks_skipped and first.index.checks_recorded
+        assert again.index.checks_skipped and again.read(int(again.file_ids[0])) == first.read(int(first.file_ids[0]))
+        assert CheckedIndexes(tmp_path / "loader-record").has(first.metadata["index"]["blake3"])
+        first.close()
+        again.close()
 
 
 # --- property: no forged byte is served under a pin -------------------------------------------------------

@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import client, protocol
 from ..core import format as fmt
+from ..core.checked_indexes import CheckedIndexes
 from ..core.digest import check_name, name_of
 from ..core.index import KIND_FILE, PackedIndex
 from ..errors import FormatError, NotADatasetError
@@ -69,7 +70,6 @@ class BlockfsMount:
 
     def _open(self) -> None:
         control = os.path.join(self.root, self.control)
-        self.index = _open_index(os.path.join(control, INDEX_FILE))
         try:
             with open(os.path.join(control, METADATA_FILE), "rb") as f:
                 raw = f.read()
@@ -80,6 +80,7 @@ class BlockfsMount:
             raise FormatError(f"{control}/{METADATA_FILE}: unreadable metadata: {e}") from e
         # The mount's dataset, by name: the metadata the mount opened (and checked every byte against).
         self.digest = name_of(raw) if raw else None
+        self.index = _open_index(os.path.join(control, INDEX_FILE), _index_digest(self.metadata))
         a = self.index.arrays
         self._root_bytes = os.fsencode(self.root)
         # Copies, not views of the map, so that close() can unmap the index at once.
@@ -243,15 +244,27 @@ def _control_dir(root: str) -> str:
     return name
 
 
-def _open_index(path: str) -> PackedIndex:
+def _index_digest(metadata: dict) -> str | None:
+    """The index's BLAKE3 as the mount's ``blockfs.json`` records it, or None (a pack without digests)."""
+    index = metadata.get("index")
+    digest = index.get("blake3") if isinstance(index, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def _open_index(path: str, digest: str | None = None) -> PackedIndex:
+    """The mount's index, every check run, or skipped where an index of ``digest`` (checked against these
+    bytes first) passed them on this machine before (:mod:`blockfs.core.checked_indexes`: the mount's
+    record, kept by the mount once its checks passed, or by an earlier open here): at ten million files
+    the checks are ~3 s of CPU in each process that opens the index, a worker that reopens it included."""
+    record = CheckedIndexes.default() if digest is not None else None
     try:
-        return PackedIndex(path)
+        return PackedIndex(path, digest=digest, checked=record)
     except OSError:
         # The mount may not support mmap (direct I/O): map a private copy instead.
         fd, copy = tempfile.mkstemp(prefix="blockfs-index-", suffix=".bfi")
         try:
             with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
                 shutil.copyfileobj(src, dst, 16 << 20)
-            return PackedIndex(copy)
+            return PackedIndex(copy, digest=digest, checked=record)
         finally:
             os.unlink(copy)  # the map keeps the bytes

@@ -13,7 +13,9 @@ satisfy, exactly (byte for byte, not by hash):
 
 Everything is vectorised NumPy over entries, in pieces so temporaries stay small at any index size: a
 Python loop over a million entries would cost more than the whole open may take.  Paths are compared
-eight bytes at a time through an unaligned ``uint64`` view of the path table.
+eight bytes at a time through an unaligned ``uint64`` view of the path table.  A mount runs the first and
+third rules (:meth:`TreeChecks.check_names`, the ones that read the paths) a directory at a time before it
+answers about it, and the rest at open (:func:`check_tree_shape`; :mod:`.directory_checks`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ not counted), medians and ranges.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,9 +22,7 @@ import sys
 import tempfile
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
-from helpers.benchutil import compiled
-
-import blockfs
+from helpers.benchutil import before_after_parser, compile_timed
 
 OPEN = (
     "import sys, time; from blockfs.loader.mount_client import BlockfsMount; "
@@ -47,17 +44,10 @@ def open_once(mnt: str, record: str, before: str | None) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("ds", help="a packed dataset")
-    parser.add_argument("--before", help="a checkout of blockfs before the change (its parent directory)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", help="write every figure here")
-    parser.add_argument("--work", help="where the mount and the records go (default: the temporary directory's)")
+    parser = before_after_parser(__doc__, 3, "where the mount and the records go (default: the temporary directory's)")
     args = parser.parse_args()
     ds = os.path.abspath(args.ds)
-    compiled(os.path.dirname(os.path.dirname(os.path.abspath(blockfs.__file__))))
-    if args.before:
-        compiled(args.before)
+    compile_timed(args.before)
     with tempfile.TemporaryDirectory(prefix="bench_loader_open-", dir=args.work) as work:
         mnt, kept = os.path.join(work, "mnt"), os.path.join(work, "kept")
         os.makedirs(mnt)

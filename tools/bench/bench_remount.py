@@ -24,7 +24,6 @@ the re-mounts' record waits for that, and says how long the checks took.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -37,9 +36,8 @@ import tempfile
 import time
 
 import helpers  # noqa: F401  (puts the checkout on sys.path, for blockfs)
-from helpers.benchutil import compiled, drop_caches
+from helpers.benchutil import before_after_parser, compile_timed, drop_caches
 
-import blockfs
 from blockfs.serve.daemon import serving_pid
 
 OPENED = re.compile(rb"dataset opened in ([0-9.]+) s")  # the server's log line (blockfs.serve.server.index_opened)
@@ -114,12 +112,7 @@ def _wait_for_checks(log: str, logged: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("ds", help="a packed dataset")
-    parser.add_argument("--before", help="a checkout of blockfs before the change (its parent directory)")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--json", help="write every figure here")
-    parser.add_argument("--work", help="where the records and copies go (default: the temporary directory's)")
+    parser = before_after_parser(__doc__, 4, "where the records and copies go (default: the temporary directory's)")
     parser.add_argument(
         "--cold",
         action="store_true",
@@ -127,9 +120,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     ds = os.path.abspath(args.ds)
-    compiled(os.path.dirname(os.path.dirname(os.path.abspath(blockfs.__file__))))
-    if args.before:
-        compiled(args.before)
+    compile_timed(args.before)
     with tempfile.TemporaryDirectory(prefix="bench_remount-", dir=args.work) as work:
         kept, kept_copies = os.path.join(work, "kept"), os.path.join(work, "kept-copies")
         mount_once(ds, work, kept, kept_copies, None, settle=True)  # the re-mounts' record and copy hold this index

@@ -202,6 +202,28 @@ def compiled(checkout: str | os.PathLike) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(checkout, "blockfs")], check=True)
 
 
+def before_after_parser(doc: str, rounds: int, work_help: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that times one packed dataset with this checkout and ``--before``'s:
+    ``ds``, ``--before``, ``--rounds``, ``--json``, ``--work`` (``doc``: the script's, its first paragraph
+    the description)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("ds", help="a packed dataset")
+    parser.add_argument("--before", help="a checkout of blockfs before the change (its parent directory)")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--work", help=work_help)
+    return parser
+
+
+def compile_timed(before: str | None) -> None:
+    """:func:`compiled` for this checkout's blockfs and, when given, ``before``'s."""
+    import blockfs
+
+    compiled(os.path.dirname(os.path.dirname(os.path.abspath(blockfs.__file__))))
+    if before:
+        compiled(before)
+
+
 def checkout_main(checkout: Path) -> str:
     """``python -c`` code that runs the ``blockfs`` command of the blockfs in ``checkout``: put first on
     ``sys.path``, before the current directory (``python -m blockfs`` run from another checkout's root would

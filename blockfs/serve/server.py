@@ -134,24 +134,6 @@ def index_opened(index: PackedIndex, seconds: float) -> str:
     return f"dataset opened in {seconds:.2f} s ({index.n_entries:,} entries); {how}"
 
 
-def finish_checks_once_serving(index: PackedIndex, fs: Adapter, stop: threading.Event) -> None:
-    """The index's deferred checks (:mod:`blockfs.core.directory_checks`), whole, once ``fs`` serves: on this
-    thread, at the lowest priority (a training job's first requests come first), until ``stop``."""
-    while not fs.served:
-        if stop.wait(0.01):
-            return
-    with contextlib.suppress(OSError):  # Linux: this thread's own niceness
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    started = time.monotonic()
-    if index.finish_checks(stop):
-        log.info(
-            "the paths of the dataset's %s entries checked in %.2f s: every check of its contents passed%s",
-            f"{index.n_entries:,}",
-            time.monotonic() - started,
-            ", and recorded: the next mount of it here skips them" if index.checks_recorded else "",
-        )
-
-
 @contextlib.contextmanager
 def assembled(
     dest: str | os.PathLike,
@@ -276,14 +258,6 @@ def assembled(
 
         fs = make_adapter(route, options, build)
         stack.callback(fs.stopped.set)
-        if ds.index.directory_checks is not None:
-            stop = threading.Event()
-            checker = threading.Thread(
-                target=finish_checks_once_serving, args=(ds.index, fs, stop), name="blockfs-index-check", daemon=True
-            )
-            checker.start()
-            stack.callback(checker.join)
-            stack.callback(stop.set)
         yield fs
 
 

@@ -13,6 +13,7 @@ tier through three narrow methods (:meth:`files_of_block`, :meth:`held`, :meth:`
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -91,6 +92,7 @@ class MountView:
         )
         self.control_name = os.fsencode(self.control.name)
         self._stopped = threading.Event()
+        self._checker: threading.Thread | None = None
 
     def _ctl(self, node: int) -> bytes:
         """The control path of a node of the control layer."""
@@ -375,6 +377,23 @@ class MountView:
         threading.Thread(target=self._forget_loop, args=(forget,), name="blockfs-forget", daemon=True).start()
         if self.options.prefill:
             self.cache.start_prefill()
+        if self.index.directory_checks is not None:  # the paths' checks a first mount left (core/directory_checks.py)
+            self._checker = threading.Thread(target=self._finish_checks, name="blockfs-index-check", daemon=True)
+            self._checker.start()
+
+    def _finish_checks(self) -> None:
+        """The index's deferred checks, whole, on this thread at the lowest priority (a training job's first
+        requests come first), until the view closes; the index is recorded as checked once they pass."""
+        with contextlib.suppress(OSError):  # Linux: this thread's own niceness
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        started = time.monotonic()
+        if self.index.finish_checks(self._stopped):
+            log.info(
+                "the paths of the dataset's %s entries checked in %.2f s: every check of its contents passed%s",
+                f"{self.n_entries:,}",
+                time.monotonic() - started,
+                ", and recorded: the next mount of it here skips them" if self.index.checks_recorded else "",
+            )
 
     def _forget_loop(self, forget: Callable[[int, bytes, bytes], None] | None) -> None:
         while not self._stopped.wait(FORGET_INTERVAL_S):
@@ -385,6 +404,8 @@ class MountView:
 
     def close(self) -> None:
         self._stopped.set()
+        if self._checker is not None:
+            self._checker.join()  # before the dataset closes: it reads the index
         self.control.close()
 
     def stats(self) -> dict[str, Any]:

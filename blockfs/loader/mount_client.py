@@ -44,6 +44,7 @@ from ..core import format as fmt
 from ..core.checked_indexes import CheckedIndexes
 from ..core.digest import check_name, name_of
 from ..core.index import KIND_FILE, PackedIndex
+from ..core.metadata import check_metadata
 from ..errors import FormatError, NotADatasetError
 from ..protocol import BLOCKS_DIR, INDEX_FILE, METADATA_FILE, PREFETCH_XATTR, SHARE_XATTR, STATS_FILE
 from .order import BlockLayout
@@ -80,7 +81,10 @@ class BlockfsMount:
             raise FormatError(f"{control}/{METADATA_FILE}: unreadable metadata: {e}") from e
         # The mount's dataset, by name: the metadata the mount opened (and checked every byte against).
         self.digest = name_of(raw) if raw else None
-        self.index = _open_index(os.path.join(control, INDEX_FILE), _index_digest(self.metadata))
+        if self.metadata:  # as the mount checked it; its index's digest is the one the index is opened against
+            check_metadata(self.metadata, f"{control}/{METADATA_FILE}")
+        digest = self.metadata["index"].get("blake3") if self.metadata else None
+        self.index = _open_index(os.path.join(control, INDEX_FILE), digest)
         a = self.index.arrays
         self._root_bytes = os.fsencode(self.root)
         # Copies, not views of the map, so that close() can unmap the index at once.
@@ -242,13 +246,6 @@ def _control_dir(root: str) -> str:
     if not os.path.isfile(os.path.join(root, name, INDEX_FILE)):
         raise NotADatasetError(f"{root!r} is not a blockfs mount: its control directory {name!r} has no {INDEX_FILE}")
     return name
-
-
-def _index_digest(metadata: dict) -> str | None:
-    """The index's BLAKE3 as the mount's ``blockfs.json`` records it, or None (a pack without digests)."""
-    index = metadata.get("index")
-    digest = index.get("blake3") if isinstance(index, dict) else None
-    return digest if isinstance(digest, str) else None
 
 
 def _open_index(path: str, digest: str | None = None) -> PackedIndex:

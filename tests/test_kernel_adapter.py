@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from capability import has_fuse, require
 from mountutil import mounted
+from pagecache import resident_pages
 from polling import wait_until
 from treeutil import make_class_tree
 
@@ -79,10 +80,21 @@ def test_after_a_listing_with_attributes_no_lookup_and_no_read_reaches_the_serve
         assert names == walk(src)
         wait_until(lambda: stats(m.path)["page_cache"]["files_pushed"] == len(names), "every listed file pushed")
         before = requests(m.path)
-        same_bytes(m.path, src, names)
+        # The kernel may drop pushed pages under memory pressure (another process's, or the machine's own
+        # reclaim), and then a read asks the server again, rightly: each file still held is read alone, and
+        # must send no READ.
+        held = 0
+        for name in names:
+            if all(resident_pages(m.path / name)):
+                reads = requests(m.path).get("read", 0)
+                same_bytes(m.path, src, [name])
+                assert requests(m.path).get("read", 0) == reads, name
+                held += 1
+            else:
+                same_bytes(m.path, src, [name])
         after = requests(m.path)
+        assert held > 0  # pushed: a listing reads no file's data, so only the pushes put pages there
         assert after.get("lookup", 0) == before.get("lookup", 0)
-        assert after.get("read", 0) == before.get("read", 0)
         assert after.get("readdirplus", 0) > 0 and "readdir" not in after
         assert after.get("open", 0) <= 1 and after.get("opendir", 0) <= 1  # ENOSYS once, then never sent
 

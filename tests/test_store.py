@@ -10,6 +10,7 @@ import shutil
 import pytest
 from capability import require
 from fuzz.indexutil import patch_array, resign
+from pagecache import resident_pages
 
 import blockfs
 from blockfs.core import format as fmt
@@ -342,32 +343,6 @@ def test_a_big_file_read_in_pieces_is_verified_once(tmp_path, monkeypatch):
         assert got == data
         with pytest.raises(CorruptBlockError, match="checksum mismatch"):
             ds.store.verify_file(block, slot, crc ^ 1)
-
-
-def resident_pages(path) -> list[bool]:
-    """Which pages of ``path`` are in the page cache now (mincore(2) on a map that faults nothing in)."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            vec = (ctypes.c_ubyte * pages)()
-            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-    return [bool(v & 1) for v in vec]
 
 
 @pytest.fixture

@@ -71,6 +71,7 @@ def same_bytes(mnt: Path, src: Path, names: list[str]) -> None:
         assert (mnt / name).read_bytes() == (src / name).read_bytes(), name
 
 
+@pytest.mark.serial  # counts READs the kernel sends again once memory pressure (other tests') drops pages
 def test_after_a_listing_with_attributes_no_lookup_and_no_read_reaches_the_server(packed, tmp_path):
     src, dest = packed
     with mounted(dest, tmp_path / "mnt", "--listing", "plus", binding="kernel") as m:
